@@ -1,0 +1,220 @@
+"""Log-depth forward and O(1)-depth analytic backward.
+
+Forward. In every segment (see ``zmat/table.py``) an atom's frame relative to
+the segment's anchor is the product of local transforms along its path of
+rigid parents. All of those products are computed at once by pointer jumping:
+``ceil(log2(depth + 1))`` rounds of ``F_i <- F_anc(i) . F_i``,
+``anc(i) <- anc(anc(i))``, each round one gather and one small matmul over all
+atoms. Segments whose anchor depends on positions (rows that could not be
+rewritten as proper or offset rows) are then placed level by level of
+segments, with ordinary autograd ops.
+
+Backward (Abe and Go's recursive method, as in tmol). A change of ``r_i``
+translates ``i``'s subtree along its bond; a change of ``theta_i`` or
+``phi_i`` rotates it about an axis through its bond reference. So, with
+``g_k`` the gradient on position ``k`` and ``tau_k`` the torque of the
+gradient on frame ``k``, only subtree sums are needed::
+
+    S2_i = sum_k g_k                    S1_i = sum_k (x_k x g_k + tau_k)
+    dL/dr_i     =  e1_i . S2_i
+    dL/dtheta_i = -e3_i . (S1_i - x_p x S2_i)
+    dL/dphi_i   =  u_p  . (S1_i - x_p x S2_i)
+
+(``e1_i``, ``e3_i``: axes of ``i``'s frame, ``x_p``, ``u_p``: origin and first
+axis of its anchor). In depth-first preorder every subtree is a contiguous
+range, so all subtree sums are one ``cumsum`` and a difference: the backward is
+a handful of elementwise kernels whatever the depth, and saves only the output
+frames (O(N)). It is written in differentiable torch ops on the saved outputs,
+so it is itself differentiable (double backward), and forward mode (``jvp``)
+uses the transpose: path sums from the root instead of subtree sums.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from ._geometry import compose, identity_frame, local_transform, segment_anchor
+from ._stages import Staging
+from .table import ConstructionTable
+
+
+class _ForestPlan:
+    """Index tensors for one table on one device (not a tensor, so ``vmap``
+    and ``torch.compile`` see it as a constant)."""
+
+    def __init__(self, table: ConstructionTable, device: torch.device) -> None:
+        n = table.n_atoms
+
+        def t(a):
+            return torch.as_tensor(np.ascontiguousarray(a), dtype=torch.long, device=device)
+
+        self.n = n
+        self.dfs_order = t(table.dfs_order)
+        self.dfs_pos = t(table.dfs_pos)
+        parent = np.where(table.dfs_parent >= 0, table.dfs_parent, n)  # n = identity slot
+        self.parent = t(parent)
+        self.end = t(table.subtree_end)
+        rounds = math.ceil(math.log2(table.max_depth + 1)) if table.max_depth > 0 else 0
+        anc = np.append(parent, n)
+        jumps = []
+        for _ in range(rounds):
+            jumps.append(t(anc))
+            anc = anc[anc]
+        self.jumps = jumps
+
+        # Stages of segments whose anchors depend on positions.
+        self.constant_anchors = table.constant_anchors
+        if not self.constant_anchors:
+            seg = table.dfs_segment
+            stage_pos = [np.sort(table.dfs_pos[a]) for a in table.stage_atoms]
+            staging = Staging([table.dfs_order[p] for p in stage_pos], n)
+            self.stages = []
+            for s, pos in enumerate(stage_pos):
+                roots = np.unique(seg[pos])  # dfs positions of the segment roots
+                local = np.searchsorted(roots, seg[pos])
+                atoms = table.dfs_order[roots]
+                refs = np.where(table.refs[atoms] >= 0, table.refs[atoms], n).reshape(-1)
+                self.stages.append(
+                    (
+                        t(pos),
+                        t(local),
+                        t(table.kind[atoms]),
+                        None if s == 0 else Staging.to_device(staging.gather_plan(refs), device),
+                        len(atoms),
+                    )
+                )
+            self.final = staging.final_index(device)
+
+
+def forest_plan(table: ConstructionTable, device: torch.device) -> _ForestPlan:
+    cache = table.plan(device).tensors
+    if "forest" not in cache:
+        cache["forest"] = _ForestPlan(table, device)
+    return cache["forest"]
+
+
+# ------------------------------------------------------------------ helpers
+def _with_identity(f: torch.Tensor) -> torch.Tensor:
+    """Append the identity frame (slot ``N``) along the atom axis."""
+    eye = identity_frame((*f.shape[:-3], 1), f.dtype, f.device)
+    return torch.cat([f, eye], -3)
+
+
+def pointer_jump(local: torch.Tensor, plan: _ForestPlan) -> torch.Tensor:
+    """Products of local transforms along root paths, ``(..., N, 3, 4)`` in dfs order."""
+    f = _with_identity(local)
+    for anc in plan.jumps:
+        f = compose(f.index_select(-3, anc), f)
+    return f[..., : plan.n, :, :]
+
+
+def _subtree_sum(v: torch.Tensor, plan: _ForestPlan) -> torch.Tensor:
+    """``sum_{k in subtree(i)} v_k`` for every ``i``; ``v`` is ``(..., N, 3)``."""
+    c = torch.cumsum(v, -2)
+    c = torch.cat([torch.zeros_like(c[..., :1, :]), c], -2)
+    return c.index_select(-2, plan.end) - c[..., :-1, :]
+
+
+def _path_sum(v: torch.Tensor, plan: _ForestPlan) -> torch.Tensor:
+    """``sum_{j ancestor-or-self of i} v_j`` for every ``i``; ``v`` is ``(..., N, 3)``."""
+    zero = torch.zeros_like(v[..., :1, :])
+    leave = torch.zeros_like(torch.cat([v, zero], -2)).index_add(-2, plan.end, v)
+    return torch.cumsum(torch.cat([v, zero], -2) - leave, -2)[..., :-1, :]
+
+
+def _axes(frames: torch.Tensor, plan: _ForestPlan):
+    """Anchor origin and first axis of every atom (its parent's, or identity)."""
+    anchor = _with_identity(frames).index_select(-3, plan.parent)
+    return anchor[..., 3], anchor[..., 0]
+
+
+def _vjp(frames: torch.Tensor, grad: torch.Tensor, plan: _ForestPlan) -> torch.Tensor:
+    rot, x = frames[..., :3], frames[..., 3]
+    g_rot, g_x = grad[..., :3], grad[..., 3]
+    b = rot @ g_rot.transpose(-1, -2)  # torque of the frame gradient: axial part of R G^T
+    tau = torch.stack([b[..., 1, 2] - b[..., 2, 1], b[..., 2, 0] - b[..., 0, 2], b[..., 0, 1] - b[..., 1, 0]], -1)
+    s2 = _subtree_sum(g_x, plan)
+    s1 = _subtree_sum(torch.linalg.cross(x, g_x, dim=-1) + tau, plan)
+    xp, up = _axes(frames, plan)
+    torque = s1 - torch.linalg.cross(xp, s2, dim=-1)
+    d_r = (rot[..., 0] * s2).sum(-1)
+    d_theta = -(rot[..., 2] * torque).sum(-1)
+    d_phi = (up * torque).sum(-1)
+    return torch.stack([d_r, d_theta, d_phi], -1)
+
+
+def _jvp(frames: torch.Tensor, tangent: torch.Tensor, plan: _ForestPlan) -> torch.Tensor:
+    rot, x = frames[..., :3], frames[..., 3]
+    xp, up = _axes(frames, plan)
+    d_r, d_theta, d_phi = tangent.unbind(-1)
+    v = d_r.unsqueeze(-1) * rot[..., 0]  # translation of the subtree
+    w = -d_theta.unsqueeze(-1) * rot[..., 2] + d_phi.unsqueeze(-1) * up  # rotation about x_p
+    a = _path_sum(v - torch.linalg.cross(w, xp, dim=-1), plan)
+    w = _path_sum(w, plan)
+    d_x = a + torch.linalg.cross(w, x, dim=-1)
+    d_rot = torch.linalg.cross(w.unsqueeze(-1).expand_as(rot), rot, dim=-2)
+    return torch.cat([d_rot, d_x.unsqueeze(-1)], -1)
+
+
+class RigidForest(torch.autograd.Function):
+    """``(..., N, 3)`` effective internal coordinates in dfs order ->
+    ``(..., N, 3, 4)`` frames relative to their segment anchors."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(c_dfs: torch.Tensor, plan: _ForestPlan) -> torch.Tensor:
+        return pointer_jump(local_transform(c_dfs), plan)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        ctx.plan = inputs[1]
+        ctx.save_for_backward(output)
+        ctx.save_for_forward(output)
+        ctx.set_materialize_grads(True)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (frames,) = ctx.saved_tensors
+        return _vjp(frames, grad, ctx.plan), None
+
+    @staticmethod
+    def jvp(ctx, tangent: torch.Tensor, _plan):
+        (frames,) = ctx.saved_tensors
+        return _jvp(frames, tangent, ctx.plan)
+
+
+def _place(frames_dfs: torch.Tensor, plan: _ForestPlan) -> torch.Tensor:
+    """World positions ``(..., N, 3)`` in atom order from relative frames."""
+    if plan.constant_anchors:
+        return frames_dfs[..., 3].index_select(-2, plan.dfs_pos)
+    origin = identity_frame((*frames_dfs.shape[:-3], 1), frames_dfs.dtype, frames_dfs.device)
+    outputs: list[torch.Tensor] = []
+    for pos, local, kind, gather, n_roots in plan.stages:
+        rel = frames_dfs.index_select(-3, pos)
+        if gather is None:  # stage 0: segments rooted at the origin
+            outputs.append(rel)
+            continue
+        x = Staging.gather(outputs, origin, gather)[..., 3].unflatten(-2, (n_roots, 3))
+        anchor = segment_anchor(kind, x[..., 2, :], x[..., 1, :], x[..., 0, :])
+        outputs.append(compose(anchor.index_select(-3, local), rel))
+    frames = outputs[0] if len(outputs) == 1 else torch.cat(outputs, -3)
+    return frames[..., 3].index_select(-2, plan.final)
+
+
+def place_analytic(c_eff: torch.Tensor, table: ConstructionTable) -> torch.Tensor:
+    """Positions via :class:`RigidForest` (analytic backward)."""
+    plan = forest_plan(table, c_eff.device)
+    frames = RigidForest.apply(c_eff.index_select(-2, plan.dfs_order), plan)
+    return _place(frames, plan)
+
+
+def place_prefix(c_eff: torch.Tensor, table: ConstructionTable) -> torch.Tensor:
+    """Same forward as :func:`place_analytic`, differentiated by plain autograd
+    (the pure-autograd twin: O(N log N) saved intermediates)."""
+    plan = forest_plan(table, c_eff.device)
+    frames = pointer_jump(local_transform(c_eff.index_select(-2, plan.dfs_order)), plan)
+    return _place(frames, plan)

@@ -1,0 +1,161 @@
+"""The placement math, in one place. Every method calls these functions.
+
+Frames are packed as ``(..., 3, 4)`` tensors ``[R | x]``: the columns of ``R``
+are the frame's axes in world coordinates, ``x`` its origin. Composition is
+``[R1 | x1] . [R2 | x2] = [R1 R2 | x1 + R1 x2]``.
+
+Every ``sqrt``, division and ``atan2`` is guarded with the double-``where``
+trick, so degenerate geometry gives finite values *and* finite gradients.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .table import BOND, PLANAR, ROOT, ConstructionTable
+
+_TINY = {torch.float16: 1e-6, torch.bfloat16: 1e-6, torch.float32: 1e-12, torch.float64: 1e-24}
+
+
+def tiny(dtype: torch.dtype) -> float:
+    """Squared-norm threshold below which a vector counts as zero."""
+    return _TINY.get(dtype, 1e-12)
+
+
+def safe_norm(v: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
+    """``|v|`` with a zero (not NaN) gradient at ``v = 0``."""
+    sq = (v * v).sum(dim, keepdim=keepdim)
+    ok = sq > tiny(v.dtype)
+    return torch.where(ok, torch.sqrt(torch.where(ok, sq, torch.ones_like(sq))), torch.zeros_like(sq))
+
+
+def safe_unit(v: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+    """``v / |v|``, or ``fallback`` (broadcastable, unit) where ``v`` is ~0."""
+    sq = (v * v).sum(-1, keepdim=True)
+    ok = sq > tiny(v.dtype)
+    inv = torch.rsqrt(torch.where(ok, sq, torch.ones_like(sq)))
+    return torch.where(ok, v * inv, fallback.expand_as(v))
+
+
+def safe_atan2(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``atan2(y, x)`` that is 0, with zero gradient, at ``(0, 0)``."""
+    ok = (x * x + y * y) > tiny(x.dtype)
+    return torch.where(ok, torch.atan2(torch.where(ok, y, 0.0), torch.where(ok, x, 1.0)), 0.0)
+
+
+def any_perpendicular(u: torch.Tensor) -> torch.Tensor:
+    """A unit vector perpendicular to the unit vector ``u``: ``u x e`` with ``e``
+    the coordinate axis least aligned with ``u``."""
+    a = u.abs()
+    ex = (a[..., 0] <= a[..., 1]) & (a[..., 0] <= a[..., 2])
+    ey = ~ex & (a[..., 1] <= a[..., 2])
+    e = torch.stack([ex, ey, ~ex & ~ey], -1).to(u.dtype)
+    w = torch.linalg.cross(u, e, dim=-1)
+    return w * torch.rsqrt((w * w).sum(-1, keepdim=True).clamp_min(tiny(u.dtype)))
+
+
+def frame_from_axes(e1: torch.Tensor, e3: torch.Tensor, origin: torch.Tensor) -> torch.Tensor:
+    """Pack orthonormal axes ``e1``, ``e3`` (``e2 = e3 x e1``) and an origin into ``(..., 3, 4)``."""
+    e2 = torch.linalg.cross(e3, e1, dim=-1)
+    return torch.stack([e1, e2, e3, origin], dim=-1)
+
+
+def local_transform(c: torch.Tensor) -> torch.Tensor:
+    """The local transform ``L(r, theta, phi)`` of shape ``(..., 3, 4)``.
+
+    Placing atom ``i`` from its anchor frame ``A`` (first axis along the bond
+    ``a -> b``, third axis normal to the plane ``(d, a, b)``) is ``F_i = A . L``:
+    the position is ``x_b + A_R @ r (-cos t, sin t cos p, sin t sin p)`` (the
+    NeRF formula, IUPAC dihedral sign) and the new frame's third axis
+    ``(0, -sin p, cos p)`` is the normal of the plane ``(a, b, i)``. That normal
+    does not depend on ``theta``, which is why a straight angle does no harm.
+
+    Args:
+        c: ``(..., 3)`` effective internal coordinates ``(r, theta, phi)``.
+    """
+    r, t, p = c.unbind(-1)
+    ct, st, cp, sp = torch.cos(t), torch.sin(t), torch.cos(p), torch.sin(p)
+    zero = torch.zeros_like(t)
+    e1 = torch.stack([-ct, st * cp, st * sp], -1)
+    e2 = torch.stack([-st, -ct * cp, -ct * sp], -1)
+    e3 = torch.stack([zero, -sp, cp], -1)
+    return torch.stack([e1, e2, e3, r.unsqueeze(-1) * e1], -1)
+
+
+def compose(f1: torch.Tensor, f2: torch.Tensor) -> torch.Tensor:
+    """``f1 . f2`` for packed frames ``(..., 3, 4)``."""
+    out = torch.matmul(f1[..., :3], f2)
+    return out + f1 * _last_column(f1)
+
+
+def _last_column(f: torch.Tensor) -> torch.Tensor:
+    return torch.tensor([0.0, 0.0, 0.0, 1.0], dtype=f.dtype, device=f.device)
+
+
+def identity_frame(shape, dtype, device) -> torch.Tensor:
+    """Identity frames at the origin, shape ``(*shape, 3, 4)``."""
+    return torch.eye(3, 4, dtype=dtype, device=device).expand(*shape, 3, 4)
+
+
+def nerf_anchor(xd: torch.Tensor, xa: torch.Tensor, xb: torch.Tensor) -> torch.Tensor:
+    """Anchor frame from positions (the textbook NeRF frame), ``(..., 3, 4)``.
+
+    ``e1 = unit(x_b - x_a)``, ``e3 = unit((x_a - x_d) x e1)``. Collinear
+    references have no plane: ``e3`` falls back to :func:`any_perpendicular`.
+    """
+    ex = torch.tensor([1.0, 0.0, 0.0], dtype=xb.dtype, device=xb.device)
+    e1 = safe_unit(xb - xa, ex)
+    n = torch.linalg.cross(xa - xd, e1, dim=-1)
+    e3 = safe_unit(n, any_perpendicular(e1))
+    return frame_from_axes(e1, e3, xb)
+
+
+def planar_anchor(xa: torch.Tensor, xb: torch.Tensor) -> torch.Tensor:
+    """Anchor of a ``(b, a, -1)`` row: as :func:`nerf_anchor` with the virtual
+    dihedral reference ``x_a + y`` (so ``phi = 0`` is the ``+y`` side)."""
+    ex = torch.tensor([1.0, 0.0, 0.0], dtype=xb.dtype, device=xb.device)
+    ez = torch.tensor([0.0, 0.0, 1.0], dtype=xb.dtype, device=xb.device)
+    e1 = safe_unit(xb - xa, ex)
+    # (-y) x e1 = (-e1_z, 0, e1_x)
+    n = torch.stack([-e1[..., 2], torch.zeros_like(e1[..., 0]), e1[..., 0]], -1)
+    return frame_from_axes(e1, safe_unit(n, ez), xb)
+
+
+def segment_anchor(kind: torch.Tensor, xd, xa, xb) -> torch.Tensor:
+    """Anchor frames of segment roots from their reference positions.
+
+    ``kind`` (long, broadcastable to the leading dims of ``xb``) selects the
+    rule: ROOT (``xb`` is the origin slot, identity), BOND (identity axes at
+    ``x_b``), PLANAR (:func:`planar_anchor`), POSITIONAL (:func:`nerf_anchor`).
+    """
+    eye = torch.eye(3, dtype=xb.dtype, device=xb.device)
+    axes_bond = torch.cat([eye.expand(*xb.shape[:-1], 3, 3), xb.unsqueeze(-1)], -1)
+    planar = planar_anchor(xa, xb)
+    nerf = nerf_anchor(xd, xa, xb)
+    k = kind[..., None, None]
+    out = torch.where(k == PLANAR, planar, nerf)
+    return torch.where(k <= BOND, axes_bond, out)
+
+
+def effective_internal(c: torch.Tensor, table: ConstructionTable) -> torch.Tensor:
+    """Internal coordinates as the placement uses them, ``(..., N, 3)``.
+
+    Columns whose reference is missing are replaced by constants (so their
+    gradient is zero): BOND rows use ``theta = pi, phi = 0`` (placed along
+    ``+x``), PLANAR rows ``phi = 0``, ROOT rows ``r = 0`` (identity frame). OFFSET rows get
+    ``phi_eff = phi + phi_eff(d)``.
+    """
+    plan = table.plan(c.device)
+    kind = plan.kind
+    r, t, p = c.unbind(-1)
+    zero = torch.zeros((), dtype=c.dtype, device=c.device)
+    # ROOT and BOND rows: theta = pi, phi = 0 makes L the identity rotation
+    t = torch.where(kind <= BOND, torch.pi, t)
+    p = torch.where(kind <= PLANAR, zero, p)
+    r = torch.where(kind == ROOT, zero, r)
+    if table.offset_chain.shape[1] > 1:
+        # gather-and-sum along sibling chains; slot N is a zero
+        padded = torch.cat([p, torch.zeros_like(p[..., :1])], -1)
+        chain = plan.offset_chain
+        p = padded.index_select(-1, chain.reshape(-1)).reshape(*p.shape, chain.shape[1]).sum(-1)
+    return torch.stack([r, t, p], -1)

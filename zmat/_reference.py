@@ -1,0 +1,34 @@
+"""The reference method: one atom at a time, in construction order.
+
+Plain and readable on purpose; it is the ground truth the other methods are
+tested against. Frames live in a Python list, so nothing is written in place.
+Its depth (and its run time) grows with the number of atoms.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._geometry import compose, identity_frame, local_transform, segment_anchor
+from .table import ConstructionTable
+
+
+def place_reference(c_eff: torch.Tensor, table: ConstructionTable) -> torch.Tensor:
+    """Positions ``(..., N, 3)`` from effective internal coordinates ``(..., N, 3)``."""
+    batch = c_eff.shape[:-2]
+    origin = identity_frame(batch, c_eff.dtype, c_eff.device)
+    kind = table.plan(c_eff.device).kind
+    frames: list = [None] * table.n_atoms
+
+    def position(j: int) -> torch.Tensor:
+        return (frames[j] if j >= 0 else origin)[..., 3]
+
+    for i in table.topo_order:
+        local = local_transform(c_eff[..., i, :])
+        if table.parent[i] >= 0:
+            anchor = frames[table.parent[i]]  # rigid child: b's propagated frame
+        else:
+            b, a, d = table.refs[i]
+            anchor = segment_anchor(kind[i], position(d), position(a), position(b))
+        frames[i] = compose(anchor, local)
+    return torch.stack([f[..., 3] for f in frames], -2)

@@ -1,0 +1,612 @@
+r"""Smooth, differentiable clash losses that scale to large assemblies.
+
+A hard clash count ``(d < cutoff).float()`` has zero gradient everywhere, so it
+cannot train or refine anything. This module sums smooth per-pair penalties
+instead, over unordered pairs ``{i, j}`` of distinct atoms that are neither
+excluded (bonded neighbours) nor masked (padding).
+
+Conventions, for a pair at distance ``d = |x_i - x_j|`` with radii ``r_i, r_j``:
+
+- contact distance ``c = r_i + r_j - tolerance``; the pair clashes when
+  ``d < c``;
+- overlap ``o = c - d`` (positive when clashing), in the length unit of ``xyz``
+  (Angstrom in the examples);
+- ``T`` is ``temperature``, a length; ``relu(x) = max(x, 0)``.
+
+Kinds (``KINDS``), the per-pair penalty ``p``:
+
+- ``"flat_bottom"``: ``p = relu(o)``. AlphaFold's between-residue clash term
+  (tolerance 1.5 A, radii ``ALPHAFOLD_RADII``).
+- ``"flat_bottom_squared"``: ``p = relu(o)**2``; gradient vanishes at contact.
+- ``"softplus"``: ``p = T * softplus(o / T) - T * softplus(-tail / T)`` for
+  ``o > -tail``, else 0. Smooth everywhere except a jump-free kink at
+  ``o = -tail``; tends to ``"flat_bottom"`` as ``T -> 0``.
+- ``"soft_count"``: ``p = sigmoid(o / T) - sigmoid(-tail / T)`` for
+  ``o > -tail``, else 0. Each clashing pair counts about 1 and each clear pair
+  about 0, so the sum tends to the hard clash count ``#{d < c}`` as ``T -> 0``
+  at fixed ``tail``. With the default ``tail = 10 T`` the shift
+  ``sigmoid(-10) = 4.5e-5`` biases each clashing pair by that much.
+- ``"lennard_jones"``: the purely repulsive (Weeks-Chandler-Andersen) part of a
+  Lennard-Jones potential whose repulsion starts at the contact distance, with
+  well depth 1: ``p = ((c / d)**6 - 1)**2`` for ``d < c``, else 0. It is capped
+  so that it stays finite at ``d = 0``: below the distance ``d_cap`` where
+  ``p = cap`` (``d_cap = c (1 + sqrt(cap))**(-1/6)``), ``p`` continues along
+  its tangent, ``p = cap + p'(d_cap) (d - d_cap)``, a constant push.
+
+The soft kinds (``softplus``, ``soft_count``) have tails; pairs with
+``o <= -tail`` contribute exactly zero, so only pairs closer than
+``r_i + r_j - tolerance + tail`` matter. That is the cutoff of the neighbour
+search, and the reason the total can be computed on a short pair list.
+
+Methods:
+
+- ``"all_pairs"``: every pair, O(B N^2) memory, no host synchronisation at all.
+  The reference, and the fastest for small N.
+- ``"neighbors"``: a cell list built without gradient finds the candidate pairs
+  (O(N k) memory); distances and penalties with gradient are computed on those
+  pairs only. Building the list synchronises with the device once (the number
+  of pairs depends on the data). To keep that out of a training step, build the
+  list with :func:`candidate_pairs` (with a ``skin``) every few steps and pass
+  it as ``pairs=``: then ``clash_loss`` makes no host-device sync.
+- ``"auto"``: ``"all_pairs"`` when the batch holds at most ``AUTO_MAX_PAIRS``
+  pairs (about N = 2000 for one structure), ``"neighbors"`` otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from zmat._neighbors import cell_list_pairs
+
+__all__ = [
+    "ALPHAFOLD_RADII",
+    "CLASH_METHODS",
+    "KINDS",
+    "alphafold_radii",
+    "candidate_pairs",
+    "clash_loss",
+    "exclusions_from_bonds",
+    "exclusions_from_table",
+    "vdw_radii",
+]
+
+KINDS = ("flat_bottom", "flat_bottom_squared", "softplus", "soft_count", "lennard_jones")
+CLASH_METHODS = ("auto", "all_pairs", "neighbors")
+_TAILED = ("softplus", "soft_count")
+
+# "auto" switches to the neighbour list above this many pairs (B * N(N-1)/2):
+# about 100 bytes a pair with gradient, so ~0.2 GB at the switch.
+AUTO_MAX_PAIRS = 2_000_000
+
+# Heavy-atom van der Waals radii (Angstrom) of AlphaFold's clash loss.
+ALPHAFOLD_RADII = {"C": 1.7, "N": 1.55, "O": 1.52, "S": 1.8}
+
+# Slack on the no-grad distance filter, so that float rounding there can never
+# drop a pair whose (differentiable) penalty is nonzero.
+_FILTER_SLACK = 1e-3
+
+
+# ----------------------------------------------------------------------------
+# radii
+
+
+def _as_radii(values: Sequence[float], dtype, device) -> torch.Tensor:
+    return torch.tensor(
+        values, dtype=dtype or torch.get_default_dtype(), device=device
+    )
+
+
+def vdw_radii(
+    symbols: Sequence[str], *, fallback: float = 2.0, dtype=None, device=None
+) -> torch.Tensor:
+    """Van der Waals radii of elements, from ``ase.data.vdw_radii`` (Angstrom).
+
+    ASE's table (Bondi 1964, Mantina 2009 for main-group elements) has no value
+    for most transition metals, lanthanides and actinides; they get
+    ``fallback`` (2.0 A, a conventional default for an atom without a tabulated
+    radius). Dummy atoms (``"X"``) get 0, so they never clash.
+
+    Args:
+        symbols: N element symbols (``"C"``, ``"Fe"``; case as in the periodic
+            table).
+        fallback: radius for elements ASE has no value for.
+        dtype, device: of the result (default dtype, CPU by default).
+
+    Returns:
+        Tensor of shape (N,).
+
+    Raises:
+        ValueError: for an unknown symbol.
+
+    Example:
+        >>> vdw_radii(["C", "O", "Fe", "X"]).tolist()
+        [1.7, 1.52, 2.0, 0.0]
+    """
+    from ase.data import atomic_numbers
+    from ase.data import vdw_radii as table
+
+    out = []
+    for k, s in enumerate(symbols):
+        if s not in atomic_numbers:
+            raise ValueError(f"vdw_radii: unknown element symbol {s!r} at index {k}")
+        z = atomic_numbers[s]
+        r = float(table[z]) if z > 0 else 0.0
+        out.append(fallback if math.isnan(r) else r)
+    return _as_radii(out, dtype, device)
+
+
+def alphafold_radii(
+    elements: Sequence[str], *, default: float | None = None, dtype=None, device=None
+) -> torch.Tensor:
+    """AlphaFold's heavy-atom radii: C 1.7, N 1.55, O 1.52, S 1.8 (Angstrom).
+
+    Args:
+        elements: N element symbols (case-insensitive).
+        default: radius for other elements; if None they raise.
+        dtype, device: of the result (default dtype, CPU by default).
+
+    Returns:
+        Tensor of shape (N,).
+
+    Raises:
+        ValueError: for an element not in ``ALPHAFOLD_RADII`` when ``default``
+            is None.
+
+    Example:
+        >>> alphafold_radii(["N", "C", "C", "O"]).tolist()
+        [1.55, 1.7, 1.7, 1.52]
+    """
+    out = []
+    for k, e in enumerate(elements):
+        r = ALPHAFOLD_RADII.get(str(e).upper(), default)
+        if r is None:
+            raise ValueError(
+                f"alphafold_radii: no radius for element {e!r} at index {k}; "
+                f"known: {sorted(ALPHAFOLD_RADII)} (pass default=...)"
+            )
+        out.append(r)
+    return _as_radii(out, dtype, device)
+
+
+# ----------------------------------------------------------------------------
+# exclusions
+
+
+def exclusions_from_bonds(bonds: Any, n_atoms: int, depth: int = 3) -> torch.Tensor:
+    """Pairs of atoms at most ``depth`` bonds apart in a covalent graph.
+
+    The graph distance is exact for any graph, rings included (in benzene,
+    ``depth=3`` excludes every pair, ``depth=2`` leaves the three para pairs).
+    Computed by repeated sparse expansion (pure torch, CPU), O(N k^depth).
+
+    Args:
+        bonds: integer array-like of shape (E, 2), atom indices in
+            ``[0, n_atoms)``; direction and duplicates do not matter.
+        n_atoms: number of atoms N.
+        depth: 1 excludes bonded pairs (1-2), 2 adds 1-3 pairs, 3 adds 1-4
+            pairs; 0 excludes nothing.
+
+    Returns:
+        int64 tensor of shape (P, 2) with rows ``(i, j)``, ``i < j``, sorted.
+
+    Raises:
+        ValueError: for a bad shape, an index out of range, or ``depth < 0``.
+
+    Example:
+        >>> exclusions_from_bonds([[0, 1], [1, 2], [2, 3]], 4, depth=2).tolist()
+        [[0, 1], [0, 2], [1, 2], [1, 3], [2, 3]]
+    """
+    arr = np.asarray(bonds, dtype=np.int64)
+    if arr.size == 0:
+        arr = arr.reshape(0, 2)
+    if arr.ndim != 2 or arr.shape[1] != 2:
+        raise ValueError(f"exclusions_from_bonds: bonds must have shape (E, 2), got {arr.shape}")
+    b = torch.from_numpy(arr)
+    if depth < 0:
+        raise ValueError(f"exclusions_from_bonds: depth must be >= 0, got {depth}")
+    if b.numel() and (int(b.min()) < 0 or int(b.max()) >= n_atoms):
+        raise ValueError(
+            f"exclusions_from_bonds: bond index out of range [0, {n_atoms}): "
+            f"min {int(b.min())}, max {int(b.max())}"
+        )
+    if depth == 0 or b.numel() == 0:
+        return torch.zeros(0, 2, dtype=torch.long)
+
+    # Directed adjacency in CSR form: neighbours of atom a are dst[ptr[a]:ptr[a+1]].
+    src = torch.cat([b[:, 0], b[:, 1]])
+    dst = torch.cat([b[:, 1], b[:, 0]])
+    order = torch.argsort(src)
+    src, dst = src[order], dst[order]
+    deg = torch.bincount(src, minlength=n_atoms)
+    ptr = torch.cumsum(deg, 0) - deg
+
+    # reach: pairs (a, c) within k bonds; frontier: those reached at exactly k.
+    key = src * n_atoms + dst
+    reach = torch.unique(key)
+    frontier = reach
+    for _ in range(depth - 1):
+        a, mid = frontier // n_atoms, frontier % n_atoms
+        cnt = deg[mid]
+        rep = torch.repeat_interleave(torch.arange(len(mid)), cnt)
+        offs = torch.arange(int(cnt.sum())) - (torch.cumsum(cnt, 0) - cnt)[rep]
+        new = a[rep] * n_atoms + dst[ptr[mid][rep] + offs]
+        new = torch.unique(new)
+        frontier = new[~torch.isin(new, reach)]
+        reach = torch.unique(torch.cat([reach, frontier]))
+    i, j = reach // n_atoms, reach % n_atoms
+    keep = i < j  # drops self pairs and the (j, i) duplicates
+    return torch.stack([i[keep], j[keep]], dim=1)
+
+
+def exclusions_from_table(
+    table: Any, depth: int = 3, extra_bonds: Any = None
+) -> torch.Tensor:
+    """Pairs within ``depth`` bonds in the graph of atoms and their bond references.
+
+    The covalent graph has an edge ``(i, refs[i, 0])`` for every atom with a
+    bond reference; a table is a spanning forest, so add ring closures (and
+    disulfides, metal contacts, ...) with ``extra_bonds``.
+
+    Args:
+        table: a construction table (anything with a ``.refs`` attribute, such
+            as ``zmat.ConstructionTable``) or an integer array-like of shape
+            (N, 3), rows ``(b, a, d)``, -1 for a missing reference.
+        depth: see :func:`exclusions_from_bonds`.
+        extra_bonds: optional integer array-like of shape (E, 2).
+
+    Returns:
+        int64 tensor of shape (P, 2), rows ``(i, j)`` with ``i < j``.
+
+    Raises:
+        ValueError: if the table does not have shape (N, 3).
+    """
+    refs = np.asarray(getattr(table, "refs", table))
+    if refs.ndim != 2 or refs.shape[1] != 3:
+        raise ValueError(
+            f"exclusions_from_table: table must have shape (N, 3), got {refs.shape}"
+        )
+    n = refs.shape[0]
+    has = refs[:, 0] >= 0
+    bonds = np.stack([np.nonzero(has)[0], refs[has, 0]], axis=1).astype(np.int64)
+    if extra_bonds is not None and len(extra_bonds):
+        bonds = np.concatenate([bonds, np.asarray(extra_bonds, dtype=np.int64).reshape(-1, 2)])
+    return exclusions_from_bonds(bonds, n, depth)
+
+
+def _exclusion_keys(exclude, n: int, depth: int, device) -> torch.Tensor | None:
+    """Sorted int64 keys ``i * n + j`` (i < j) of the excluded pairs, or None."""
+    if exclude is None:
+        return None
+    if hasattr(exclude, "refs"):
+        pairs = exclusions_from_table(exclude, depth)
+    else:
+        pairs = exclude if isinstance(exclude, torch.Tensor) else torch.as_tensor(np.asarray(exclude))
+        if pairs.ndim != 2 or pairs.shape[1] not in (2, 3):
+            raise ValueError(
+                "clash_loss: exclude must be an (E, 2) tensor of pairs or an (N, 3) "
+                f"construction table, got shape {tuple(pairs.shape)}"
+            )
+        if pairs.dtype.is_floating_point or pairs.dtype == torch.bool:
+            raise TypeError(f"clash_loss: exclude must hold integers, got {pairs.dtype}")
+        if pairs.shape[1] == 3:  # a raw construction table
+            if pairs.shape[0] != n:
+                raise ValueError(
+                    f"clash_loss: construction table has {pairs.shape[0]} rows, xyz has N = {n}"
+                )
+            pairs = exclusions_from_table(pairs.cpu().numpy(), depth)
+        elif pairs.device.type == "cpu" and pairs.numel():
+            # Range check only where it costs no device sync.
+            if int(pairs.min()) < 0 or int(pairs.max()) >= n:
+                raise ValueError(
+                    f"clash_loss: exclude index out of range [0, {n}): "
+                    f"min {int(pairs.min())}, max {int(pairs.max())}"
+                )
+    pairs = pairs.to(device=device, dtype=torch.long)
+    lo = torch.minimum(pairs[:, 0], pairs[:, 1])
+    hi = torch.maximum(pairs[:, 0], pairs[:, 1])
+    return torch.sort(lo * n + hi).values  # sort, not unique: unique would sync
+
+
+def _is_member(keys: torch.Tensor, sorted_ref: torch.Tensor) -> torch.Tensor:
+    """``keys`` found in ``sorted_ref``, without a host sync (unlike torch.unique)."""
+    if sorted_ref.numel() == 0:
+        return torch.zeros_like(keys, dtype=torch.bool)
+    pos = torch.searchsorted(sorted_ref, keys).clamp_(max=sorted_ref.numel() - 1)
+    return sorted_ref[pos] == keys
+
+
+# ----------------------------------------------------------------------------
+# per-pair penalties (differentiable)
+
+
+def _safe_norm(v: torch.Tensor) -> torch.Tensor:
+    """|v| over the last axis, with a zero (not NaN) gradient at v = 0."""
+    sq = (v * v).sum(-1)
+    nonzero = sq > 0
+    # Double where: the unused branch must not produce inf * 0 = NaN either.
+    return torch.where(nonzero, torch.sqrt(torch.where(nonzero, sq, torch.ones_like(sq))), 0.0)
+
+
+def _penalty(kind: str, d, c, temperature: float, tail: float, cap: float):
+    """Per-pair penalty for distances ``d`` and contact distances ``c``."""
+    o = c - d
+    if kind == "flat_bottom":
+        return F.relu(o)
+    if kind == "flat_bottom_squared":
+        return F.relu(o) ** 2
+    if kind == "softplus":
+        floor = temperature * math.log1p(math.exp(-tail / temperature))
+        p = F.softplus(o, beta=1.0 / temperature) - floor
+        return torch.where(o > -tail, p, 0.0)
+    if kind == "soft_count":
+        z = math.exp(-tail / temperature)  # sigmoid(-tail / T), overflow-free
+        floor = z / (1.0 + z)
+        return torch.where(o > -tail, torch.sigmoid(o / temperature) - floor, 0.0)
+    # lennard_jones: capped WCA repulsion, well depth 1.
+    clash = (c > 0) & (d < c)
+    c_safe = torch.where(c > 0, c, 1.0)  # keeps the unused branch finite
+    d_cap = c_safe * (1.0 + math.sqrt(cap)) ** (-1.0 / 6.0)
+    d_eff = torch.maximum(d, d_cap)
+    x = (c_safe / d_eff) ** 6
+    slope = -12.0 * (x - 1.0) * x / d_eff  # dp/dd at d_eff
+    # For d >= d_cap the second term is 0; below it, the tangent at d_cap.
+    p = (x - 1.0) ** 2 + slope * (d - d_eff)
+    return torch.where(clash, p, 0.0)
+
+
+def _pair_sum(xyz_f, radii_f, i, j, keep, n_batch, n, kind, tolerance, temperature, tail, cap):
+    """Sum of penalties over pairs (i, j) of the flattened batch: shape (B,)."""
+    d = _safe_norm(xyz_f[i] - xyz_f[j])
+    c = radii_f[i] + radii_f[j] - tolerance
+    p = _penalty(kind, d, c, temperature, tail, cap)
+    if keep is not None:
+        p = torch.where(keep, p, 0.0)
+    out = torch.zeros(n_batch, dtype=p.dtype, device=p.device)
+    return out.index_add(0, torch.div(i, n, rounding_mode="floor"), p)
+
+
+# ----------------------------------------------------------------------------
+# public entry points
+
+
+def _prepare(xyz, radii, mask, kind, tolerance, temperature, tail, cap):
+    """Validate, broadcast and flatten; returns everything the methods need."""
+    if not isinstance(xyz, torch.Tensor):
+        raise TypeError(f"clash_loss: xyz must be a torch.Tensor, got {type(xyz).__name__}")
+    if not xyz.is_floating_point():
+        raise TypeError(f"clash_loss: xyz must be a float tensor, got {xyz.dtype}")
+    if xyz.ndim < 2 or xyz.shape[-1] != 3:
+        raise ValueError(f"clash_loss: xyz must have shape (..., N, 3), got {tuple(xyz.shape)}")
+    if kind not in KINDS:
+        raise ValueError(f"clash_loss: unknown kind {kind!r}; choose one of {KINDS}")
+    if not tolerance >= 0:
+        raise ValueError(f"clash_loss: tolerance must be >= 0, got {tolerance}")
+    if not temperature > 0:
+        raise ValueError(f"clash_loss: temperature must be > 0, got {temperature}")
+    if not cap > 0:
+        raise ValueError(f"clash_loss: cap must be > 0, got {cap}")
+    if tail is None:
+        tail = 10.0 * temperature if kind in _TAILED else 0.0
+    if not (tail >= 0 and math.isfinite(tail)):
+        raise ValueError(f"clash_loss: tail must be finite and >= 0, got {tail}")
+
+    *batch, n, _ = xyz.shape
+    full = (*batch, n)
+    if isinstance(radii, torch.Tensor) and radii.device != xyz.device:
+        raise ValueError(f"clash_loss: radii on {radii.device}, xyz on {xyz.device}")
+    radii = torch.as_tensor(radii, device=xyz.device).to(xyz.dtype)
+    if radii.ndim == 0 or radii.shape[-1] != n or _broadcast(radii.shape, full) != full:
+        raise ValueError(
+            f"clash_loss: radii of shape {tuple(radii.shape)} do not match xyz of shape "
+            f"{tuple(xyz.shape)}; expected (N,) or (..., N) with N = {n}"
+        )
+    n_batch = math.prod(batch)
+    xyz_f = xyz.reshape(n_batch * n, 3)
+    radii_f = radii.expand(full).reshape(n_batch * n)
+    mask_f = None
+    if mask is not None:
+        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+            raise TypeError("clash_loss: mask must be a bool tensor")
+        if mask.device != xyz.device:
+            raise ValueError(f"clash_loss: mask on {mask.device}, xyz on {xyz.device}")
+        if mask.ndim == 0 or mask.shape[-1] != n or _broadcast(mask.shape, full) != full:
+            raise ValueError(
+                f"clash_loss: mask of shape {tuple(mask.shape)} does not match xyz of "
+                f"shape {tuple(xyz.shape)}; expected (N,) or (..., N) with N = {n}"
+            )
+        mask_f = mask.expand(full).reshape(n_batch * n)
+        # Padded atoms may hold garbage (NaN): a where, not a product, keeps
+        # it out of the values and the gradient.
+        xyz_f = torch.where(mask_f[:, None], xyz_f, 0.0)
+    return xyz_f, radii_f, mask_f, tuple(batch), n_batch, n, tail
+
+
+def _broadcast(a, b):
+    try:
+        return tuple(torch.broadcast_shapes(a, b))
+    except RuntimeError:
+        return None
+
+
+def _neighbor_list(xyz_f, radii_f, mask_f, excl, n, tolerance, reach):
+    """Pairs (i, j) of the flat batch closer than r_i + r_j - tolerance + reach."""
+    with torch.no_grad():
+        x = xyz_f.detach()
+        r = radii_f.detach()
+        idx = torch.arange(x.shape[0], device=x.device)
+        if mask_f is not None:
+            idx = idx[mask_f]  # syncs: part of the (already syncing) search
+        empty = torch.zeros(0, dtype=torch.long, device=x.device)
+        if idx.numel() < 2:
+            return empty, empty.clone()
+        cutoff = float(2 * r[idx].max()) - tolerance + reach
+        a, b = cell_list_pairs(x[idx], idx // n, cutoff)
+        i, j = idx[a], idx[b]
+        d2 = ((x[i] - x[j]) ** 2).sum(-1)
+        lim = (r[i] + r[j] - tolerance + reach).clamp(min=0) + _FILTER_SLACK
+        keep = d2 < lim * lim
+        if excl is not None:
+            li, lj = i % n, j % n
+            keep &= ~_is_member(torch.minimum(li, lj) * n + torch.maximum(li, lj), excl)
+        return i[keep], j[keep]
+
+
+def candidate_pairs(
+    xyz: torch.Tensor,
+    radii: Any,
+    *,
+    exclude: Any = None,
+    tolerance: float = 1.5,
+    kind: str = "flat_bottom",
+    temperature: float = 0.1,
+    tail: float | None = None,
+    skin: float = 0.0,
+    mask: torch.Tensor | None = None,
+    exclusion_depth: int = 3,
+) -> torch.Tensor:
+    """Pair list for :func:`clash_loss` (``pairs=``), from a cell list, no gradient.
+
+    Finds every pair of distinct, unmasked, non-excluded atoms of the same batch
+    member closer than ``r_i + r_j - tolerance + tail + skin``. With
+    ``skin > 0`` the list stays valid (gives the exact loss) while no atom has
+    moved more than ``skin / 2`` since it was built: a Verlet list, so one
+    search serves many optimisation steps. This call synchronises with the
+    device (the number of pairs depends on the data).
+
+    Args:
+        xyz, radii, exclude, tolerance, kind, temperature, tail, mask,
+            exclusion_depth: as in :func:`clash_loss` (``kind``, ``temperature``
+            and ``tail`` only set the default search distance).
+        skin: extra search distance, >= 0.
+
+    Returns:
+        int64 tensor of shape (P, 2): rows ``(i, j)``, ``i != j``, indices into
+        the flattened batch ``xyz.reshape(-1, 3)`` (atom ``a`` of batch member
+        ``b`` is ``b * N + a``).
+
+    Raises:
+        ValueError, TypeError: as :func:`clash_loss`, and for ``skin < 0``.
+
+    Example:
+        >>> pairs = candidate_pairs(xyz, radii, exclude=table, skin=1.0)
+        >>> for step in range(10):
+        ...     loss = clash_loss(xyz, radii, pairs=pairs)  # no host sync
+    """
+    if not skin >= 0:
+        raise ValueError(f"candidate_pairs: skin must be >= 0, got {skin}")
+    xyz_f, radii_f, mask_f, _, _, n, tail = _prepare(
+        xyz, radii, mask, kind, tolerance, temperature, tail, 1.0
+    )
+    excl = _exclusion_keys(exclude, n, exclusion_depth, xyz.device)
+    i, j = _neighbor_list(xyz_f, radii_f, mask_f, excl, n, tolerance, tail + skin)
+    return torch.stack([i, j], dim=1)
+
+
+def clash_loss(
+    xyz: torch.Tensor,
+    radii: Any,
+    *,
+    exclude: Any = None,
+    tolerance: float = 1.5,
+    kind: str = "flat_bottom",
+    temperature: float = 0.1,
+    tail: float | None = None,
+    cap: float = 10.0,
+    mask: torch.Tensor | None = None,
+    method: str = "auto",
+    exclusion_depth: int = 3,
+    pairs: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Sum of smooth clash penalties over pairs of atoms (see the module doc).
+
+    Differentiable in ``xyz`` (and in ``radii``). Pairs are unordered pairs of
+    distinct atoms of one structure, not excluded and not masked; the penalty
+    formulas of each ``kind`` are in the module docstring.
+
+    Args:
+        xyz: float tensor of shape (..., N, 3).
+        radii: radii of shape (N,) or (..., N), broadcast against
+            ``xyz.shape[:-1]``; array-likes are converted to ``xyz``'s dtype.
+        exclude: None; an integer (E, 2) tensor or array of atom pairs never
+            penalised; or a construction table (a ``.refs`` attribute or an
+            (N, 3) integer array), which excludes pairs within
+            ``exclusion_depth`` bonds of the graph of atoms and their bond
+            references.
+        tolerance: subtracted from ``r_i + r_j``; >= 0 (AlphaFold: 1.5 A).
+        kind: one of ``KINDS``.
+        temperature: length scale of ``"softplus"`` and ``"soft_count"``, > 0.
+        tail: pairs with overlap ``<= -tail`` contribute exactly zero; default
+            ``10 * temperature`` for the soft kinds, 0 for the others (whose
+            penalty already vanishes at contact). Sets the neighbour-search
+            cutoff ``2 max(r) - tolerance + tail``.
+        cap: energy cap of ``"lennard_jones"`` (well depth 1), > 0.
+        mask: optional bool tensor of shape (N,) or (..., N); False marks padded
+            atoms, which take no part (their coordinates may be anything).
+        method: one of ``CLASH_METHODS``: ``"all_pairs"``, ``"neighbors"`` or
+            ``"auto"``; ignored when ``pairs`` is given.
+        exclusion_depth: bond depth for a construction table ``exclude``.
+        pairs: optional (P, 2) pair list from :func:`candidate_pairs`, reused
+            as is (then no host-device sync at all).
+
+    Returns:
+        Tensor of shape ``xyz.shape[:-2]``, dtype of ``xyz``.
+
+    Raises:
+        ValueError: for mismatched shapes of ``xyz``, ``radii``, ``mask`` or the
+            table, an unknown kind or method, a negative tolerance or tail, a
+            non-positive temperature or cap, exclusion indices out of range.
+        TypeError: for a non-float ``xyz``, a non-bool mask or non-integer
+            exclusions.
+
+    Example:
+        >>> xyz = torch.tensor([[0.0, 0, 0], [1.5, 0, 0]])  # two C, 1.5 A apart
+        >>> clash_loss(xyz, alphafold_radii("CC"))  # relu(1.7 + 1.7 - 1.5 - 1.5)
+        tensor(0.4000)
+    """
+    xyz_f, radii_f, mask_f, batch, n_batch, n, tail = _prepare(
+        xyz, radii, mask, kind, tolerance, temperature, tail, cap
+    )
+    if method not in CLASH_METHODS:
+        raise ValueError(f"clash_loss: unknown method {method!r}; choose one of {CLASH_METHODS}")
+    excl = _exclusion_keys(exclude, n, exclusion_depth, xyz.device)
+    args = (kind, tolerance, temperature, tail, cap)
+
+    if pairs is not None:
+        if not isinstance(pairs, torch.Tensor) or pairs.ndim != 2 or pairs.shape[1] != 2:
+            raise ValueError(
+                f"clash_loss: pairs must be a (P, 2) tensor, got {getattr(pairs, 'shape', pairs)}"
+            )
+        i, j = pairs[:, 0], pairs[:, 1]
+        keep = None
+        if mask_f is not None:
+            keep = mask_f[i] & mask_f[j]
+        if excl is not None:
+            li, lj = i % n, j % n
+            out = ~_is_member(torch.minimum(li, lj) * n + torch.maximum(li, lj), excl)
+            keep = out if keep is None else keep & out
+        return _pair_sum(xyz_f, radii_f, i, j, keep, n_batch, n, *args).reshape(batch)
+
+    if method == "auto":
+        method = "all_pairs" if n_batch * n * (n - 1) // 2 <= AUTO_MAX_PAIRS else "neighbors"
+    if method == "neighbors":
+        i, j = _neighbor_list(xyz_f, radii_f, mask_f, excl, n, tolerance, tail)
+        return _pair_sum(xyz_f, radii_f, i, j, None, n_batch, n, *args).reshape(batch)
+
+    # all_pairs: a fixed-size pair list (shape known from N alone: no sync);
+    # exclusions and padding become a keep mask rather than a filter.
+    li, lj = torch.triu_indices(n, n, 1, device=xyz.device)
+    keep = None if excl is None else ~_is_member(li * n + lj, excl)
+    offset = (torch.arange(n_batch, device=xyz.device) * n)[:, None]
+    i, j = (li + offset).reshape(-1), (lj + offset).reshape(-1)
+    if keep is not None:
+        keep = keep.expand(n_batch, -1).reshape(-1)
+    if mask_f is not None:
+        both = mask_f[i] & mask_f[j]
+        keep = both if keep is None else keep & both
+    return _pair_sum(xyz_f, radii_f, i, j, keep, n_batch, n, *args).reshape(batch)
