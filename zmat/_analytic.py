@@ -57,13 +57,46 @@ class _ForestPlan:
         parent = np.where(table.dfs_parent >= 0, table.dfs_parent, n)  # n = identity slot
         self.parent = t(parent)
         self.end = t(table.subtree_end)
-        rounds = math.ceil(math.log2(table.max_depth + 1)) if table.max_depth > 0 else 0
-        anc = np.append(parent, n)
-        jumps = []
-        for _ in range(rounds):
-            jumps.append(t(anc))
-            anc = anc[anc]
-        self.jumps = jumps
+        # Blocked scan (see compose_paths): depth is cut into blocks of
+        # `block` levels; within a block, frames are composed level by level
+        # over the whole forest at once, across blocks by pointer jumping.
+        depth = np.zeros(n, np.int64)
+        for p in range(n):  # parents precede children in preorder
+            depth[p] = 0 if table.dfs_parent[p] < 0 else depth[table.dfs_parent[p]] + 1
+        block = _block_size(table.max_depth)
+        head = np.arange(n)  # block root (dfs position) of every atom
+        for p in range(n):
+            if depth[p] % block:
+                head[p] = head[table.dfs_parent[p]]
+        self.steps = []
+        prev = None
+        order = []
+        for level in range(min(block, table.max_depth + 1)):
+            pos = np.nonzero(depth % block == level)[0]
+            local_parent = None if level == 0 else np.searchsorted(prev, table.dfs_parent[pos])
+            self.steps.append((t(pos), None if local_parent is None else t(local_parent)))
+            order.append(pos)
+            prev = pos
+        flat = np.concatenate(order)
+        inv = np.empty(n, np.int64)
+        inv[flat] = np.arange(n)
+        self.step_inverse = t(inv)
+        heads = np.nonzero(depth % block == 0)[0]
+        self.n_heads = len(heads)
+        self.blocked = table.max_depth >= block
+        if self.blocked:
+            head_parent = table.dfs_parent[heads]  # -1 for segment roots
+            self.head_source = t(np.where(head_parent >= 0, head_parent, n))
+            up = np.where(
+                head_parent >= 0, np.searchsorted(heads, head[np.maximum(head_parent, 0)]), len(heads)
+            )
+            rounds = math.ceil(math.log2(table.max_depth // block + 1))
+            anc = np.append(up, len(heads))
+            self.jumps = []
+            for _ in range(rounds):
+                self.jumps.append(t(anc))
+                anc = anc[anc]
+            self.head_of = t(np.searchsorted(heads, head))
 
         # Stages of segments whose anchors depend on positions.
         self.constant_anchors = table.constant_anchors
@@ -92,8 +125,13 @@ class _ForestPlan:
 def forest_plan(table: ConstructionTable, device: torch.device) -> _ForestPlan:
     cache = table.plan(device).tensors
     if "forest" not in cache:
-        cache["forest"] = _ForestPlan(table, device)
+        cache["forest"] = _build(_ForestPlan, table, device)
     return cache["forest"]
+
+
+@torch.compiler.disable
+def _build(cls, *args):
+    return cls(*args)
 
 
 # ------------------------------------------------------------------ helpers
@@ -103,12 +141,41 @@ def _with_identity(f: torch.Tensor) -> torch.Tensor:
     return torch.cat([f, eye], -3)
 
 
-def pointer_jump(local: torch.Tensor, plan: _ForestPlan) -> torch.Tensor:
-    """Products of local transforms along root paths, ``(..., N, 3, 4)`` in dfs order."""
-    f = _with_identity(local)
-    for anc in plan.jumps:
+def _block_size(max_depth: int) -> int:
+    # Levels composed one at a time inside a block; the rest is pointer
+    # jumping over block heads. Each level step is a small kernel, each jump
+    # round too, so a handful of levels per block keeps both counts low.
+    return max(1, min(8, max_depth + 1))
+
+
+def _jump(f: torch.Tensor, jumps: list) -> torch.Tensor:
+    """Inclusive prefix products along ancestor pointers (pointer jumping)."""
+    f = _with_identity(f)
+    for anc in jumps:
         f = compose(f.index_select(-3, anc), f)
-    return f[..., : plan.n, :, :]
+    return f[..., :-1, :, :]
+
+
+def compose_paths(local: torch.Tensor, plan: _ForestPlan) -> torch.Tensor:
+    """Products of local transforms along root paths, ``(..., N, 3, 4)`` in dfs order.
+
+    Three passes, each of O(N) work: (1) within blocks of ``block`` levels,
+    the product from the block's head down to every atom, one level at a time
+    over the whole forest; (2) pointer jumping over the block heads
+    (``log2(depth / block)`` rounds on N / block frames); (3) one composition
+    per atom with its head's prefix.
+    """
+    parts = []
+    for pos, parent in plan.steps:
+        step = local.index_select(-3, pos)
+        parts.append(step if parent is None else compose(parts[-1].index_select(-3, parent), step))
+    inside = parts[0] if len(parts) == 1 else torch.cat(parts, -3)
+    inside = inside.index_select(-3, plan.step_inverse)
+    if not plan.blocked:
+        return inside
+    head_frames = _with_identity(inside).index_select(-3, plan.head_source)
+    prefix = _jump(head_frames, plan.jumps)
+    return compose(prefix.index_select(-3, plan.head_of), inside)
 
 
 def _subtree_sum(v: torch.Tensor, plan: _ForestPlan) -> torch.Tensor:
@@ -135,7 +202,9 @@ def _vjp(frames: torch.Tensor, grad: torch.Tensor, plan: _ForestPlan) -> torch.T
     rot, x = frames[..., :3], frames[..., 3]
     g_rot, g_x = grad[..., :3], grad[..., 3]
     b = rot @ g_rot.transpose(-1, -2)  # torque of the frame gradient: axial part of R G^T
-    tau = torch.stack([b[..., 1, 2] - b[..., 2, 1], b[..., 2, 0] - b[..., 0, 2], b[..., 0, 1] - b[..., 1, 0]], -1)
+    tau = torch.stack(
+        [b[..., 1, 2] - b[..., 2, 1], b[..., 2, 0] - b[..., 0, 2], b[..., 0, 1] - b[..., 1, 0]], -1
+    )
     s2 = _subtree_sum(g_x, plan)
     s1 = _subtree_sum(torch.linalg.cross(x, g_x, dim=-1) + tau, plan)
     xp, up = _axes(frames, plan)
@@ -159,27 +228,38 @@ def _jvp(frames: torch.Tensor, tangent: torch.Tensor, plan: _ForestPlan) -> torc
     return torch.cat([d_rot, d_x.unsqueeze(-1)], -1)
 
 
-class RigidForest(torch.autograd.Function):
+class _RigidForestFunction(torch.autograd.Function):
     """``(..., N, 3)`` effective internal coordinates in dfs order ->
-    ``(..., N, 3, 4)`` frames relative to their segment anchors."""
+    ``(..., N, 3, 4)`` frames relative to their segment anchors.
+
+    Reverse mode only: this is the variant ``torch.compile`` traces (Dynamo
+    does not trace Functions that define ``jvp``)."""
 
     generate_vmap_rule = True
 
     @staticmethod
     def forward(c_dfs: torch.Tensor, plan: _ForestPlan) -> torch.Tensor:
-        return pointer_jump(local_transform(c_dfs), plan)
+        return compose_paths(local_transform(c_dfs), plan)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        ctx.plan = inputs[1]
+        ctx.save_for_backward(output)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (frames,) = ctx.saved_tensors
+        return _vjp(frames, grad, ctx.plan), None
+
+
+class RigidForest(_RigidForestFunction):
+    """:class:`_RigidForestFunction` with forward mode (``jvp``, ``jacfwd``)."""
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
         ctx.plan = inputs[1]
         ctx.save_for_backward(output)
         ctx.save_for_forward(output)
-        ctx.set_materialize_grads(True)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        (frames,) = ctx.saved_tensors
-        return _vjp(frames, grad, ctx.plan), None
 
     @staticmethod
     def jvp(ctx, tangent: torch.Tensor, _plan):
@@ -208,7 +288,8 @@ def _place(frames_dfs: torch.Tensor, plan: _ForestPlan) -> torch.Tensor:
 def place_analytic(c_eff: torch.Tensor, table: ConstructionTable) -> torch.Tensor:
     """Positions via :class:`RigidForest` (analytic backward)."""
     plan = forest_plan(table, c_eff.device)
-    frames = RigidForest.apply(c_eff.index_select(-2, plan.dfs_order), plan)
+    function = _RigidForestFunction if torch.compiler.is_compiling() else RigidForest
+    frames = function.apply(c_eff.index_select(-2, plan.dfs_order), plan)
     return _place(frames, plan)
 
 
@@ -216,5 +297,5 @@ def place_prefix(c_eff: torch.Tensor, table: ConstructionTable) -> torch.Tensor:
     """Same forward as :func:`place_analytic`, differentiated by plain autograd
     (the pure-autograd twin: O(N log N) saved intermediates)."""
     plan = forest_plan(table, c_eff.device)
-    frames = pointer_jump(local_transform(c_eff.index_select(-2, plan.dfs_order)), plan)
+    frames = compose_paths(local_transform(c_eff.index_select(-2, plan.dfs_order)), plan)
     return _place(frames, plan)

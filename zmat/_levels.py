@@ -21,33 +21,38 @@ from .table import ConstructionTable
 def _level_plan(table: ConstructionTable, device: torch.device) -> dict:
     cache = table.plan(device).tensors
     if "levels" not in cache:
-        n = table.n_atoms
-        stage_atoms, steps = [], []
-        for atoms in table.level_atoms:
-            rigid = atoms[table.parent[atoms] >= 0]
-            roots = atoms[table.parent[atoms] < 0]
-            stage_atoms.append(np.concatenate([rigid, roots]))
-            refs = np.where(table.refs[roots] >= 0, table.refs[roots], n)
-            steps.append((rigid, roots, np.concatenate([table.parent[rigid], refs.reshape(-1)])))
-        staging = Staging(stage_atoms, n)
-
-        def t(a):
-            return torch.as_tensor(a, dtype=torch.long, device=device)
-
-        cache["levels"] = {
-            "steps": [
-                (
-                    len(rigid),
-                    len(roots),
-                    t(np.concatenate([rigid, roots])),
-                    t(table.kind[roots]),
-                    Staging.to_device(staging.gather_plan(ids), device),
-                )
-                for rigid, roots, ids in steps
-            ],
-            "final": staging.final_index(device),
-        }
+        cache["levels"] = _build_level_plan(table, device)
     return cache["levels"]
+
+
+@torch.compiler.disable
+def _build_level_plan(table: ConstructionTable, device: torch.device) -> dict:
+    n = table.n_atoms
+    stage_atoms, steps = [], []
+    for atoms in table.level_atoms:
+        rigid = atoms[table.parent[atoms] >= 0]
+        roots = atoms[table.parent[atoms] < 0]
+        stage_atoms.append(np.concatenate([rigid, roots]))
+        refs = np.where(table.refs[roots] >= 0, table.refs[roots], n)
+        steps.append((rigid, roots, np.concatenate([table.parent[rigid], refs.reshape(-1)])))
+    staging = Staging(stage_atoms, n)
+
+    def t(a):
+        return torch.as_tensor(a, dtype=torch.long, device=device)
+
+    return {
+        "steps": [
+            (
+                len(rigid),
+                len(roots),
+                t(np.concatenate([rigid, roots])),
+                t(table.kind[roots]),
+                Staging.to_device(staging.gather_plan(ids), device),
+            )
+            for rigid, roots, ids in steps
+        ],
+        "final": staging.final_index(device),
+    }
 
 
 def place_levels(c_eff: torch.Tensor, table: ConstructionTable) -> torch.Tensor:

@@ -24,9 +24,7 @@ __all__ = ["cell_list_pairs"]
 # The cell itself plus the 13 neighbour offsets that are lexicographically
 # positive: every unordered pair of distinct adjacent cells is visited once, so
 # no pair is reported twice and no i < j filter is needed across cells.
-_HALF_SHELL = [(0, 0, 0)] + [
-    off for off in itertools.product((-1, 0, 1), repeat=3) if off > (0, 0, 0)
-]
+_HALF_SHELL = [(0, 0, 0)] + [off for off in itertools.product((-1, 0, 1), repeat=3) if off > (0, 0, 0)]
 
 # Cells are made this much wider than the cutoff so that float rounding in
 # floor((x - lo) / cell) can never put two points closer than the cutoff two
@@ -78,18 +76,14 @@ def cell_list_pairs(
     key = ((group * nx + c[:, 0]) * ny + c[:, 1]) * nz + c[:, 2]
     sorted_key, order = torch.sort(key)
 
-    shifts = torch.tensor(
-        [dx * ny * nz + dy * nz + dz for dx, dy, dz in _HALF_SHELL], device=device
-    )
+    shifts = torch.tensor([dx * ny * nz + dy * nz + dz for dx, dy, dz in _HALF_SHELL], device=device)
     query = key[:, None] + shifts  # (M, 14) keys of the cells to visit
     start = torch.searchsorted(sorted_key, query).reshape(-1)
     count = torch.searchsorted(sorted_key, query, right=True).reshape(-1) - start
 
     # Expand each (point, cell) query into one row per point in that cell.
     total = int(count.sum())  # the one host sync: the size of the output
-    slot = torch.repeat_interleave(
-        torch.arange(count.numel(), device=device), count, output_size=total
-    )
+    slot = torch.repeat_interleave(torch.arange(count.numel(), device=device), count, output_size=total)
     first = torch.cumsum(count, 0) - count
     j = order[start[slot] + torch.arange(total, device=device) - first[slot]]
     i = slot // len(_HALF_SHELL)

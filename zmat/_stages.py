@@ -64,9 +64,7 @@ class Staging:
     def gather(outputs: list[torch.Tensor], origin: torch.Tensor, plan: list) -> torch.Tensor:
         """Frames of the planned ids, ``(..., len(ids), 3, 4)``."""
         pieces, perm = plan
-        parts = [
-            (outputs[s] if s >= 0 else origin).index_select(-3, pos) for s, pos in pieces
-        ]
+        parts = [(outputs[s] if s >= 0 else origin).index_select(-3, pos) for s, pos in pieces]
         out = parts[0] if len(parts) == 1 else torch.cat(parts, -3)
         return out if perm is None else out.index_select(-3, perm)
 

@@ -87,7 +87,7 @@ class ConstructionTable:
 
     def __repr__(self) -> str:
         counts = np.bincount(self.kind, minlength=6)
-        parts = ", ".join(f"{n}={c}" for n, c in zip(KIND_NAMES, counts) if c)
+        parts = ", ".join(f"{n}={c}" for n, c in zip(KIND_NAMES, counts, strict=True) if c)
         return (
             f"ConstructionTable(n_atoms={self.n_atoms}, levels={self.n_levels}, "
             f"segment_levels={len(self.stage_atoms)}, {parts})"
@@ -141,12 +141,7 @@ class ConstructionTable:
                 bb, ab = refs[b, 0], refs[b, 1]
                 if a == bb and d == ab:
                     kind[i], parent[i] = PROPER, b
-                elif (
-                    a == bb
-                    and parent[d] == b
-                    and refs[d, 1] == a
-                    and kind[d] in (PLANAR, PROPER, OFFSET)
-                ):
+                elif a == bb and parent[d] == b and refs[d, 1] == a and kind[d] in (PLANAR, PROPER, OFFSET):
                     kind[i], parent[i], offset_of[i] = OFFSET, b, d
                 else:
                     kind[i] = POSITIONAL
@@ -224,8 +219,16 @@ class ConstructionTable:
 
     # --------------------------------------------------------- device cache
     def plan(self, device: torch.device | str) -> _DevicePlan:
-        """The index tensors of the plan on ``device`` (built once, cached)."""
-        return _device_plan(self, str(torch.device(device)))
+        """The index tensors of the plan on ``device`` (built once, cached).
+
+        The cache is a plain dict on the table, so code compiled with
+        ``torch.compile`` after a first eager call reads it as a constant.
+        """
+        plans = self.__dict__.setdefault("_plans", {})
+        plan = plans.get(device)
+        if plan is None:
+            plan = plans[device] = _device_plan(self, torch.device(device))
+        return plan
 
 
 @dataclass
@@ -236,8 +239,8 @@ class _DevicePlan:
     tensors: dict
 
 
-@functools.lru_cache(maxsize=256)
-def _device_plan(table: ConstructionTable, device: str) -> _DevicePlan:
+@torch.compiler.disable
+def _device_plan(table: ConstructionTable, device: torch.device) -> _DevicePlan:
     def t(x):
         return torch.as_tensor(np.ascontiguousarray(x), dtype=torch.long, device=device)
 
@@ -310,8 +313,7 @@ def _validate(refs) -> np.ndarray:
                         "use zmat.chemcoord to import chemcoord tables)"
                     )
                 raise ValueError(
-                    f"row {i}: {names[c]} reference {v} is out of range; "
-                    f"use -1 for a missing reference{hint}"
+                    f"row {i}: {names[c]} reference {v} is out of range; use -1 for a missing reference{hint}"
                 )
             if v >= n:
                 raise ValueError(

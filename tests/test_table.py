@@ -1,0 +1,110 @@
+"""ConstructionTable: validation messages and the plan."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from strategies import chain_table, tables
+
+import zmat
+from zmat.table import OFFSET, PLANAR, POSITIONAL, PROPER
+
+
+@pytest.mark.parametrize(
+    "refs, match",
+    [
+        ([[-1, -1, -1], [5, -1, -1]], r"row 1: bond reference 5 is out of range for a table of 2 atoms"),
+        ([[-1, -1, -1], [0, -2, -1], [0, -1, -1]], r"row 1: angle reference -2 is out of range"),
+        ([[-1, -1, -1], [1, -1, -1]], r"row 1: atom 1 refers to itself"),
+        ([[-1, -1, -1], [0, -1, -1], [1, 1, -1]], r"row 2: repeated reference in \(1, 1, -1\)"),
+        ([[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 0, 2]], r"row 3: repeated reference"),
+        ([[-1, -1, -1], [0, -1, -1], [1, -1, 0]], r"row 2: dihedral reference 0 is given but the angle"),
+        ([[-1, 0, -1], [0, -1, -1]], r"row 0: angle reference 0 is given but the bond reference is missing"),
+        ([[1, -1, -1], [2, -1, -1], [0, -1, -1]], r"cycle through atoms 0 -> 1 -> 2 -> 0"),
+        ([[1, -1, -1], [0, -1, -1]], r"cycle through atoms 0 -> 1 -> 0"),
+        ([[-1, -1, -1], [2, -1, -1], [3, -1, -1], [1, -1, -1]], r"cycle through atoms 1 -> 2 -> 3 -> 1"),
+        ([[-1, -1], [0, -1]], r"shape \(N, 3\).*got shape \(2, 2\)"),
+        ([-1, -1, -1], r"shape \(N, 3\).*got shape \(3,\)"),
+        ([], r"empty"),
+    ],
+)
+def test_bad_tables_raise_with_row(refs, match):
+    with pytest.raises(ValueError, match=match):
+        zmat.ConstructionTable(refs)
+
+
+def test_chemcoord_sentinel_gets_a_hint():
+    sentinel = -9223372036854775807
+    with pytest.raises(ValueError, match="chemcoord"):
+        zmat.ConstructionTable([[sentinel, sentinel, sentinel], [0, sentinel, sentinel]])
+
+
+@pytest.mark.parametrize("bad", [np.zeros((3, 3)), torch.zeros(3, 3), np.ones((2, 3), bool)])
+def test_non_integer_dtype_is_a_type_error(bad):
+    with pytest.raises(TypeError, match="integer"):
+        zmat.ConstructionTable(bad)
+
+
+def test_accepts_lists_arrays_tensors_and_tables():
+    rows = chain_table(6)
+    ref = zmat.ConstructionTable(rows)
+    for refs in (rows, np.array(rows), np.array(rows, np.int32), torch.tensor(rows), ref):
+        t = zmat.ConstructionTable(refs)
+        assert t == ref and t.refs.dtype == np.int64
+
+
+def test_bad_table_error_is_raised_by_to_xyz_too():
+    with pytest.raises(ValueError, match="row 1"):
+        zmat.to_xyz(torch.zeros(2, 3), [[-1, -1, -1], [1, -1, -1]])
+
+
+def test_chain_is_all_proper_and_one_segment():
+    t = zmat.ConstructionTable(chain_table(50))
+    assert (t.kind[3:] == PROPER).all()
+    assert t.constant_anchors and len(t.stage_atoms) == 1
+    assert t.n_levels == 50 and t.max_depth == 49
+
+
+def test_row_kinds():
+    rows = [
+        [-1, -1, -1],  # 0 root
+        [0, -1, -1],  # 1 bond on root: rigid
+        [1, 0, -1],  # 2 planar on a bond atom: rigid
+        [2, 1, 0],  # 3 proper
+        [2, 1, 3],  # 4 offset (sibling 3)
+        [2, 1, 4],  # 5 offset of an offset
+        [3, 0, 5],  # 6 positional
+        [6, 3, -1],  # 7 planar, not rigid (6 is not a bond-only atom)
+    ]
+    t = zmat.ConstructionTable(rows)
+    assert t.kind[3] == PROPER and t.kind[4] == OFFSET and t.kind[5] == OFFSET
+    assert t.kind[6] == POSITIONAL and t.kind[7] == PLANAR
+    assert list(t.parent) == [-1, 0, 1, 2, 2, 2, -1, -1]
+    assert list(t.offset_chain[5][:3]) == [5, 4, 3]
+    assert "positional=1" in repr(t)
+
+
+def test_rows_may_point_forward():
+    # atom 0 is built last, from atoms defined in later rows
+    rows = [[1, 2, 3], [-1, -1, -1], [1, -1, -1], [2, 1, -1]]
+    t = zmat.ConstructionTable(rows)
+    assert list(t.construction_order)[-1] == 0
+
+
+@given(tables(max_atoms=15))
+def test_plan_is_consistent(rows):
+    t = zmat.ConstructionTable(rows)
+    n = t.n_atoms
+    # topological order: every reference comes first
+    seen = set()
+    for i in t.construction_order:
+        assert all(r in seen for r in t.refs[i] if r >= 0)
+        seen.add(i)
+    # dfs preorder: subtrees are contiguous, parents precede children
+    assert sorted(t.dfs_order) == list(range(n))
+    for p in range(n):
+        q = t.dfs_parent[p]
+        if q >= 0:
+            assert q < p <= t.subtree_end[q] - 1
+    # every atom belongs to exactly one stage
+    assert sorted(np.concatenate(t.stage_atoms)) == list(range(n))

@@ -1,0 +1,292 @@
+"""to_xyz / to_internal: every method, against ASE, each other, finite differences."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from ase.io.zmatrix import parse_zmatrix
+from conftest import tol
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from strategies import chain_table, internal_coordinates, random_internal, tables
+
+import zmat
+from zmat.table import POSITIONAL
+
+METHODS = zmat.METHODS
+
+
+def _zmatrix_lines(rows, c):
+    """Gaussian-style lines for ASE (rows in construction order, 1-based refs)."""
+    lines = []
+    for i, (b, a, d) in enumerate(rows):
+        r, t, p = c[i].tolist()
+        fields = ["C"]
+        for ref, val in ((b, r), (a, math.degrees(t)), (d, math.degrees(p))):
+            if ref >= 0:
+                fields += [str(ref + 1), repr(val)]
+        lines.append(" ".join(fields))
+    return lines
+
+
+def _standard_table(n, seed):
+    """ASE-style z-matrix: atoms 0-2 as usual, then random earlier references."""
+    rng = np.random.default_rng(seed)
+    rows = chain_table(min(n, 3))
+    for i in range(3, n):
+        b, a, d = rng.choice(i, 3, replace=False)
+        rows.append([int(b), int(a), int(d)])
+    return rows
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("seed", range(4))
+def test_matches_ase_parse_zmatrix(method, seed):
+    n = 14
+    rows = _standard_table(n, seed) if seed else chain_table(n)
+    c = random_internal(n, seed=seed)
+    ase_xyz = torch.tensor(parse_zmatrix(_zmatrix_lines(rows, c)).positions)
+    xyz = zmat.to_xyz(c, rows, method=method)
+    assert torch.allclose(xyz, ase_xyz, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("a_first", [True, False])
+def test_third_atom_on_plus_y_like_ase(a_first):
+    # (b, a) = (1, 0) and (0, 1): both place atom 2 in the xy-plane with y > 0
+    rows = [[-1, -1, -1], [0, -1, -1], [1, 0, -1] if a_first else [0, 1, -1]]
+    c = torch.tensor([[0, 0, 0], [1.3, 0, 0], [1.1, 1.9, 0]], dtype=torch.float64)
+    ref = torch.tensor(parse_zmatrix(_zmatrix_lines(rows, c)).positions)
+    for method in METHODS:
+        xyz = zmat.to_xyz(c, rows, method=method)
+        assert torch.allclose(xyz, ref, atol=1e-12) and xyz[2, 1] > 0 and xyz[2, 2] == 0
+
+
+@settings(max_examples=30)
+@given(rows=tables(max_atoms=14), data=st.data())
+def test_methods_agree(rows, data):
+    n = len(rows)
+    c = data.draw(internal_coordinates(n, batch=(2,)))
+    ref = zmat.to_xyz(c, rows, method="reference")
+    assert torch.isfinite(ref).all()
+    for method in METHODS[1:]:
+        out = zmat.to_xyz(c, rows, method=method)
+        assert torch.allclose(out, ref, atol=1e-10, rtol=0), method
+
+
+@pytest.mark.parametrize("method", METHODS)
+@settings(max_examples=8)
+@given(rows=tables(min_atoms=2, max_atoms=8), data=st.data())
+def test_gradcheck_and_gradgradcheck(method, rows, data):
+    c = data.draw(internal_coordinates(len(rows))).requires_grad_()
+
+    def f(x):
+        return zmat.to_xyz(x, rows, method=method)
+
+    assert torch.autograd.gradcheck(f, c)
+    assert torch.autograd.gradgradcheck(f, c)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_gradcheck_at_straight_angles_in_a_chain(method):
+    # proper rows propagate frames: exactly linear angles are smooth points
+    c = random_internal(9)
+    c[3, 1] = math.pi
+    c[4, 1] = math.pi
+    c[6, 1] = 0.0
+    c.requires_grad_()
+
+    def f(x):
+        return zmat.to_xyz(x, chain_table(9), method=method)
+
+    assert torch.autograd.gradcheck(f, c)
+    assert torch.autograd.gradgradcheck(f, c)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@settings(max_examples=10)
+@given(rows=tables(min_atoms=3, max_atoms=12, proper_bias=0.2), data=st.data())
+def test_linear_geometry_is_finite(method, rows, data):
+    c = data.draw(internal_coordinates(len(rows), linear=True)).requires_grad_()
+    xyz = zmat.to_xyz(c, rows, method=method)
+    (grad,) = torch.autograd.grad(xyz.square().sum(), c)
+    assert torch.isfinite(xyz).all() and torch.isfinite(grad).all()
+    # moderate: no 1/sin(theta) blow-up (bounded by lever arms ~ N * max bond length)
+    assert grad.abs().max() < 1e4
+
+
+def test_chain_dihedral_about_straight_angle_has_moderate_gradient():
+    # the case where a NeRF built from cross products of positions divides by zero
+    c = random_internal(6)
+    c[3, 1] = math.pi  # atoms 1, 2, 3 collinear: phi of atom 4 is about a straight angle
+    c.requires_grad_()
+    for method in METHODS:
+        xyz = zmat.to_xyz(c, chain_table(6), method=method)
+        (g,) = torch.autograd.grad(xyz[5].sum(), c)
+        assert torch.isfinite(g).all() and g.abs().max() < 20
+
+
+def _defined(rows, c, xyz):
+    """Mask of internal coordinates that to_internal can recover from xyz."""
+    rows = np.asarray(rows)
+    mask = torch.zeros_like(c, dtype=torch.bool)
+    for i, (b, a, d) in enumerate(rows):
+        if b >= 0:
+            mask[..., i, 0] = True
+        if a >= 0:
+            mask[..., i, 1] = True
+        if d >= 0:
+            # dihedral defined when neither (d, a, b) nor (a, b, i) is near-linear
+            ok = torch.ones(c.shape[:-2], dtype=torch.bool)
+            for p, q, s in ((d, a, b), (a, b, i)):
+                u, v = xyz[..., p, :] - xyz[..., q, :], xyz[..., s, :] - xyz[..., q, :]
+                sin = torch.linalg.cross(u, v, dim=-1).norm(dim=-1) / (u.norm(dim=-1) * v.norm(dim=-1))
+                ok &= sin > 1e-3
+            mask[..., i, 2] = ok
+    return mask
+
+
+@settings(max_examples=30)
+@given(rows=tables(max_atoms=14), data=st.data())
+def test_round_trip(rows, data):
+    c = data.draw(internal_coordinates(len(rows), batch=(2,)))
+    xyz = zmat.to_xyz(c, rows)
+    back = zmat.to_internal(xyz, rows)
+    mask = _defined(rows, c, xyz)
+    diff = back - c
+    diff[..., 2] = torch.remainder(diff[..., 2] + math.pi, 2 * math.pi) - math.pi
+    assert diff[mask].abs().max() < 1e-8 if mask.any() else True
+
+
+@settings(max_examples=20)
+@given(rows=tables(max_atoms=12), data=st.data())
+def test_to_internal_invariant_under_rigid_motion(rows, data):
+    c = data.draw(internal_coordinates(len(rows)))
+    xyz = zmat.to_xyz(c, rows)
+    q, _ = torch.linalg.qr(torch.randn(3, 3, dtype=torch.float64))
+    q = q * torch.linalg.det(q)  # proper rotation
+    moved = xyz @ q.T + torch.randn(3, dtype=torch.float64)
+    a, b = zmat.to_internal(xyz, rows), zmat.to_internal(moved, rows)
+    d = torch.remainder(a - b + math.pi, 2 * math.pi) - math.pi
+    assert d.abs().max() < 1e-9
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_batch_equals_loop(method):
+    rows = _standard_table(10, 7)
+    c = random_internal(10, batch=(2, 3), seed=3)
+    out = zmat.to_xyz(c, rows, method=method)
+    assert out.shape == (2, 3, 10, 3)
+    for i in range(2):
+        for j in range(3):
+            assert torch.allclose(out[i, j], zmat.to_xyz(c[i, j], rows, method=method), atol=1e-12)
+    inv = zmat.to_internal(out, rows)
+    assert torch.allclose(inv[1, 2], zmat.to_internal(out[1, 2], rows), atol=1e-12)
+
+
+def test_forest_of_different_molecules_equals_separate_builds():
+    a, b = _standard_table(7, 1), chain_table(5)
+    rows = a + [[r + 7 if r >= 0 else -1 for r in row] for row in b]
+    ca, cb = random_internal(7, seed=1), random_internal(5, seed=2)
+    both = zmat.to_xyz(torch.cat([ca, cb]), rows)
+    assert torch.allclose(both[:7], zmat.to_xyz(ca, a), atol=1e-12)
+    assert torch.allclose(both[7:], zmat.to_xyz(cb, b), atol=1e-12)
+
+
+def test_missing_reference_columns_are_ignored_with_zero_gradient():
+    rows = chain_table(5)
+    c = random_internal(5).requires_grad_()
+    xyz = zmat.to_xyz(c, rows)
+    (g,) = torch.autograd.grad(xyz.sum(), c)
+    assert (g[0] == 0).all() and (g[1, 1:] == 0).all() and g[2, 2] == 0
+    c2 = c.detach().clone()
+    c2[0] = 7.0
+    c2[1, 1:] = 3.0
+    c2[2, 2] = -1.0
+    assert torch.equal(zmat.to_xyz(c2, rows), xyz.detach())
+
+
+@pytest.mark.parametrize("method", ["analytic", "prefix", "levels"])
+def test_float32_close_to_float64_on_a_10k_chain(method):
+    # same (float32-representable) input, computed in float32 and in float64
+    n = 10_000
+    c = random_internal(n, seed=11, dtype=torch.float32)
+    x32 = zmat.to_xyz(c, chain_table(n), method=method)
+    x64 = zmat.to_xyz(c.double(), chain_table(n), method=method)
+    err = (x32.double() - x64).norm(dim=-1).max().item()
+    assert err < 1e-3, err  # documented tolerance: 1e-3 Angstrom
+
+
+def test_to_internal_degenerate_is_finite():
+    # coincident atoms, collinear triples, a straight dihedral
+    xyz = torch.tensor(
+        [[0, 0, 0], [1, 0, 0], [2, 0, 0], [3, 0, 0], [3, 0, 0], [3, 1, 0]], dtype=torch.float64
+    ).requires_grad_()
+    rows = chain_table(6)
+    c = zmat.to_internal(xyz, rows)
+    (g,) = torch.autograd.grad(c.sum(), xyz)
+    assert torch.isfinite(c).all() and torch.isfinite(g).all()
+    c = c.detach()
+    assert c[3, 1].item() == pytest.approx(math.pi) and c[3, 2] == 0  # undefined dihedral -> 0
+    assert c[4, 0] == 0
+
+
+def test_dihedral_sign_is_iupac():
+    # looking along a->b, d at 12 o'clock, i rotated clockwise by 90 degrees: +90
+    xyz = torch.tensor([[0, 1, 0], [0, 0, 0], [0, 0, 1], [-1, 0, 1]], dtype=torch.float64)
+    rows = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0]]
+    phi = zmat.to_internal(xyz, rows)[3, 2]
+    from ase import Atoms
+
+    assert phi == pytest.approx(math.radians(Atoms("H4", xyz.numpy()).get_dihedral(0, 1, 2, 3)))
+
+
+@pytest.mark.parametrize(
+    "shape, match",
+    [((4, 3), r"shape \(\.\.\., 5, 3\).*got shape \(4, 3\)"), ((3, 5), r"transposed"), ((5,), "shape")],
+)
+def test_shape_mismatch_is_a_clear_error(shape, match):
+    with pytest.raises(ValueError, match=match):
+        zmat.to_xyz(torch.zeros(shape), chain_table(5))
+    with pytest.raises(ValueError, match=match.replace("C", "xyz")):
+        zmat.to_internal(torch.zeros(shape), chain_table(5))
+
+
+def test_bad_types_and_methods():
+    with pytest.raises(TypeError, match="floating"):
+        zmat.to_xyz(torch.zeros(3, 3, dtype=torch.long), chain_table(3))
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        zmat.to_xyz([[0.0] * 3] * 3, chain_table(3))
+    with pytest.raises(ValueError, match="unknown method 'nerf'"):
+        zmat.to_xyz(torch.zeros(3, 3), chain_table(3), method="nerf")
+
+
+def test_numpy_input_is_accepted():
+    c = random_internal(5)
+    assert torch.allclose(zmat.to_xyz(c.numpy(), chain_table(5)), zmat.to_xyz(c, chain_table(5)))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_devices_and_dtypes(method, device, dtype):
+    rows = _standard_table(9, 5)
+    c = random_internal(9, batch=(3,), seed=5)
+    ref = zmat.to_xyz(c, rows, method="reference")
+    out = zmat.to_xyz(c.to(device, dtype).requires_grad_(), rows, method=method)
+    assert out.device.type == device.type and out.dtype == dtype
+    assert torch.allclose(out.double().cpu(), ref, atol=tol(dtype))
+    out.sum().backward()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("method", METHODS)
+def test_cuda_gradcheck(method):
+    c = random_internal(7, seed=2).cuda().requires_grad_()
+    rows = _standard_table(7, 2)
+    assert torch.autograd.gradcheck(lambda x: zmat.to_xyz(x, rows, method=method), c)
+    assert torch.autograd.gradgradcheck(lambda x: zmat.to_xyz(x, rows, method=method), c)
+
+
+def test_positional_rows_exist_in_random_tables():
+    # guard: the strategies exercise the position-dependent path too
+    t = zmat.ConstructionTable(_standard_table(30, 0))
+    assert (t.kind == POSITIONAL).sum() > 5

@@ -1,0 +1,89 @@
+"""Rigid superposition (Kabsch, proper rotations only) and RMSD, in torch.
+
+Both functions take any number of leading batch dimensions and are
+differentiable. They exist to compare structures built in different frames
+(z-matrix placements, Open Babel, chemcoord): a proper rotation plus a
+translation, never a reflection, so a mirror image does not superpose.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["superpose", "rmsd"]
+
+
+def _check(mobile: torch.Tensor, target: torch.Tensor) -> None:
+    if mobile.shape != target.shape or mobile.ndim < 2 or mobile.shape[-1] != 3:
+        raise ValueError(
+            "superposition needs two tensors of the same shape (..., N, 3), got "
+            f"{tuple(mobile.shape)} and {tuple(target.shape)}"
+        )
+
+
+def _rotation(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Proper rotation ``R`` (``(..., 3, 3)``) minimising ``|p R^T - q|`` for centred ``p, q``."""
+    h = p.transpose(-1, -2) @ q  # (..., 3, 3) covariance
+    u, _, vh = torch.linalg.svd(h)
+    # flip the last singular vector where the best orthogonal map is a reflection
+    d = torch.sign(torch.linalg.det(vh.transpose(-1, -2) @ u.transpose(-1, -2)))
+    d = torch.where(d == 0, torch.ones_like(d), d)
+    diag = torch.ones_like(h[..., 0])
+    diag = torch.cat([diag[..., :2], d.unsqueeze(-1)], -1)
+    return vh.transpose(-1, -2) @ (diag.unsqueeze(-1) * u.transpose(-1, -2))
+
+
+def superpose(mobile: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """``mobile`` moved onto ``target`` by the best proper rigid motion (Kabsch).
+
+    Args:
+        mobile: ``(..., N, 3)`` positions to move.
+        target: ``(..., N, 3)`` positions to fit, same shape.
+
+    Returns:
+        ``(..., N, 3)``: ``mobile`` rotated (``det R = +1``) and translated so
+        that the sum of squared distances to ``target`` is smallest.
+        Differentiable; the gradient goes through an SVD and is unstable where
+        two singular values of the covariance coincide (e.g. linear molecules).
+
+    Raises:
+        ValueError: the shapes differ or are not ``(..., N, 3)``.
+
+    Example:
+        >>> a = torch.randn(5, 3, dtype=torch.float64)
+        >>> rot = torch.linalg.matrix_exp(torch.tensor([[0, -1.0, 0], [1, 0, 0], [0, 0, 0]]).double())
+        >>> torch.allclose(superpose(a @ rot.T + 1, a), a)
+        True
+    """
+    _check(mobile, target)
+    cm, ct = mobile.mean(-2, keepdim=True), target.mean(-2, keepdim=True)
+    p, q = mobile - cm, target - ct
+    return p @ _rotation(p, q).transpose(-1, -2) + ct
+
+
+def rmsd(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Root-mean-square deviation after the best proper superposition of ``a`` onto ``b``.
+
+    The optimal rotation is computed without gradient: by the envelope theorem
+    the first derivative of the minimum does not depend on how the minimiser
+    moves, so the gradient is exact (and stable, with no SVD backward) while
+    the value keeps full precision (no ``|a|^2 + |b|^2 - 2 tr`` cancellation).
+
+    Args:
+        a, b: ``(..., N, 3)`` positions.
+
+    Returns:
+        ``(...)`` RMSD, same unit as the input.
+
+    Raises:
+        ValueError: the shapes differ or are not ``(..., N, 3)``.
+    """
+    _check(a, b)
+    p = a - a.mean(-2, keepdim=True)
+    q = b - b.mean(-2, keepdim=True)
+    with torch.no_grad():
+        rot = _rotation(p.detach(), q.detach())
+    diff = p @ rot.transpose(-1, -2) - q
+    sq = (diff * diff).sum((-1, -2)) / a.shape[-2]
+    ok = sq > 0
+    return torch.where(ok, torch.sqrt(torch.where(ok, sq, torch.ones_like(sq))), torch.zeros_like(sq))

@@ -1,0 +1,293 @@
+"""Automatic construction tables from Cartesian coordinates.
+
+:func:`construction_table` chooses, for every atom, the bond, angle and
+dihedral references from which a z-matrix places it. The result is
+deterministic (it depends only on the positions, the elements and the
+options) and follows these rules:
+
+1. **Connectivity.** Atoms ``i`` and ``j`` are bonded when
+   ``|x_i - x_j| < mult * (r_i + r_j)``, with ``r`` ASE's covalent radii
+   (``ase.neighborlist.natural_cutoffs``). Periodic images are ignored. You
+   may pass your own ``bonds`` instead.
+2. **Construction order.** The first atom is ``start`` (atom 0 by default).
+   From there the bond graph is walked breadth first, neighbours in
+   increasing index; an atom's **bond reference** ``b`` is the atom it was
+   reached from. When a fragment is exhausted, the unbuilt atom nearest to
+   any built atom (ties: lowest index) is next; its bond reference is that
+   nearest built atom. So disconnected molecules (the water dimer, ions,
+   solvent) are attached to what is already built, and the table is a single
+   tree.
+3. **Number of references.** The k-th atom in construction order gets
+   ``min(k, 3)`` references: the first is a root ``(-1, -1, -1)``, the second
+   ``(b, -1, -1)`` (placed along ``+x``), the third ``(b, a, -1)`` (in the
+   ``xy``-plane), every other atom a full row. If the third atom would be
+   collinear with the first two (e.g. the second ligand of an octahedral
+   complex is trans to the first), the first atom waiting in the
+   breadth-first queue that is not collinear is built third instead, so the
+   fourth atom has a dihedral plane.
+4. **Angle and dihedral references.** Candidate pairs ``(a, d)`` are tried in
+   this order, and the first *well-conditioned* one is taken:
+
+   a. ``b``'s own bond and angle references (the *proper* row of
+      :mod:`zmat.table`: frames propagate along the tree, the fast and
+      linear-robust path);
+   b. ``a`` from ``b``'s bond reference, then ``b``'s built bonded neighbours
+      (increasing index); ``d`` from ``a``'s bond and angle references, then
+      ``a``'s and ``b``'s built bonded neighbours;
+   c. only if (a) and (b) give nothing well-conditioned: the ``n_nearest``
+      built atoms nearest to ``b`` (for ``a``) and to ``a`` (for ``d``),
+      bonded or not.
+
+   A pair is well-conditioned when both the angle ``i-b-a`` and the angle
+   ``d-a-b`` (which spans the dihedral plane) lie in
+   ``[min_angle, 180 - min_angle]`` degrees. If no candidate is, the one with
+   the largest ``min(sin(i-b-a), sin(d-a-b))`` is taken (first on ties): for a
+   truly linear molecule (CO2, HCN, C2H2) every choice is collinear, the
+   angles are exactly 180 degrees and the dihedrals are 0, which
+   ``zmat.to_xyz`` places exactly. For the third atom only ``a`` is chosen,
+   by the same test on ``i-b-a``.
+
+The references only ever point to atoms built earlier, so the table is
+acyclic; the rows stay in the input atom order (references may point to later
+rows), so ``ZMatrix.from_atoms(atoms).to_atoms()`` keeps the atom order.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from .table import ConstructionTable
+
+__all__ = ["connectivity", "construction_table"]
+
+
+def _positions_and_symbols(atoms, symbols):
+    if hasattr(atoms, "get_positions"):
+        return np.asarray(atoms.get_positions(), np.float64), list(atoms.get_chemical_symbols())
+    pos = np.asarray(atoms, np.float64)
+    if pos.ndim != 2 or pos.shape[1] != 3:
+        raise ValueError(f"positions must have shape (N, 3), got {pos.shape}")
+    return pos, None if symbols is None else list(symbols)
+
+
+def connectivity(atoms, mult: float = 1.0, *, symbols: Sequence[str] | None = None) -> list[np.ndarray]:
+    """Covalent bonds from ASE's natural cutoffs.
+
+    Args:
+        atoms: an :class:`ase.Atoms`, or an ``(N, 3)`` array of positions
+            together with ``symbols``.
+        mult: factor on the covalent radii (``natural_cutoffs(mult=...)``).
+        symbols: element symbols when ``atoms`` is an array.
+
+    Returns:
+        list of ``N`` sorted integer arrays: the bonded neighbours of each atom.
+        Periodic images are ignored.
+    """
+    from ase import Atoms
+    from ase.neighborlist import natural_cutoffs, neighbor_list
+
+    pos, syms = _positions_and_symbols(atoms, symbols)
+    if syms is None:
+        raise ValueError("element symbols are needed for covalent radii: pass symbols=")
+    mol = Atoms(syms, positions=pos, pbc=False)
+    cutoffs = natural_cutoffs(mol, mult=mult)
+    i, j = neighbor_list("ij", mol, cutoffs, self_interaction=False)
+    n = len(mol)
+    out: list[list[int]] = [[] for _ in range(n)]
+    for a, b in zip(i.tolist(), j.tolist()):
+        if a != b:
+            out[a].append(b)
+    return [np.unique(np.asarray(x, np.int64)) for x in out]
+
+
+def _angle(p: np.ndarray, q: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """Angle p-q-r in radians (vectorised over leading dims)."""
+    u, v = p - q, r - q
+    return np.arctan2(np.linalg.norm(np.cross(u, v), axis=-1), (u * v).sum(-1))
+
+
+def construction_table(
+    atoms,
+    *,
+    symbols: Sequence[str] | None = None,
+    bonds: Sequence[Sequence[int]] | None = None,
+    mult: float = 1.0,
+    start: int = 0,
+    min_angle: float = 10.0,
+    n_nearest: int = 8,
+) -> ConstructionTable:
+    """A robust construction table for the given structure (rules in the module docstring).
+
+    Args:
+        atoms: an :class:`ase.Atoms`, or an ``(N, 3)`` array of positions (then
+            give ``symbols`` or ``bonds``).
+        symbols: element symbols, when ``atoms`` is an array.
+        bonds: optional connectivity instead of covalent radii: for each atom
+            the indices of its bonded neighbours (a list of ``N`` lists), or an
+            ``(E, 2)`` list of pairs.
+        mult: factor on the covalent radii.
+        start: the atom built first (the root of the table).
+        min_angle: degrees; angles closer than this to 0 or 180 count as
+            near-linear.
+        n_nearest: how many nearest built atoms rule 4c considers.
+
+    Returns:
+        a :class:`~zmat.ConstructionTable` with rows in the input atom order.
+
+    Raises:
+        ValueError: empty structure, ``start`` out of range, bad ``bonds``.
+
+    Example:
+        >>> from ase.build import molecule
+        >>> construction_table(molecule("H2O")).refs.tolist()
+        [[-1, -1, -1], [0, -1, -1], [0, 1, -1]]
+    """
+    pos, syms = _positions_and_symbols(atoms, symbols)
+    n = len(pos)
+    if n == 0:
+        raise ValueError("cannot build a construction table for zero atoms")
+    if not 0 <= start < n:
+        raise ValueError(f"start={start} is out of range for {n} atoms")
+    if not np.all(np.isfinite(pos)):
+        raise ValueError("positions must be finite")
+    nbrs = _neighbours(bonds, n) if bonds is not None else connectivity(pos, mult, symbols=syms)
+    lo = math.sin(math.radians(min_angle))  # sin threshold: angle in [min, 180-min]
+    return ConstructionTable(_build(pos, nbrs, start, lo, n_nearest))
+
+
+def _neighbours(bonds, n: int) -> list[np.ndarray]:
+    arr = None
+    try:
+        arr = np.asarray(bonds, np.int64)
+    except (ValueError, TypeError):
+        pass
+    out: list[set[int]] = [set() for _ in range(n)]
+    if arr is not None and arr.ndim == 2 and arr.shape[1] == 2 and len(bonds) != n:
+        pairs = arr
+    elif len(bonds) == n:
+        pairs = [(i, int(j)) for i, js in enumerate(bonds) for j in js]
+    else:
+        raise ValueError(f"bonds must be a list of {n} neighbour lists or an (E, 2) list of pairs")
+    for i, j in pairs:
+        i, j = int(i), int(j)
+        if not (0 <= i < n and 0 <= j < n) or i == j:
+            raise ValueError(f"bad bond ({i}, {j}) for {n} atoms")
+        out[i].add(j)
+        out[j].add(i)
+    return [np.asarray(sorted(s), np.int64) for s in out]
+
+
+def _build(pos: np.ndarray, nbrs: list[np.ndarray], start: int, lo: float, n_nearest: int) -> np.ndarray:
+    n = len(pos)
+    refs = np.full((n, 3), -1, np.int64)
+    built = np.zeros(n, bool)  # placed: may serve as a reference
+    queued = np.zeros(n, bool)  # placed or waiting in the breadth-first queue
+    n_built = 0
+    # nearest built atom of every unbuilt atom, updated lazily per fragment
+    dmin = np.full(n, np.inf)
+    dwho = np.full(n, -1, np.int64)
+    pending: list[int] = []  # built atoms not yet folded into dmin
+
+    def nearest_built(p: np.ndarray, exclude: tuple[int, ...]) -> list[int]:
+        idx = np.nonzero(built)[0]
+        idx = idx[~np.isin(idx, exclude)]
+        d = np.linalg.norm(pos[idx] - p, axis=1)
+        o = np.lexsort((idx, d))[:n_nearest]
+        return idx[o].tolist()
+
+    def choose(i: int, b: int) -> None:
+        k = n_built  # number of atoms built before i
+        if k == 0:
+            return
+        refs[i, 0] = b
+        if k == 1:
+            return
+        nb_b = [int(j) for j in nbrs[b] if built[j] and j != i]
+        if k == 2:
+            cands = [c for c in [refs[b, 0], *nb_b] if c >= 0 and c != b]
+            cands += [c for c in nearest_built(pos[b], (b, i)) if c not in cands]
+            s = np.sin(_angle(pos[i], pos[b], pos[cands]))
+            ok = np.nonzero(s >= lo)[0]
+            refs[i, 1] = cands[ok[0] if len(ok) else int(np.argmax(s))]
+            return
+
+        def pairs(wide: bool) -> list[tuple[int, int]]:
+            out: list[tuple[int, int]] = []
+            if refs[b, 0] >= 0 and refs[b, 1] >= 0:
+                out.append((int(refs[b, 0]), int(refs[b, 1])))
+            a_list = [int(refs[b, 0])] + nb_b
+            if wide:
+                a_list += nearest_built(pos[b], (b, i))
+            for a in a_list:
+                if a < 0 or a == b:
+                    continue
+                d_list = [int(refs[a, 0]), int(refs[a, 1])]
+                d_list += [int(j) for j in nbrs[a] if built[j]] + nb_b
+                if wide:
+                    d_list += nearest_built(pos[a], (a, b, i))
+                out += [(a, d) for d in d_list if d >= 0 and d not in (a, b, i)]
+            return list(dict.fromkeys(out))
+
+        best = None
+        for wide in (False, True):
+            cand = pairs(wide)
+            if not cand:
+                continue
+            ca = np.asarray(cand)
+            s1 = np.sin(_angle(pos[i], pos[b], pos[ca[:, 0]]))
+            s2 = np.sin(_angle(pos[ca[:, 1]], pos[ca[:, 0]], pos[b]))
+            score = np.minimum(s1, s2)
+            ok = np.nonzero(score >= lo)[0]
+            if len(ok):
+                best = cand[ok[0]]
+                break
+            j = int(np.argmax(score))
+            if best is None or score[j] > best_score:
+                best, best_score = cand[j], score[j]
+        refs[i, 1], refs[i, 2] = best
+
+    while n_built < n:
+        if n_built == 0:
+            seed, parent = start, -1
+        else:
+            if pending:
+                new = np.asarray(pending)
+                pending.clear()
+                for chunk in np.array_split(new, max(1, len(new) * n // 4_000_000 + 1)):
+                    d = np.linalg.norm(pos[:, None, :] - pos[None, chunk, :], axis=-1)
+                    j = np.argmin(d, axis=1)  # first on ties: chunk is in build order
+                    dj = d[np.arange(n), j]
+                    better = dj < dmin
+                    dmin[better], dwho[better] = dj[better], chunk[j[better]]
+            cand = np.nonzero(~queued)[0]
+            seed = int(cand[np.lexsort((cand, dmin[cand]))[0]])
+            parent = int(dwho[seed])
+        # breadth-first walk of the fragment that contains ``seed``
+        queue = [(seed, parent)]
+        queued[seed] = True
+        head = 0
+        while head < len(queue):
+            if n_built == 2:
+                # Rule 3': avoid a collinear start (it would leave the 4th atom
+                # without a dihedral plane): build third the first queued atom
+                # that is not collinear with the first two, if there is one.
+                for q in range(head, len(queue)):
+                    j, bj = queue[q]
+                    other = int(np.nonzero(built)[0][np.nonzero(built)[0] != bj][0])
+                    if np.sin(_angle(pos[j], pos[bj], pos[other])) >= lo:
+                        queue[head], queue[q] = queue[q], queue[head]
+                        break
+            i, b = queue[head]
+            head += 1
+            choose(i, b)
+            built[i] = True
+            n_built += 1
+            pending.append(i)
+            for j in nbrs[i]:
+                if not queued[j]:
+                    queued[j] = True
+                    queue.append((int(j), i))
+    return refs

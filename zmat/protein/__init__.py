@@ -1,0 +1,59 @@
+"""Proteins: residue topology, PDB/mmCIF I/O, and torsion-space building.
+
+* :func:`from_pdb` reads a PDB or mmCIF file into a :class:`Protein` (heavy
+  atoms of the standard residues, a construction table over them, internal
+  coordinates, torsions, radii and covalent bonds for clash losses) that
+  ``.to_pdb`` writes back.
+* :func:`internal_from_torsions`, :func:`to_xyz_from_torsions` and
+  :class:`ProteinBatch` turn torsions (phi, psi, omega, chi1..chi4) and ideal
+  geometry into coordinates, differentiably, for one sequence or a padded
+  batch of different lengths.
+* :func:`internal_from_six_angles` / :func:`six_angles_from_backbone`:
+  FoldingDiff's six-angle backbone.
+
+Conventions: Angstrom, radians, IUPAC dihedral signs; torsion columns in
+``TORSION_NAMES`` order; templates and ideal geometry in
+:mod:`zmat.protein.topology`.
+"""
+
+from .build import (
+    DEFAULT_TORSIONS,
+    FOLDINGDIFF_ANGLES,
+    FOLDINGDIFF_LENGTHS,
+    ProteinBatch,
+    backbone_table,
+    fill_internal,
+    internal_from_six_angles,
+    internal_from_torsions,
+    protein_layout,
+    six_angles_from_backbone,
+    to_xyz_from_torsions,
+)
+from .layout import Layout, layout
+from .structure import Protein, dihedrals, from_pdb, from_structure
+from .topology import CHI_ATOMS, RESIDUES, TORSION_NAMES, ResidueTemplate, one_to_three
+
+__all__ = [
+    "CHI_ATOMS",
+    "DEFAULT_TORSIONS",
+    "FOLDINGDIFF_ANGLES",
+    "FOLDINGDIFF_LENGTHS",
+    "Layout",
+    "Protein",
+    "ProteinBatch",
+    "RESIDUES",
+    "ResidueTemplate",
+    "TORSION_NAMES",
+    "backbone_table",
+    "dihedrals",
+    "fill_internal",
+    "from_pdb",
+    "from_structure",
+    "internal_from_six_angles",
+    "internal_from_torsions",
+    "layout",
+    "one_to_three",
+    "protein_layout",
+    "six_angles_from_backbone",
+    "to_xyz_from_torsions",
+]

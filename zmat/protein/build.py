@@ -1,0 +1,381 @@
+"""Torsions -> internal coordinates -> full-atom coordinates, differentiably.
+
+A generative model emits torsions (phi, psi, omega, chi1..chi4 per residue);
+the rest of the geometry is ideal (``zmat.protein.topology``). Torsions are
+``(..., L, 7)`` tensors with columns in ``TORSION_NAMES`` order, or dicts of
+``(..., L)`` tensors (missing keys count as NaN). NaN means "not given": the
+default torsion is used instead (``DEFAULT_TORSIONS``), or the measured value
+when rebuilding a structure read from a file. phi of the first residue, omega
+of the last one and chis a residue does not have are ignored; psi of the last
+residue places ``OXT`` (and so ``O``).
+
+* :func:`internal_from_torsions` / :func:`to_xyz_from_torsions`: one sequence,
+  any leading batch dimensions.
+* :class:`ProteinBatch`: sequences of different lengths, padded to ``L_max``
+  residues / ``N_max`` atoms with masks, one forest table over the batch.
+* FoldingDiff's six-angle backbone (:func:`internal_from_six_angles`,
+  :func:`six_angles_from_backbone`): N, CA, C only.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from ..table import ConstructionTable
+from ..transform import to_xyz
+from .layout import N_TORSIONS, Layout, layout
+from .topology import TORSION_NAMES, one_to_three
+
+__all__ = [
+    "DEFAULT_TORSIONS",
+    "FOLDINGDIFF_ANGLES",
+    "FOLDINGDIFF_LENGTHS",
+    "ProteinBatch",
+    "backbone_table",
+    "fill_internal",
+    "internal_from_six_angles",
+    "internal_from_torsions",
+    "protein_layout",
+    "six_angles_from_backbone",
+    "to_xyz_from_torsions",
+]
+
+#: Torsions used where NaN is given (radians): phi -60, psi -45 (helix),
+#: omega 180 (trans), chi1 -60, chi2..chi4 180.
+DEFAULT_TORSIONS = tuple(math.radians(x) for x in (-60.0, -45.0, 180.0, -60.0, 180.0, 180.0, 180.0))
+
+
+def as_torsion_tensor(torsions, n_residues: int | None = None) -> torch.Tensor:
+    """``(..., L, 7)`` tensor from a tensor or a dict of ``(..., L)`` tensors.
+
+    Raises:
+        ValueError: unknown dict key, wrong last dimension or length.
+        TypeError: not a float tensor / dict.
+    """
+    if isinstance(torsions, dict):
+        unknown = set(torsions) - set(TORSION_NAMES)
+        if unknown:
+            raise ValueError(f"unknown torsion names {sorted(unknown)}; expected some of {TORSION_NAMES}")
+        ref = next((torch.as_tensor(v) for v in torsions.values()), None)
+        if ref is None:
+            raise ValueError("torsion dict is empty")
+        if not ref.dtype.is_floating_point:
+            raise TypeError(f"torsions must be float tensors, got {ref.dtype}")
+        cols = [
+            torch.as_tensor(torsions[k], dtype=ref.dtype, device=ref.device)
+            if k in torsions
+            else torch.full_like(ref, torch.nan)
+            for k in TORSION_NAMES
+        ]
+        t = torch.stack(torch.broadcast_tensors(*cols), -1)
+    else:
+        if not isinstance(torsions, torch.Tensor) or not torsions.dtype.is_floating_point:
+            raise TypeError(f"torsions must be a float tensor (..., L, 7) or a dict, got {type(torsions)}")
+        t = torsions
+        if t.ndim < 2 or t.shape[-1] != N_TORSIONS:
+            raise ValueError(f"torsions must have shape (..., L, {N_TORSIONS}), got {tuple(t.shape)}")
+    if n_residues is not None and t.shape[-2] != n_residues:
+        raise ValueError(f"torsions are given for {t.shape[-2]} residues, the sequence has {n_residues}")
+    return t
+
+
+def fill_internal(lay: Layout, torsions, base: torch.Tensor | None = None) -> torch.Tensor:
+    """Ideal internal coordinates of ``lay`` with ``torsions`` in their rows.
+
+    Args:
+        lay: a :class:`~zmat.protein.layout.Layout` (or anything with
+            ``ideal``, ``ideal_mask``, ``torsion_slot``, ``n_residues``).
+        torsions: ``(..., L, 7)`` tensor or dict (see the module doc).
+        base: optional ``(..., N, 3)`` values for the non-chemical columns and
+            for NaN torsions (a structure's measured internal coordinates);
+            default: ideal values and ``DEFAULT_TORSIONS``.
+
+    Returns:
+        ``(..., N, 3)``, differentiable in ``torsions`` (and ``base``).
+    """
+    t = as_torsion_tensor(torsions, lay.n_residues)
+    dtype, device = t.dtype, t.device
+    ideal = torch.as_tensor(lay.ideal, dtype=dtype, device=device)
+    mask = torch.as_tensor(lay.ideal_mask, device=device)
+    slot = torch.as_tensor(lay.torsion_slot, device=device)
+    has = slot >= 0
+    flat = t.flatten(-2).index_select(-1, slot.clamp_min(0))  # (..., N)
+    if base is None:
+        default = torch.tensor(DEFAULT_TORSIONS, dtype=dtype, device=device)
+        fallback = default[slot.clamp_min(0) % N_TORSIONS]
+        base_vals = torch.nan_to_num(ideal, nan=0.0)
+    else:
+        base_vals = torch.as_tensor(base, dtype=dtype, device=device)
+        fallback = base_vals[..., 2]
+    tors = torch.where(torch.isnan(flat), fallback, flat)
+    fixed = mask & ~torch.isnan(ideal)
+    r = torch.where(fixed[:, 0], ideal[:, 0], base_vals[..., 0])
+    theta = torch.where(fixed[:, 1], ideal[:, 1], base_vals[..., 1])
+    phi = torch.where(has, tors, torch.where(fixed[:, 2], ideal[:, 2], base_vals[..., 2]))
+    r, theta, phi = torch.broadcast_tensors(r, theta, phi)
+    return torch.stack([r, theta, phi], -1)
+
+
+@functools.lru_cache(maxsize=128)
+def protein_layout(sequence: str) -> Layout:
+    """Layout of one chain of ``sequence`` (one-letter codes): every heavy atom,
+    ``OXT`` on the last residue, one tree whose rows are all canonical."""
+    return layout(one_to_three(sequence))
+
+
+def internal_from_torsions(torsions, sequence: str) -> torch.Tensor:
+    """Internal coordinates of a full-atom chain from torsions and ideal geometry.
+
+    Args:
+        torsions: ``(..., L, 7)`` tensor (``TORSION_NAMES`` columns, radians)
+            or dict of ``(..., L)`` tensors; NaN = default.
+        sequence: one-letter sequence of length L.
+
+    Returns:
+        ``(..., N, 3)`` for ``protein_layout(sequence).table``; differentiable.
+
+    Example:
+        >>> t = torch.zeros(5, 7, dtype=torch.float64)
+        >>> C = internal_from_torsions(t, "ACDEF")
+        >>> xyz = zmat.to_xyz(C, protein_layout("ACDEF").table)
+    """
+    return fill_internal(protein_layout(sequence), torsions)
+
+
+def to_xyz_from_torsions(torsions, sequence: str, method: str = "auto") -> torch.Tensor:
+    """``zmat.to_xyz(internal_from_torsions(torsions, sequence), table)``: ``(..., N, 3)``."""
+    lay = protein_layout(sequence)
+    return to_xyz(fill_internal(lay, torsions), lay.table, method=method)
+
+
+class ProteinBatch:
+    """Sequences of different lengths on a padded layout with one forest table.
+
+    Protein ``b`` occupies atoms ``b * N_max .. b * N_max + n_b - 1`` of the
+    flattened ``(B * N_max)`` layout; padding atoms are extra roots at the
+    origin. Torsions are ``(..., B, L_max, 7)`` (padding ignored).
+
+    Attributes:
+        sequences: the B sequences.
+        layouts: their :class:`~zmat.protein.layout.Layout`.
+        table: ``ConstructionTable`` over ``B * N_max`` atoms.
+        atom_mask: ``(B, N_max)`` bool; residue_mask ``(B, L_max)`` bool.
+        atom_names, elements: ``(B, N_max)`` string arrays (``""`` on padding).
+        residue_index: ``(B, N_max)`` int64 (-1 on padding).
+        radii: ``(B, N_max)`` float64 AlphaFold radii (0 on padding).
+
+    Example:
+        >>> batch = ProteinBatch(["MKV", "ACDEFG"])
+        >>> xyz = batch.to_xyz(torch.zeros(2, 6, 7))  # (2, N_max, 3)
+    """
+
+    def __init__(self, sequences: Sequence[str]) -> None:
+        if isinstance(sequences, str) or len(sequences) == 0:
+            raise ValueError("ProteinBatch needs a non-empty list of sequences")
+        self.sequences = list(sequences)
+        self.layouts = [protein_layout(s) for s in self.sequences]
+        B = len(self.layouts)
+        self.L_max = max(lay.n_residues for lay in self.layouts)
+        self.N_max = max(lay.n_atoms for lay in self.layouts)
+        n, Lm = self.N_max, self.L_max
+        refs = np.full((B, n, 3), -1, np.int64)
+        ideal = np.zeros((B, n, 3))
+        mask = np.zeros((B, n, 3), bool)
+        slot = np.full((B, n), -1, np.int64)
+        self.atom_mask = torch.zeros(B, n, dtype=torch.bool)
+        self.residue_mask = torch.zeros(B, Lm, dtype=torch.bool)
+        self.atom_names = np.full((B, n), "", "U4")
+        self.elements = np.full((B, n), "", "U2")
+        self.residue_index = torch.full((B, n), -1, dtype=torch.long)
+        for b, lay in enumerate(self.layouts):
+            m = lay.n_atoms
+            refs[b, :m] = np.where(lay.refs >= 0, lay.refs + b * n, -1)
+            ideal[b, :m] = lay.ideal
+            mask[b, :m] = lay.ideal_mask
+            s = lay.torsion_slot
+            k, t = s // N_TORSIONS, s % N_TORSIONS
+            slot[b, :m] = np.where(s >= 0, ((b * Lm + k) * N_TORSIONS + t), -1)
+            self.atom_mask[b, :m] = True
+            self.residue_mask[b, : lay.n_residues] = True
+            self.atom_names[b, :m] = lay.atom_names
+            self.elements[b, :m] = lay.elements
+            self.residue_index[b, :m] = torch.as_tensor(lay.residue_index)
+        self.table = ConstructionTable(refs.reshape(-1, 3))
+        self._flat = _Arrays(ideal.reshape(-1, 3), mask.reshape(-1, 3), slot.reshape(-1), B * Lm)
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+    def __repr__(self) -> str:
+        return f"ProteinBatch(B={len(self)}, L_max={self.L_max}, N_max={self.N_max})"
+
+    def internal_from_torsions(self, torsions) -> torch.Tensor:
+        """``(..., B, L_max, 7)`` torsions -> ``(..., B * N_max, 3)`` internal
+        coordinates for ``self.table`` (differentiable)."""
+        t = as_torsion_tensor(torsions)
+        if t.shape[-3:-1] != (len(self), self.L_max):
+            raise ValueError(
+                f"torsions must have shape (..., {len(self)}, {self.L_max}, 7), got {tuple(t.shape)}"
+            )
+        return fill_internal(self._flat, t.flatten(-3, -2))
+
+    def to_xyz(self, torsions, method: str = "auto") -> torch.Tensor:
+        """``(..., B, L_max, 7)`` torsions -> ``(..., B, N_max, 3)`` coordinates
+        (padding atoms at the origin)."""
+        xyz = to_xyz(self.internal_from_torsions(torsions), self.table, method=method)
+        return xyz.unflatten(-2, (len(self), self.N_max))
+
+    def unpad(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """``(..., B, N_max, *)`` -> list of ``(..., n_b, *)`` (real atoms only)."""
+        return [x[..., b, : lay.n_atoms, :] for b, lay in enumerate(self.layouts)]
+
+    @functools.cached_property
+    def radii(self) -> torch.Tensor:
+        from ..clash import alphafold_radii
+
+        out = torch.zeros(len(self), self.N_max, dtype=torch.float64)
+        for b, lay in enumerate(self.layouts):
+            out[b, : lay.n_atoms] = alphafold_radii(lay.elements.tolist(), dtype=torch.float64)
+        return out
+
+    @functools.cached_property
+    def _exclusion_keys(self) -> torch.Tensor:
+        from ..clash import exclusions_from_bonds
+
+        keys = []
+        for b, lay in enumerate(self.layouts):
+            e = exclusions_from_bonds(lay.bonds, lay.n_atoms, depth=3) + b * self.N_max
+            keys.append(e[:, 0] * (len(self) * self.N_max) + e[:, 1])
+        return torch.sort(torch.cat(keys)).values
+
+    def clash_pairs(self, xyz: torch.Tensor, skin: float = 1.0, **kwargs) -> torch.Tensor:
+        """Candidate pairs for ``zmat.clash_loss(xyz, batch.radii, pairs=...)``.
+
+        Pairs within each protein (``zmat.clash.candidate_pairs``), minus the
+        pairs within 3 covalent bonds of that protein (ring closures
+        included); padding excluded. Indices into ``xyz.reshape(-1, 3)``.
+
+        Args:
+            xyz: ``(..., B, N_max, 3)``.
+            skin: Verlet skin (Angstrom) so the list can be reused while atoms
+                move less than ``skin / 2``.
+            kwargs: passed to ``candidate_pairs`` (``tolerance``, ``kind``, ...).
+        """
+        from ..clash import candidate_pairs
+
+        with torch.no_grad():
+            pairs = candidate_pairs(
+                xyz.detach(), self.radii.to(xyz), mask=self.atom_mask.to(xyz.device), skin=skin, **kwargs
+            )
+        size = len(self) * self.N_max
+        li, lj = pairs[:, 0] % size, pairs[:, 1] % size
+        key = torch.minimum(li, lj) * size + torch.maximum(li, lj)
+        ex = self._exclusion_keys.to(key.device)
+        pos = torch.searchsorted(ex, key).clamp_max(max(len(ex) - 1, 0))
+        excluded = (ex[pos] == key) if len(ex) else torch.zeros_like(key, dtype=torch.bool)
+        return pairs[~excluded]
+
+    def protein(self, b: int, xyz: torch.Tensor | None = None):
+        """Protein ``b`` as a :class:`~zmat.protein.Protein` (e.g. to write a
+        sample with ``.to_pdb``); ``xyz`` is ``(N_max, 3)`` or ``(n_b, 3)``."""
+        from .structure import Protein
+
+        lay = self.layouts[b]
+        if xyz is None:
+            return Protein.from_sequence(self.sequences[b])
+        return Protein(lay, torch.as_tensor(xyz).detach()[: lay.n_atoms].to(torch.float64))
+
+
+class _Arrays:
+    """The arrays :func:`fill_internal` reads, for a padded batch."""
+
+    def __init__(self, ideal, ideal_mask, torsion_slot, n_residues):
+        self.ideal, self.ideal_mask, self.torsion_slot = ideal, ideal_mask, torsion_slot
+        self.n_residues = n_residues
+
+
+# ----------------------------------------------------------- FoldingDiff
+#: FoldingDiff's angle columns (``foldingdiff/angles_and_coords.py``).
+FOLDINGDIFF_ANGLES = ("phi", "psi", "omega", "tau", "CA:C:1N", "C:1N:1CA")
+#: FoldingDiff's bond lengths (``foldingdiff/nerf.py``): N-CA, CA-C, C-N.
+FOLDINGDIFF_LENGTHS = (1.46, 1.54, 1.34)
+#: Geometry of FoldingDiff's fixed first residue (THR 1 of 1CRN): N-CA, CA-C
+#: (Angstrom) and N-CA-C (radians).
+FOLDINGDIFF_FIRST = (1.4979966622125696, 1.5087710230515416, 1.8891967842942983)
+
+
+@functools.lru_cache(maxsize=64)
+def backbone_table(n_residues: int) -> ConstructionTable:
+    """Table of a backbone ``N, CA, C`` per residue (``3 L`` atoms, one tree):
+    ``N_i (C, CA, N)_{i-1}`` psi, ``CA_i (N_i, C_{i-1}, CA_{i-1})`` omega,
+    ``C_i (CA_i, N_i, C_{i-1})`` phi."""
+    n = 3 * n_residues
+    refs = np.full((n, 3), -1, np.int64)
+    refs[1, 0] = 0
+    refs[2, :2] = (1, 0)
+    for j in range(3, n):
+        refs[j] = (j - 1, j - 2, j - 3)
+    return ConstructionTable(refs)
+
+
+def internal_from_six_angles(angles: torch.Tensor, lengths=None, first=FOLDINGDIFF_FIRST) -> torch.Tensor:
+    """FoldingDiff's six angles -> internal coordinates for :func:`backbone_table`.
+
+    FoldingDiff's layout (``canonical_distances_and_dihedrals``): row ``i`` of
+    ``angles`` is ``(phi_i, psi_i, omega_i, tau, CA:C:1N, C:1N:1CA)`` where
+    phi/psi/omega are biotite's, and the three bond angles belong to the step
+    from residue ``i`` to ``i + 1``: ``tau`` = N-CA-C of residue ``i + 1``,
+    ``CA:C:1N`` = CA_i-C_i-N_{i+1}, ``C:1N:1CA`` = C_i-N_{i+1}-CA_{i+1}. The
+    last row's step values, ``phi_0``, ``psi_{L-1}`` and ``omega_{L-1}`` are
+    unused (NaN there is fine), exactly as FoldingDiff's ``NERFBuilder``.
+
+    Args:
+        angles: ``(..., L, 6)`` radians.
+        lengths: optional ``(..., L, 3)`` step bond lengths in FoldingDiff's
+            order ``("0C:1N", "N:CA", "CA:C")`` (same step indexing), or a
+            3-tuple ``(N-CA, CA-C, C-N)``; default ``FOLDINGDIFF_LENGTHS``.
+        first: N-CA, CA-C, N-CA-C of the first residue (FoldingDiff fixes it to
+            1CRN's first residue).
+
+    Returns:
+        ``(..., 3 L, 3)``, differentiable in ``angles`` (and ``lengths``).
+    """
+    if angles.ndim < 2 or angles.shape[-1] != 6:
+        raise ValueError(f"angles must have shape (..., L, 6), got {tuple(angles.shape)}")
+    dtype, device = angles.dtype, angles.device
+    step = angles[..., :-1, :]
+    if lengths is None or not isinstance(lengths, torch.Tensor):
+        nca, cac, cn = FOLDINGDIFF_LENGTHS if lengths is None else lengths
+        lens = torch.tensor([cn, nca, cac], dtype=dtype, device=device).expand(*step.shape[:-1], 3)
+    else:
+        lens = lengths[..., :-1, :].to(dtype)
+    n_row = torch.stack([lens[..., 0], step[..., 4], step[..., 1]], -1)
+    ca_row = torch.stack([lens[..., 1], step[..., 5], step[..., 2]], -1)
+    c_row = torch.stack([lens[..., 2], step[..., 3], angles[..., 1:, 0]], -1)
+    rest = torch.stack([n_row, ca_row, c_row], -2).flatten(-3, -2)  # (..., 3 (L - 1), 3)
+    r_nca, r_cac, tau0 = (float(x) for x in first)
+    head = torch.tensor([[0.0, 0, 0], [r_nca, 0, 0], [r_cac, tau0, 0]], dtype=dtype, device=device)
+    head = head.expand(*rest.shape[:-2], 3, 3)
+    return torch.cat([head, rest], -2)
+
+
+def six_angles_from_backbone(xyz: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inverse: ``(..., 3 L, 3)`` N, CA, C coordinates -> FoldingDiff's
+    ``(..., L, 6)`` angles and ``(..., L, 3)`` step lengths (NaN where
+    FoldingDiff has NaN / padding). Differentiable."""
+    from ..transform import to_internal
+
+    L = xyz.shape[-2] // 3
+    C = to_internal(xyz, backbone_table(L))[..., 3:, :].unflatten(-2, (L - 1, 3))  # (..., L-1, 3, 3)
+    nan = torch.full_like(C[..., :1, 0, 0], torch.nan)
+    pad = lambda x: torch.cat([x, nan], -1)  # noqa: E731
+    phi = torch.cat([nan, C[..., 2, 2]], -1)
+    psi, omega = pad(C[..., 0, 2]), pad(C[..., 1, 2])
+    tau, cacn, cnca = pad(C[..., 2, 1]), pad(C[..., 0, 1]), pad(C[..., 1, 1])
+    lens = torch.stack([pad(C[..., 0, 0]), pad(C[..., 1, 0]), pad(C[..., 2, 0])], -1)
+    return torch.stack([phi, psi, omega, tau, cacn, cnca], -1), lens
