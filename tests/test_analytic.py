@@ -54,10 +54,11 @@ def test_adjoint_identity(rows, data):
     c_dfs = effective_internal(c, table).index_select(-2, plan.dfs_order)
     v = torch.randn_like(c_dfs)
     out, jvp = torch.func.jvp(lambda x: RigidForest.apply(x, plan), (c_dfs,), (v,))
-    g = torch.randn_like(out)
+    g = tuple(torch.randn_like(o) for o in out)  # (rotations, positions)
     _, vjp_fn = torch.func.vjp(lambda x: RigidForest.apply(x, plan), c_dfs)
     (vjp,) = vjp_fn(g)
-    assert torch.allclose((vjp * v).sum(), (g * jvp).sum(), rtol=1e-10)
+    rhs = sum((gi * ji).sum() for gi, ji in zip(g, jvp, strict=True))
+    assert torch.allclose((vjp * v).sum(), rhs, rtol=1e-10)
 
 
 @pytest.mark.parametrize("rows", [chain_table(9), BRANCHED], ids=["chain", "branched"])

@@ -53,7 +53,9 @@ class _ForestPlan:
 
         self.n = n
         self.dfs_order = t(table.dfs_order)
-        self.dfs_pos = t(table.dfs_pos)
+        identity = bool(np.array_equal(table.dfs_order, np.arange(n)))
+        self.to_dfs = None if identity else self.dfs_order  # atom order -> dfs order
+        self.to_atoms = None if identity else t(table.dfs_pos)
         parent = np.where(table.dfs_parent >= 0, table.dfs_parent, n)  # n = identity slot
         self.parent = t(parent)
         self.end = t(table.subtree_end)
@@ -192,22 +194,26 @@ def _path_sum(v: torch.Tensor, plan: _ForestPlan) -> torch.Tensor:
     return torch.cumsum(torch.cat([v, zero], -2) - leave, -2)[..., :-1, :]
 
 
-def _axes(frames: torch.Tensor, plan: _ForestPlan):
+def _axes(rot: torch.Tensor, pos: torch.Tensor, plan: _ForestPlan):
     """Anchor origin and first axis of every atom (its parent's, or identity)."""
-    anchor = _with_identity(frames).index_select(-3, plan.parent)
-    return anchor[..., 3], anchor[..., 0]
+    eye = identity_frame((*pos.shape[:-2], 1), pos.dtype, pos.device)
+    xp = torch.cat([pos, eye[..., 3]], -2).index_select(-2, plan.parent)
+    up = torch.cat([rot[..., 0], eye[..., 0]], -2).index_select(-2, plan.parent)
+    return xp, up
 
 
-def _vjp(frames: torch.Tensor, grad: torch.Tensor, plan: _ForestPlan) -> torch.Tensor:
-    rot, x = frames[..., :3], frames[..., 3]
-    g_rot, g_x = grad[..., :3], grad[..., 3]
-    b = rot @ g_rot.transpose(-1, -2)  # torque of the frame gradient: axial part of R G^T
-    tau = torch.stack(
-        [b[..., 1, 2] - b[..., 2, 1], b[..., 2, 0] - b[..., 0, 2], b[..., 0, 1] - b[..., 1, 0]], -1
-    )
-    s2 = _subtree_sum(g_x, plan)
-    s1 = _subtree_sum(torch.linalg.cross(x, g_x, dim=-1) + tau, plan)
-    xp, up = _axes(frames, plan)
+def _vjp(rot, pos, g_rot, g_pos, plan: _ForestPlan) -> torch.Tensor:
+    if g_pos is None:
+        g_pos = torch.zeros_like(pos)
+    moment = torch.linalg.cross(pos, g_pos, dim=-1)
+    if g_rot is not None:  # torque of the frame gradient: axial part of R G^T
+        b = rot @ g_rot.transpose(-1, -2)
+        moment = moment + torch.stack(
+            [b[..., 1, 2] - b[..., 2, 1], b[..., 2, 0] - b[..., 0, 2], b[..., 0, 1] - b[..., 1, 0]], -1
+        )
+    sums = _subtree_sum(torch.cat([g_pos, moment], -1), plan)  # one cumsum for both
+    s2, s1 = sums[..., :3], sums[..., 3:]
+    xp, up = _axes(rot, pos, plan)
     torque = s1 - torch.linalg.cross(xp, s2, dim=-1)
     d_r = (rot[..., 0] * s2).sum(-1)
     d_theta = -(rot[..., 2] * torque).sum(-1)
@@ -215,22 +221,22 @@ def _vjp(frames: torch.Tensor, grad: torch.Tensor, plan: _ForestPlan) -> torch.T
     return torch.stack([d_r, d_theta, d_phi], -1)
 
 
-def _jvp(frames: torch.Tensor, tangent: torch.Tensor, plan: _ForestPlan) -> torch.Tensor:
-    rot, x = frames[..., :3], frames[..., 3]
-    xp, up = _axes(frames, plan)
+def _jvp(rot, pos, tangent: torch.Tensor, plan: _ForestPlan):
+    xp, up = _axes(rot, pos, plan)
     d_r, d_theta, d_phi = tangent.unbind(-1)
     v = d_r.unsqueeze(-1) * rot[..., 0]  # translation of the subtree
     w = -d_theta.unsqueeze(-1) * rot[..., 2] + d_phi.unsqueeze(-1) * up  # rotation about x_p
-    a = _path_sum(v - torch.linalg.cross(w, xp, dim=-1), plan)
-    w = _path_sum(w, plan)
-    d_x = a + torch.linalg.cross(w, x, dim=-1)
+    sums = _path_sum(torch.cat([v - torch.linalg.cross(w, xp, dim=-1), w], -1), plan)
+    a, w = sums[..., :3], sums[..., 3:]
+    d_pos = a + torch.linalg.cross(w, pos, dim=-1)
     d_rot = torch.linalg.cross(w.unsqueeze(-1).expand_as(rot), rot, dim=-2)
-    return torch.cat([d_rot, d_x.unsqueeze(-1)], -1)
+    return d_rot, d_pos
 
 
 class _RigidForestFunction(torch.autograd.Function):
-    """``(..., N, 3)`` effective internal coordinates in dfs order ->
-    ``(..., N, 3, 4)`` frames relative to their segment anchors.
+    """``(..., N, 3)`` effective internal coordinates in dfs order -> frames
+    relative to their segment anchors: rotations ``(..., N, 3, 3)`` and
+    positions ``(..., N, 3)``.
 
     Reverse mode only: this is the variant ``torch.compile`` traces (Dynamo
     does not trace Functions that define ``jvp``)."""
@@ -238,18 +244,20 @@ class _RigidForestFunction(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(c_dfs: torch.Tensor, plan: _ForestPlan) -> torch.Tensor:
-        return compose_paths(local_transform(c_dfs), plan)
+    def forward(c_dfs: torch.Tensor, plan: _ForestPlan):
+        frames = compose_paths(local_transform(c_dfs), plan)
+        return frames[..., :3], frames[..., 3]
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
         ctx.plan = inputs[1]
-        ctx.save_for_backward(output)
+        ctx.save_for_backward(*output)
+        ctx.set_materialize_grads(False)  # rotations unused downstream: no torque term
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        (frames,) = ctx.saved_tensors
-        return _vjp(frames, grad, ctx.plan), None
+    def backward(ctx, g_rot, g_pos):
+        rot, pos = ctx.saved_tensors
+        return _vjp(rot, pos, g_rot, g_pos, ctx.plan), None
 
 
 class RigidForest(_RigidForestFunction):
@@ -257,24 +265,56 @@ class RigidForest(_RigidForestFunction):
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
-        ctx.plan = inputs[1]
-        ctx.save_for_backward(output)
-        ctx.save_for_forward(output)
+        _RigidForestFunction.setup_context(ctx, inputs, output)
+        ctx.save_for_forward(*output)
 
     @staticmethod
     def jvp(ctx, tangent: torch.Tensor, _plan):
-        (frames,) = ctx.saved_tensors
-        return _jvp(frames, tangent, ctx.plan)
+        rot, pos = ctx.saved_tensors
+        return _jvp(rot, pos, tangent, ctx.plan)
 
 
-def _place(frames_dfs: torch.Tensor, plan: _ForestPlan) -> torch.Tensor:
+class _Permute(torch.autograd.Function):
+    """``x.index_select(dim, perm)`` for a permutation, whose backward is the
+    inverse permutation (a gather) instead of ``index_add`` (a scatter)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x, dim, perm, inverse):
+        return x.index_select(dim, perm)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        _, ctx.dim, ctx.perm, ctx.inverse = inputs
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _Permute.apply(grad, ctx.dim, ctx.inverse, ctx.perm), None, None, None
+
+    @staticmethod
+    def jvp(ctx, tangent, *_):
+        return tangent.index_select(ctx.dim, ctx.perm)
+
+
+def permute(x: torch.Tensor, dim: int, perm, inverse) -> torch.Tensor:
+    """Apply a planned permutation (``None``: the identity) along ``dim``."""
+    if perm is None:
+        return x
+    if torch.compiler.is_compiling():
+        return x.index_select(dim, perm)
+    return _Permute.apply(x, dim, perm, inverse)
+
+
+def _place(rot: torch.Tensor, pos: torch.Tensor, plan: _ForestPlan) -> torch.Tensor:
     """World positions ``(..., N, 3)`` in atom order from relative frames."""
     if plan.constant_anchors:
-        return frames_dfs[..., 3].index_select(-2, plan.dfs_pos)
+        return permute(pos, -2, plan.to_atoms, plan.to_dfs)
+    frames_dfs = torch.cat([rot, pos.unsqueeze(-1)], -1)
     origin = identity_frame((*frames_dfs.shape[:-3], 1), frames_dfs.dtype, frames_dfs.device)
     outputs: list[torch.Tensor] = []
-    for pos, local, kind, gather, n_roots in plan.stages:
-        rel = frames_dfs.index_select(-3, pos)
+    for stage_pos, local, kind, gather, n_roots in plan.stages:
+        rel = frames_dfs.index_select(-3, stage_pos)
         if gather is None:  # stage 0: segments rooted at the origin
             outputs.append(rel)
             continue
@@ -289,8 +329,8 @@ def place_analytic(c_eff: torch.Tensor, table: ConstructionTable) -> torch.Tenso
     """Positions via :class:`RigidForest` (analytic backward)."""
     plan = forest_plan(table, c_eff.device)
     function = _RigidForestFunction if torch.compiler.is_compiling() else RigidForest
-    frames = function.apply(c_eff.index_select(-2, plan.dfs_order), plan)
-    return _place(frames, plan)
+    rot, pos = function.apply(permute(c_eff, -2, plan.to_dfs, plan.to_atoms), plan)
+    return _place(rot, pos, plan)
 
 
 def place_prefix(c_eff: torch.Tensor, table: ConstructionTable) -> torch.Tensor:
@@ -298,4 +338,4 @@ def place_prefix(c_eff: torch.Tensor, table: ConstructionTable) -> torch.Tensor:
     (the pure-autograd twin: O(N log N) saved intermediates)."""
     plan = forest_plan(table, c_eff.device)
     frames = compose_paths(local_transform(c_eff.index_select(-2, plan.dfs_order)), plan)
-    return _place(frames, plan)
+    return _place(frames[..., :3], frames[..., 3], plan)
