@@ -36,7 +36,7 @@ import math
 import numpy as np
 import torch
 
-from ._geometry import compose, identity_frame, local_transform, segment_anchor
+from ._geometry import compose, compose_components, identity_frame, local_transform, segment_anchor
 from ._stages import Staging
 from .table import ConstructionTable
 
@@ -151,15 +151,29 @@ def _block_size(max_depth: int) -> int:
 
 
 def _jump(f: torch.Tensor, jumps: list) -> torch.Tensor:
-    """Inclusive prefix products along ancestor pointers (pointer jumping)."""
-    f = _with_identity(f)
+    """Inclusive prefix products along ancestor pointers (pointer jumping);
+    ``f`` is component-major ``(3, 4, M, ...)``."""
+    f = torch.cat([f, _identity_components(f)], 2)
     for anc in jumps:
-        f = compose(f.index_select(-3, anc), f)
-    return f[..., :-1, :, :]
+        f = compose_components(f.index_select(2, anc), f)
+    return f[:, :, :-1]
 
 
-def compose_paths(local: torch.Tensor, plan: _ForestPlan) -> torch.Tensor:
-    """Products of local transforms along root paths, ``(..., N, 3, 4)`` in dfs order.
+def _identity_components(f: torch.Tensor) -> torch.Tensor:
+    """One identity frame, ``(3, 4, 1, ...)``, to append along the atom axis."""
+    eye = torch.eye(3, 4, dtype=f.dtype, device=f.device)
+    return eye.view(3, 4, *([1] * (f.ndim - 2))).expand(3, 4, 1, *f.shape[3:])
+
+
+def compose_paths(c_dfs: torch.Tensor, plan: _ForestPlan) -> torch.Tensor:
+    """Products of local transforms along root paths.
+
+    Args:
+        c_dfs: ``(..., N, 3)`` effective internal coordinates in dfs order.
+
+    Returns:
+        ``(3, 4, N, ...)`` frames, component-major (atoms, then batch, last:
+        gathers along the atom axis then copy contiguous rows), in dfs order.
 
     Three passes, each of O(N) work: (1) within blocks of ``block`` levels,
     the product from the block's head down to every atom, one level at a time
@@ -167,76 +181,90 @@ def compose_paths(local: torch.Tensor, plan: _ForestPlan) -> torch.Tensor:
     (``log2(depth / block)`` rounds on N / block frames); (3) one composition
     per atom with its head's prefix.
     """
+    local = local_transform(c_dfs.movedim(-2, 0), layout="components")
     parts = []
     for pos, parent in plan.steps:
-        step = local.index_select(-3, pos)
-        parts.append(step if parent is None else compose(parts[-1].index_select(-3, parent), step))
-    inside = parts[0] if len(parts) == 1 else torch.cat(parts, -3)
-    inside = inside.index_select(-3, plan.step_inverse)
+        step = local.index_select(2, pos)
+        if parent is not None:
+            step = compose_components(parts[-1].index_select(2, parent), step)
+        parts.append(step)
+    inside = parts[0] if len(parts) == 1 else torch.cat(parts, 2)
+    inside = inside.index_select(2, plan.step_inverse)
     if not plan.blocked:
         return inside
-    head_frames = _with_identity(inside).index_select(-3, plan.head_source)
+    head_frames = torch.cat([inside, _identity_components(inside)], 2).index_select(2, plan.head_source)
     prefix = _jump(head_frames, plan.jumps)
-    return compose(prefix.index_select(-3, plan.head_of), inside)
+    return compose_components(prefix.index_select(2, plan.head_of), inside)
+
+
+def _split(frames: torch.Tensor):
+    """Component-major frames -> rotations ``(3, 3, N, ...)``, positions ``(3, N, ...)``."""
+    return frames[:, :3], frames[:, 3]
+
+
+# The backward and forward-mode rules work on component-major tensors, the
+# layout the forward produces: vectors (3, N, ...), rotations (3, 3, N, ...)
+# with rot[:, k] the k-th axis. The atom axis is dim 1 of a vector.
 
 
 def _subtree_sum(v: torch.Tensor, plan: _ForestPlan) -> torch.Tensor:
-    """``sum_{k in subtree(i)} v_k`` for every ``i``; ``v`` is ``(..., N, 3)``."""
-    c = torch.cumsum(v, -2)
-    c = torch.cat([torch.zeros_like(c[..., :1, :]), c], -2)
-    return c.index_select(-2, plan.end) - c[..., :-1, :]
+    """``sum_{k in subtree(i)} v_k`` for every ``i``; ``v`` is ``(C, N, ...)``."""
+    c = torch.cumsum(v, 1)
+    c = torch.cat([torch.zeros_like(c[:, :1]), c], 1)
+    return c.index_select(1, plan.end) - c[:, :-1]
 
 
 def _path_sum(v: torch.Tensor, plan: _ForestPlan) -> torch.Tensor:
-    """``sum_{j ancestor-or-self of i} v_j`` for every ``i``; ``v`` is ``(..., N, 3)``."""
-    zero = torch.zeros_like(v[..., :1, :])
-    leave = torch.zeros_like(torch.cat([v, zero], -2)).index_add(-2, plan.end, v)
-    return torch.cumsum(torch.cat([v, zero], -2) - leave, -2)[..., :-1, :]
+    """``sum_{j ancestor-or-self of i} v_j`` for every ``i``; ``v`` is ``(C, N, ...)``."""
+    padded = torch.cat([v, torch.zeros_like(v[:, :1])], 1)
+    leave = torch.zeros_like(padded).index_add(1, plan.end, v)
+    return torch.cumsum(padded - leave, 1)[:, :-1]
 
 
 def _axes(rot: torch.Tensor, pos: torch.Tensor, plan: _ForestPlan):
     """Anchor origin and first axis of every atom (its parent's, or identity)."""
-    eye = identity_frame((*pos.shape[:-2], 1), pos.dtype, pos.device)
-    xp = torch.cat([pos, eye[..., 3]], -2).index_select(-2, plan.parent)
-    up = torch.cat([rot[..., 0], eye[..., 0]], -2).index_select(-2, plan.parent)
+    origin = torch.zeros_like(pos[:, :1])
+    ex = torch.tensor([1.0, 0.0, 0.0], dtype=pos.dtype, device=pos.device)
+    ex = ex.view(3, *([1] * (pos.ndim - 1))).expand_as(origin)
+    xp = torch.cat([pos, origin], 1).index_select(1, plan.parent)
+    up = torch.cat([rot[:, 0], ex], 1).index_select(1, plan.parent)
     return xp, up
 
 
 def _vjp(rot, pos, g_rot, g_pos, plan: _ForestPlan) -> torch.Tensor:
+    """Gradient ``(..., N, 3)`` of the effective internal coordinates."""
     if g_pos is None:
         g_pos = torch.zeros_like(pos)
-    moment = torch.linalg.cross(pos, g_pos, dim=-1)
-    if g_rot is not None:  # torque of the frame gradient: axial part of R G^T
-        b = rot @ g_rot.transpose(-1, -2)
-        moment = moment + torch.stack(
-            [b[..., 1, 2] - b[..., 2, 1], b[..., 2, 0] - b[..., 0, 2], b[..., 0, 1] - b[..., 1, 0]], -1
-        )
-    sums = _subtree_sum(torch.cat([g_pos, moment], -1), plan)  # one cumsum for both
-    s2, s1 = sums[..., :3], sums[..., 3:]
+    moment = torch.linalg.cross(pos, g_pos, dim=0)
+    if g_rot is not None:  # torque of the frame gradient: sum_k R[:, k] x G[:, k]
+        moment = moment + torch.linalg.cross(rot, g_rot, dim=0).sum(1)
+    sums = _subtree_sum(torch.cat([g_pos, moment], 0), plan)  # one cumsum for both
+    s2, s1 = sums[:3], sums[3:]
     xp, up = _axes(rot, pos, plan)
-    torque = s1 - torch.linalg.cross(xp, s2, dim=-1)
-    d_r = (rot[..., 0] * s2).sum(-1)
-    d_theta = -(rot[..., 2] * torque).sum(-1)
-    d_phi = (up * torque).sum(-1)
-    return torch.stack([d_r, d_theta, d_phi], -1)
+    torque = s1 - torch.linalg.cross(xp, s2, dim=0)
+    d_r = (rot[:, 0] * s2).sum(0)
+    d_theta = -(rot[:, 2] * torque).sum(0)
+    d_phi = (up * torque).sum(0)
+    return torch.stack([d_r, d_theta, d_phi], -1).movedim(0, -2)
 
 
 def _jvp(rot, pos, tangent: torch.Tensor, plan: _ForestPlan):
+    """Tangents of the (component-major) frames for a tangent ``(..., N, 3)``."""
     xp, up = _axes(rot, pos, plan)
-    d_r, d_theta, d_phi = tangent.unbind(-1)
-    v = d_r.unsqueeze(-1) * rot[..., 0]  # translation of the subtree
-    w = -d_theta.unsqueeze(-1) * rot[..., 2] + d_phi.unsqueeze(-1) * up  # rotation about x_p
-    sums = _path_sum(torch.cat([v - torch.linalg.cross(w, xp, dim=-1), w], -1), plan)
-    a, w = sums[..., :3], sums[..., 3:]
-    d_pos = a + torch.linalg.cross(w, pos, dim=-1)
-    d_rot = torch.linalg.cross(w.unsqueeze(-1).expand_as(rot), rot, dim=-2)
+    d_r, d_theta, d_phi = tangent.movedim(-2, 0).unbind(-1)
+    v = d_r * rot[:, 0]  # translation of the subtree
+    w = -d_theta * rot[:, 2] + d_phi * up  # rotation about x_p
+    sums = _path_sum(torch.cat([v - torch.linalg.cross(w, xp, dim=0), w], 0), plan)
+    a, w = sums[:3], sums[3:]
+    d_pos = a + torch.linalg.cross(w, pos, dim=0)
+    d_rot = torch.linalg.cross(w.unsqueeze(1).expand_as(rot), rot, dim=0)
     return d_rot, d_pos
 
 
 class _RigidForestFunction(torch.autograd.Function):
     """``(..., N, 3)`` effective internal coordinates in dfs order -> frames
-    relative to their segment anchors: rotations ``(..., N, 3, 3)`` and
-    positions ``(..., N, 3)``.
+    relative to their segment anchors, component-major: rotations
+    ``(3, 3, N, ...)`` and positions ``(3, N, ...)``.
 
     Reverse mode only: this is the variant ``torch.compile`` traces (Dynamo
     does not trace Functions that define ``jvp``)."""
@@ -245,8 +273,7 @@ class _RigidForestFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(c_dfs: torch.Tensor, plan: _ForestPlan):
-        frames = compose_paths(local_transform(c_dfs), plan)
-        return frames[..., :3], frames[..., 3]
+        return _split(compose_paths(c_dfs, plan))
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
@@ -309,8 +336,9 @@ def permute(x: torch.Tensor, dim: int, perm, inverse) -> torch.Tensor:
 def _place(rot: torch.Tensor, pos: torch.Tensor, plan: _ForestPlan) -> torch.Tensor:
     """World positions ``(..., N, 3)`` in atom order from relative frames."""
     if plan.constant_anchors:
-        return permute(pos, -2, plan.to_atoms, plan.to_dfs)
-    frames_dfs = torch.cat([rot, pos.unsqueeze(-1)], -1)
+        pos = pos.movedim((0, 1), (-1, -2))
+        return pos.contiguous() if plan.to_atoms is None else permute(pos, -2, plan.to_atoms, plan.to_dfs)
+    frames_dfs = torch.cat([rot, pos.unsqueeze(1)], 1).movedim((0, 1, 2), (-2, -1, -3))
     origin = identity_frame((*frames_dfs.shape[:-3], 1), frames_dfs.dtype, frames_dfs.device)
     outputs: list[torch.Tensor] = []
     for stage_pos, local, kind, gather, n_roots in plan.stages:
@@ -337,5 +365,5 @@ def place_prefix(c_eff: torch.Tensor, table: ConstructionTable) -> torch.Tensor:
     """Same forward as :func:`place_analytic`, differentiated by plain autograd
     (the pure-autograd twin: O(N log N) saved intermediates)."""
     plan = forest_plan(table, c_eff.device)
-    frames = compose_paths(local_transform(c_eff.index_select(-2, plan.dfs_order)), plan)
-    return _place(frames[..., :3], frames[..., 3], plan)
+    rot, pos = _split(compose_paths(c_eff.index_select(-2, plan.dfs_order), plan))
+    return _place(rot, pos, plan)

@@ -60,8 +60,8 @@ def frame_from_axes(e1: torch.Tensor, e3: torch.Tensor, origin: torch.Tensor) ->
     return torch.stack([e1, e2, e3, origin], dim=-1)
 
 
-def local_transform(c: torch.Tensor) -> torch.Tensor:
-    """The local transform ``L(r, theta, phi)`` of shape ``(..., 3, 4)``.
+def local_transform(c: torch.Tensor, layout: str = "frames") -> torch.Tensor:
+    """The local transform ``L(r, theta, phi)``.
 
     Placing atom ``i`` from its anchor frame ``A`` (first axis along the bond
     ``a -> b``, third axis normal to the plane ``(d, a, b)``) is ``F_i = A . L``:
@@ -72,20 +72,39 @@ def local_transform(c: torch.Tensor) -> torch.Tensor:
 
     Args:
         c: ``(..., 3)`` effective internal coordinates ``(r, theta, phi)``.
+        layout: ``"frames"`` for ``(..., 3, 4)``; ``"components"`` for
+            ``(3, 4, *c.shape[:-1])`` (component-major, see
+            :func:`compose_components`).
     """
     r, t, p = c.unbind(-1)
     ct, st, cp, sp = torch.cos(t), torch.sin(t), torch.cos(p), torch.sin(p)
     zero = torch.zeros_like(t)
-    e1 = torch.stack([-ct, st * cp, st * sp], -1)
-    e2 = torch.stack([-st, -ct * cp, -ct * sp], -1)
-    e3 = torch.stack([zero, -sp, cp], -1)
-    return torch.stack([e1, e2, e3, r.unsqueeze(-1) * e1], -1)
+    e1 = (-ct, st * cp, st * sp)
+    e2 = (-st, -ct * cp, -ct * sp)
+    e3 = (zero, -sp, cp)
+    rows = [(e1[k], e2[k], e3[k], r * e1[k]) for k in range(3)]
+    if layout == "components":
+        return torch.stack([torch.stack(row) for row in rows])
+    return torch.stack([torch.stack(row, -1) for row in rows], -2)
 
 
 def compose(f1: torch.Tensor, f2: torch.Tensor) -> torch.Tensor:
     """``f1 . f2`` for packed frames ``(..., 3, 4)``."""
     out = torch.matmul(f1[..., :3], f2)
     return out + f1 * _last_column(f1)
+
+
+def compose_components(f1: torch.Tensor, f2: torch.Tensor) -> torch.Tensor:
+    """``f1 . f2`` for frames stored component-major, ``(3, 4, ...)``.
+
+    Same product as :func:`compose`; on large batches of frames a few
+    elementwise kernels over long contiguous rows beat a batched 3x3 matmul.
+    """
+    out = f1[:, 0:1] * f2[0:1]
+    out = torch.addcmul(out, f1[:, 1:2], f2[1:2])
+    out = torch.addcmul(out, f1[:, 2:3], f2[2:3])
+    # the implicit homogeneous row (0, 0, 0, 1) of f2 adds f1's translation
+    return torch.addcmul(out, f1[:, 3:4], _last_column(f1).view(1, 4, *([1] * (f1.ndim - 2))))
 
 
 def _last_column(f: torch.Tensor) -> torch.Tensor:

@@ -26,9 +26,9 @@ __all__ = ["cell_list_pairs"]
 # no pair is reported twice and no i < j filter is needed across cells.
 _HALF_SHELL = [(0, 0, 0)] + [off for off in itertools.product((-1, 0, 1), repeat=3) if off > (0, 0, 0)]
 
-# Cells are made this much wider than the cutoff so that float rounding in
-# floor((x - lo) / cell) can never put two points closer than the cutoff two
-# cells apart.
+# Cells are made this much wider than the cutoff (plus a few ulps of the span)
+# so that float rounding in floor((x - lo) / cell) can never put two points
+# closer than the cutoff two cells apart.
 _CELL_INFLATION = 1.0 + 1e-3
 
 
@@ -61,13 +61,17 @@ def cell_list_pairs(
     if not bool(torch.isfinite(pos).all()):
         raise ValueError("clash: coordinates of unmasked atoms must be finite")
 
+    # Cell indices in float64 where the device has it (MPS does not): float32
+    # rounding in floor((x - lo) / cell) grows with the span of the points.
+    if pos.device.type != "mps":
+        pos = pos.double()
     lo = pos.min(0).values
     span = float((pos.max(0).values - lo).max())
     n_groups = int(group.max()) + 1
     # Keys must fit in int64: with n_groups * L^3 cells, L cells per axis at
     # most; if the points are spread too thin, wider cells keep it exact.
     per_axis = max(int((2.0**62 / n_groups) ** (1 / 3)) - 3, 1)
-    cell = max(cutoff * _CELL_INFLATION, span / per_axis * _CELL_INFLATION)
+    cell = max(cutoff, span / per_axis) * _CELL_INFLATION + 4 * torch.finfo(pos.dtype).eps * span
 
     # +1 padding: the neighbours of border cells still have indices >= 0 and
     # never wrap around into another row of the grid.

@@ -6,17 +6,18 @@ deterministic (it depends only on the positions, the elements and the
 options) and follows these rules:
 
 1. **Connectivity.** Atoms ``i`` and ``j`` are bonded when
-   ``|x_i - x_j| < mult * (r_i + r_j)``, with ``r`` ASE's covalent radii
-   (``ase.neighborlist.natural_cutoffs``). Periodic images are ignored. You
-   may pass your own ``bonds`` instead.
+   ``|x_i - x_j| < mult (r_i + r_j) + 2 skin``, with ``r`` ASE's covalent radii
+   (``ase.neighborlist.natural_cutoffs``) and ``skin = 0.3`` A: the pairs ASE's
+   ``NeighborList(natural_cutoffs(atoms))`` reports. Periodic images are
+   ignored. You may pass your own ``bonds`` instead.
 2. **Construction order.** The first atom is ``start`` (atom 0 by default).
    From there the bond graph is walked breadth first, neighbours in
-   increasing index; an atom's **bond reference** ``b`` is the atom it was
-   reached from. When a fragment is exhausted, the unbuilt atom nearest to
-   any built atom (ties: lowest index) is next; its bond reference is that
-   nearest built atom. So disconnected molecules (the water dimer, ions,
-   solvent) are attached to what is already built, and the table is a single
-   tree.
+   increasing index; an atom's **bond reference** ``b`` is its nearest bonded
+   neighbour among the atoms built before it (ties: lowest index). When a
+   fragment is exhausted, the unbuilt atom nearest to any built atom (ties:
+   lowest index) is next; its bond reference is that nearest built atom. So
+   disconnected molecules (the water dimer, ions, solvent) are attached to
+   what is already built, and the table is a single tree.
 3. **Number of references.** The k-th atom in construction order gets
    ``min(k, 3)`` references: the first is a root ``(-1, -1, -1)``, the second
    ``(b, -1, -1)`` (placed along ``+x``), the third ``(b, a, -1)`` (in the
@@ -73,13 +74,22 @@ def _positions_and_symbols(atoms, symbols):
     return pos, None if symbols is None else list(symbols)
 
 
-def connectivity(atoms, mult: float = 1.0, *, symbols: Sequence[str] | None = None) -> list[np.ndarray]:
-    """Covalent bonds from ASE's natural cutoffs.
+def connectivity(
+    atoms, mult: float = 1.0, *, skin: float = 0.3, symbols: Sequence[str] | None = None
+) -> list[np.ndarray]:
+    """Covalent bonds from ASE's natural cutoffs, as ASE's ``NeighborList`` finds them.
+
+    Atoms ``i`` and ``j`` are bonded when
+    ``|x_i - x_j| < (mult r_i + skin) + (mult r_j + skin)``, with ``r`` the
+    covalent radii of ``ase.neighborlist.natural_cutoffs``: exactly the pairs of
+    ``NeighborList(natural_cutoffs(atoms, mult), skin=skin)`` (ASE's default
+    skin is 0.3 A; without it a 1.54 A C-C bond exceeds ``2 * 0.76``).
 
     Args:
         atoms: an :class:`ase.Atoms`, or an ``(N, 3)`` array of positions
             together with ``symbols``.
-        mult: factor on the covalent radii (``natural_cutoffs(mult=...)``).
+        mult: factor on the covalent radii.
+        skin: added to every radius, in Angstrom.
         symbols: element symbols when ``atoms`` is an array.
 
     Returns:
@@ -87,26 +97,33 @@ def connectivity(atoms, mult: float = 1.0, *, symbols: Sequence[str] | None = No
         Periodic images are ignored.
     """
     from ase import Atoms
-    from ase.neighborlist import natural_cutoffs, neighbor_list
+    from ase.neighborlist import natural_cutoffs
+    from scipy.spatial import cKDTree  # scipy is a dependency of ASE
 
     pos, syms = _positions_and_symbols(atoms, symbols)
     if syms is None:
         raise ValueError("element symbols are needed for covalent radii: pass symbols=")
-    mol = Atoms(syms, positions=pos, pbc=False)
-    cutoffs = natural_cutoffs(mol, mult=mult)
-    i, j = neighbor_list("ij", mol, cutoffs, self_interaction=False)
-    n = len(mol)
+    radii = np.asarray(natural_cutoffs(Atoms(syms, positions=pos), mult=mult), np.float64) + skin
+    n = len(pos)
     out: list[list[int]] = [[] for _ in range(n)]
-    for a, b in zip(i.tolist(), j.tolist()):
-        if a != b:
+    if n > 1:
+        pairs = cKDTree(pos).query_pairs(2.0 * float(radii.max()), output_type="ndarray")
+        i, j = pairs[:, 0], pairs[:, 1]
+        keep = np.linalg.norm(pos[i] - pos[j], axis=1) < radii[i] + radii[j]
+        for a, b in zip(i[keep].tolist(), j[keep].tolist(), strict=True):
             out[a].append(b)
+            out[b].append(a)
     return [np.unique(np.asarray(x, np.int64)) for x in out]
 
 
 def _angle(p: np.ndarray, q: np.ndarray, r: np.ndarray) -> np.ndarray:
     """Angle p-q-r in radians (vectorised over leading dims)."""
     u, v = p - q, r - q
-    return np.arctan2(np.linalg.norm(np.cross(u, v), axis=-1), (u * v).sum(-1))
+    u, v = np.broadcast_arrays(u, v)
+    cx = u[..., 1] * v[..., 2] - u[..., 2] * v[..., 1]
+    cy = u[..., 2] * v[..., 0] - u[..., 0] * v[..., 2]
+    cz = u[..., 0] * v[..., 1] - u[..., 1] * v[..., 0]
+    return np.arctan2(np.sqrt(cx * cx + cy * cy + cz * cz), (u * v).sum(-1))
 
 
 def construction_table(
@@ -115,6 +132,7 @@ def construction_table(
     symbols: Sequence[str] | None = None,
     bonds: Sequence[Sequence[int]] | None = None,
     mult: float = 1.0,
+    skin: float = 0.3,
     start: int = 0,
     min_angle: float = 10.0,
     n_nearest: int = 8,
@@ -128,7 +146,8 @@ def construction_table(
         bonds: optional connectivity instead of covalent radii: for each atom
             the indices of its bonded neighbours (a list of ``N`` lists), or an
             ``(E, 2)`` list of pairs.
-        mult: factor on the covalent radii.
+        mult, skin: covalent-radius factor and skin (Angstrom), see
+            :func:`connectivity`.
         start: the atom built first (the root of the table).
         min_angle: degrees; angles closer than this to 0 or 180 count as
             near-linear.
@@ -153,7 +172,7 @@ def construction_table(
         raise ValueError(f"start={start} is out of range for {n} atoms")
     if not np.all(np.isfinite(pos)):
         raise ValueError("positions must be finite")
-    nbrs = _neighbours(bonds, n) if bonds is not None else connectivity(pos, mult, symbols=syms)
+    nbrs = _neighbours(bonds, n) if bonds is not None else connectivity(pos, mult, skin=skin, symbols=syms)
     lo = math.sin(math.radians(min_angle))  # sin threshold: angle in [min, 180-min]
     return ConstructionTable(_build(pos, nbrs, start, lo, n_nearest))
 
@@ -186,9 +205,8 @@ def _build(pos: np.ndarray, nbrs: list[np.ndarray], start: int, lo: float, n_nea
     built = np.zeros(n, bool)  # placed: may serve as a reference
     queued = np.zeros(n, bool)  # placed or waiting in the breadth-first queue
     n_built = 0
-    # nearest built atom of every unbuilt atom, updated lazily per fragment
+    # distance of every unbuilt atom to the nearest built one, updated lazily per fragment
     dmin = np.full(n, np.inf)
-    dwho = np.full(n, -1, np.int64)
     pending: list[int] = []  # built atoms not yet folded into dmin
 
     def nearest_built(p: np.ndarray, exclude: tuple[int, ...]) -> list[int]:
@@ -202,6 +220,9 @@ def _build(pos: np.ndarray, nbrs: list[np.ndarray], start: int, lo: float, n_nea
         k = n_built  # number of atoms built before i
         if k == 0:
             return
+        nb_i = np.asarray([j for j in nbrs[i] if built[j]], np.int64)
+        if len(nb_i):  # nearest bonded built neighbour (the atom i was reached from is one)
+            b = int(nb_i[np.lexsort((nb_i, np.linalg.norm(pos[nb_i] - pos[i], axis=1)))[0]])
         refs[i, 0] = b
         if k == 1:
             return
@@ -231,7 +252,7 @@ def _build(pos: np.ndarray, nbrs: list[np.ndarray], start: int, lo: float, n_nea
                 out += [(a, d) for d in d_list if d >= 0 and d not in (a, b, i)]
             return list(dict.fromkeys(out))
 
-        best = None
+        best, best_score = None, -1.0
         for wide in (False, True):
             cand = pairs(wide)
             if not cand:
@@ -245,7 +266,7 @@ def _build(pos: np.ndarray, nbrs: list[np.ndarray], start: int, lo: float, n_nea
                 best = cand[ok[0]]
                 break
             j = int(np.argmax(score))
-            if best is None or score[j] > best_score:
+            if score[j] > best_score:
                 best, best_score = cand[j], score[j]
         refs[i, 1], refs[i, 2] = best
 
@@ -253,18 +274,18 @@ def _build(pos: np.ndarray, nbrs: list[np.ndarray], start: int, lo: float, n_nea
         if n_built == 0:
             seed, parent = start, -1
         else:
-            if pending:
-                new = np.asarray(pending)
+            if pending:  # fold the atoms built since the last fragment into dmin
+                from scipy.spatial import cKDTree
+
+                idx = np.nonzero(~queued)[0]
+                d, _ = cKDTree(pos[pending]).query(pos[idx], k=1)
+                dmin[idx] = np.minimum(dmin[idx], d)
                 pending.clear()
-                for chunk in np.array_split(new, max(1, len(new) * n // 4_000_000 + 1)):
-                    d = np.linalg.norm(pos[:, None, :] - pos[None, chunk, :], axis=-1)
-                    j = np.argmin(d, axis=1)  # first on ties: chunk is in build order
-                    dj = d[np.arange(n), j]
-                    better = dj < dmin
-                    dmin[better], dwho[better] = dj[better], chunk[j[better]]
             cand = np.nonzero(~queued)[0]
             seed = int(cand[np.lexsort((cand, dmin[cand]))[0]])
-            parent = int(dwho[seed])
+            done = np.nonzero(built)[0]
+            dist = np.linalg.norm(pos[done] - pos[seed], axis=1)
+            parent = int(done[np.lexsort((done, dist))[0]])
         # breadth-first walk of the fragment that contains ``seed``
         queue = [(seed, parent)]
         queued[seed] = True

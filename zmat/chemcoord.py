@@ -112,6 +112,7 @@ def from_chemcoord_arrays(
     index: Sequence | None = None,
     absolute: bool = False,
     transposed: bool | None = None,
+    degrees: bool = True,
 ) -> tuple[torch.Tensor, ConstructionTable]:
     """``(C, table)`` from chemcoord-style raw arrays.
 
@@ -134,6 +135,8 @@ def from_chemcoord_arrays(
         transposed: whether the arrays are ``(3, N)``. ``None`` infers it from
             the shapes, and for ``N = 3`` from which layout has a first row of
             only absolute references.
+        degrees: ``False`` when the angles are already in radians (the ``C``
+            that chemcoord's jitted ``get_X(C, c_table)`` takes).
 
     Returns:
         ``(C, table)`` as :func:`from_chemcoord` (``C`` in radians, IUPAC sign).
@@ -141,12 +144,20 @@ def from_chemcoord_arrays(
     Raises:
         ValueError: bad shapes, an ambiguous layout, unknown sentinels,
             references out of range or to later rows.
+
+    Example:
+        A ``get_X``-style loop over chemcoord arrays (``C``: ``(3, N)``
+        bonds, angles, dihedrals in radians; ``c_table``: ``(3, N)`` with
+        sentinels) becomes one differentiable, batched call::
+
+            C_zmat, table = from_chemcoord_arrays(c_table, C, degrees=False)
+            xyz = zmat.to_xyz(C_zmat, table)  # (N, 3), same shape as get_X(...).T
     """
     refs = np.asarray(c_table.detach().cpu() if isinstance(c_table, torch.Tensor) else c_table)
     if refs.dtype.kind not in "iu":
         raise TypeError(f"c_table must be an integer array, got dtype {refs.dtype}")
     refs = refs.astype(np.int64)
-    vals = values_deg if isinstance(values_deg, torch.Tensor) else torch.as_tensor(np.asarray(values_deg))
+    vals = values_deg if isinstance(values_deg, torch.Tensor) else torch.as_tensor(np.array(values_deg))
     if not vals.dtype.is_floating_point:
         vals = vals.to(torch.float64)
     if refs.ndim != 2 or vals.ndim != 2 or refs.shape != tuple(vals.shape) or 3 not in refs.shape:
@@ -161,7 +172,9 @@ def from_chemcoord_arrays(
             row0 = bool((refs[0] < _KEYS_BELOW_ARE_ABS).all())
             col0 = bool((refs[:, 0] < _KEYS_BELOW_ARE_ABS).all())
             if row0 == col0:
-                raise ValueError("cannot tell whether the (3, 3) arrays are (N, 3) or (3, N): pass transposed=")
+                raise ValueError(
+                    "cannot tell whether the (3, 3) arrays are (N, 3) or (3, N): pass transposed="
+                )
             transposed = col0
     if transposed:
         refs, vals = refs.T, vals.transpose(0, 1)
@@ -179,6 +192,8 @@ def from_chemcoord_arrays(
                 table[i, c] = -2 - list(ABSOLUTE_REFERENCES.values()).index(v)  # -2 .. -5
             else:
                 table[i, c] = _row_of(v, pos_of, i, n)
+    if not degrees:
+        vals = torch.cat([vals[:, :1], torch.rad2deg(vals[:, 1:])], 1)
     imp = _convert(table, vals, absolute, None)
     return imp.C, imp.table
 
@@ -209,7 +224,7 @@ def _import(zmat, *, absolute: bool) -> _Imported:
     pos_of = {lab: k for k, lab in enumerate(labels)}
     n = len(labels)
     table = np.empty((n, 3), np.int64)
-    for i, (lab, row) in enumerate(zip(labels, frame[["b", "a", "d"]].itertuples(index=False))):
+    for i, (lab, row) in enumerate(zip(labels, frame[["b", "a", "d"]].itertuples(index=False), strict=True)):
         for c, ref in enumerate(row):
             if isinstance(ref, str) and ref in ABSOLUTE_REFERENCES:
                 table[i, c] = -2 - _ABS_ORDER.index(ref)
@@ -218,7 +233,7 @@ def _import(zmat, *, absolute: bool) -> _Imported:
                     table[i, c] = _row_of(ref, pos_of, i, n)
                 except ValueError as err:
                     raise ValueError(f"{err} (atom {lab!r})") from None
-    vals = torch.as_tensor(frame[["bond", "angle", "dihedral"]].to_numpy(np.float64))
+    vals = torch.as_tensor(frame[["bond", "angle", "dihedral"]].to_numpy(np.float64, copy=True))
     symbols = [str(s) for s in frame["atom"]]
     return _convert(table, vals, absolute, symbols)
 
@@ -273,16 +288,13 @@ def _rereference(i: int, row: np.ndarray, x: np.ndarray) -> np.ndarray:
         pool = [int(j) for j in order if j not in refs]
         while len(refs) < want:
             k = len(refs)  # slot to fill: 0 = b, 1 = a, 2 = d
-
-            def score(j: int) -> float:
-                if k == 0:
-                    return 1.0
-                if k == 1:
-                    return float(np.sin(_angle(x[i], x[refs[0]], x[j])))
-                return float(np.sin(_angle(x[j], x[refs[1]], x[refs[0]])))
-
-            scores = [score(j) for j in pool]
-            good = [j for j, s in zip(pool, scores) if s >= _MIN_SIN]
+            if k == 0:
+                scores = [1.0] * len(pool)
+            elif k == 1:  # angle i-b-a away from 0 and 180
+                scores = [float(np.sin(_angle(x[i], x[refs[0]], x[j]))) for j in pool]
+            else:  # plane d-a-b well defined
+                scores = [float(np.sin(_angle(x[j], x[refs[1]], x[refs[0]]))) for j in pool]
+            good = [j for j, s in zip(pool, scores, strict=True) if s >= _MIN_SIN]
             pick = good[0] if good else pool[int(np.argmax(scores))]
             refs.append(pick)
             pool.remove(pick)

@@ -203,6 +203,8 @@ def exclusions_from_bonds(bonds: Any, n_atoms: int, depth: int = 3) -> torch.Ten
         >>> exclusions_from_bonds([[0, 1], [1, 2], [2, 3]], 4, depth=2).tolist()
         [[0, 1], [0, 2], [1, 2], [1, 3], [2, 3]]
     """
+    if isinstance(bonds, torch.Tensor):
+        bonds = bonds.cpu()
     arr = np.asarray(bonds, dtype=np.int64)
     if arr.size == 0:
         arr = arr.reshape(0, 2)
@@ -232,6 +234,8 @@ def exclusions_from_bonds(bonds: Any, n_atoms: int, depth: int = 3) -> torch.Ten
     reach = torch.unique(key)
     frontier = reach
     for _ in range(depth - 1):
+        if frontier.numel() == 0:
+            break
         a, mid = frontier // n_atoms, frontier % n_atoms
         cnt = deg[mid]
         rep = torch.repeat_interleave(torch.arange(len(mid)), cnt)
@@ -264,6 +268,11 @@ def exclusions_from_table(table: Any, depth: int = 3, extra_bonds: Any = None) -
 
     Raises:
         ValueError: if the table does not have shape (N, 3).
+
+    Example:
+        >>> refs = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0]]  # a chain
+        >>> exclusions_from_table(refs, depth=1).tolist()
+        [[0, 1], [1, 2], [2, 3]]
     """
     refs = np.asarray(getattr(table, "refs", table))
     if refs.ndim != 2 or refs.shape[1] != 3:
@@ -358,8 +367,9 @@ def _penalty(kind: str, d, c, temperature: float, tail: float, cap: float):
 
 def _pair_sum(xyz_f, radii_f, i, j, keep, n_batch, n, kind, tolerance, temperature, tail, cap):
     """Sum of penalties over pairs (i, j) of the flattened batch: shape (B,)."""
-    d = _safe_norm(xyz_f[i] - xyz_f[j])
-    c = radii_f[i] + radii_f[j] - tolerance
+    # index_select, whose backward is an index_add: no sync on any device.
+    d = _safe_norm(xyz_f.index_select(0, i) - xyz_f.index_select(0, j))
+    c = radii_f.index_select(0, i) + radii_f.index_select(0, j) - tolerance
     p = _penalty(kind, d, c, temperature, tail, cap)
     if keep is not None:
         p = torch.where(keep, p, 0.0)
@@ -490,9 +500,11 @@ def candidate_pairs(
         ValueError, TypeError: as :func:`clash_loss`, and for ``skin < 0``.
 
     Example:
-        >>> pairs = candidate_pairs(xyz, radii, exclude=table, skin=1.0)
-        >>> for step in range(10):
-        ...     loss = clash_loss(xyz, radii, pairs=pairs)  # no host sync
+        >>> xyz = torch.rand(2, 1000, 3) * 40  # two structures
+        >>> radii = torch.full((1000,), 1.7)
+        >>> pairs = candidate_pairs(xyz, radii, skin=1.0)  # one search...
+        >>> clash_loss(xyz, radii, pairs=pairs).shape  # ...many sync-free steps
+        torch.Size([2])
     """
     if not skin >= 0:
         raise ValueError(f"candidate_pairs: skin must be >= 0, got {skin}")
@@ -533,7 +545,9 @@ def clash_loss(
             penalised; or a construction table (a ``.refs`` attribute or an
             (N, 3) integer array), which excludes pairs within
             ``exclusion_depth`` bonds of the graph of atoms and their bond
-            references.
+            references. A table is turned into pairs on the CPU at every call:
+            for repeated calls on large structures, build the pairs once with
+            :func:`exclusions_from_table` and pass those.
         tolerance: subtracted from ``r_i + r_j``; >= 0 (AlphaFold: 1.5 A).
         kind: one of ``KINDS``.
         temperature: length scale of ``"softplus"`` and ``"soft_count"``, > 0.

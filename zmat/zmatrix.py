@@ -48,6 +48,7 @@ the comment).
 
 from __future__ import annotations
 
+import decimal
 import heapq
 import math
 import os
@@ -62,8 +63,11 @@ from .transform import to_internal, to_xyz
 
 __all__ = ["ZMatrix"]
 
-#: Degrees -> radians factor used by the reader (the writer inverts exactly this).
 _DEG = math.pi / 180.0
+# Degrees are converted exactly (correctly rounded from the decimal text), so
+# that every radian value has a decimal degree string that reads back to it.
+_CTX = decimal.Context(prec=50)
+_PI_OVER_180 = _CTX.divide(decimal.Decimal("3.14159265358979323846264338327950288419716939937510"), 180)
 _BOHR = 0.52917721092  # Angstrom, the value Gaussian 09/16 use
 
 _ORDER_RE = re.compile(r"^\s*!\s*zmat-order:\s*(.*)$", re.IGNORECASE)
@@ -181,7 +185,7 @@ class ZMatrix:
 
         xyz = self.to_xyz().detach().to("cpu", torch.float64).numpy()
         keep = ~self.dummy_mask
-        atoms = Atoms([s for s, k in zip(self.symbols, keep) if k], positions=xyz[keep])
+        atoms = Atoms([s for s, k in zip(self.symbols, keep, strict=True) if k], positions=xyz[keep])
         if self.title:
             atoms.info["title"] = self.title
         return atoms
@@ -285,21 +289,23 @@ def _length_str(x: float) -> str:
     return repr(float(x))
 
 
+def _deg_to_rad(text: str) -> float:
+    """Radians of a decimal degree string, correctly rounded (not ``float(text) * pi / 180``)."""
+    return float(_CTX.multiply(decimal.Decimal(text), _PI_OVER_180))
+
+
 def _angle_str(x: float) -> str:
-    """Shortest decimal degree string ``s`` with ``float(s) * _DEG == x`` exactly."""
+    """Shortest decimal degree string ``s`` with ``_deg_to_rad(s) == x`` exactly."""
     x = float(x)
     if x == 0.0:
         return "0.0"
     deg = x / _DEG
-    cands = [float(f"{deg:.{k}g}") for k in range(1, 18)]
-    up = down = deg
-    for _ in range(8):
-        up, down = math.nextafter(up, math.inf), math.nextafter(down, -math.inf)
-        cands += [up, down]
-    for c in cands:
-        if c * _DEG == x:
-            return repr(c)
-    return repr(deg)  # not reached for finite x in practice
+    for k in range(1, 18):
+        text = repr(float(f"{deg:.{k}g}"))
+        if _deg_to_rad(text) == x:
+            return text
+    text = format(_CTX.divide(decimal.Decimal(x), _PI_OVER_180), ".25g")
+    return text if "." in text or "E" in text.upper() else text + ".0"
 
 
 def _format(zm: ZMatrix, variables: bool) -> str:
@@ -349,17 +355,17 @@ def _is_ints(tokens: list[str]) -> bool:
     return bool(tokens) and all(re.fullmatch(r"[+-]?\d+", t) for t in tokens)
 
 
-def _number(tok: str) -> float | None:
+def _number(tok: str) -> str | None:
+    """``tok`` as a normalised finite decimal string (Fortran ``D`` exponent allowed), or None."""
+    if _FORTRAN_RE.match(tok):
+        tok = tok.replace("D", "E").replace("d", "e")
     try:
         v = float(tok)
     except ValueError:
-        if _FORTRAN_RE.match(tok):
-            v = float(tok.replace("D", "E").replace("d", "e"))
-        else:
-            return None
-    if tok.strip().lower().lstrip("+-") in ("nan", "inf", "infinity"):
         return None
-    return v
+    if not math.isfinite(v) or "_" in tok:
+        return None
+    return tok
 
 
 def _element(label: str, line: _Line) -> str:
@@ -386,9 +392,9 @@ def _element(label: str, line: _Line) -> str:
     raise line.error(f"unknown element in atom label {label!r}")
 
 
-def _units(route: str) -> tuple[float, float]:
-    """(length factor to Angstrom, angle factor to radians) from a route section."""
-    length, angle = 1.0, _DEG
+def _units(route: str) -> tuple[float, float | None]:
+    """(length factor to Angstrom, angle factor to radians or None for degrees) from a route."""
+    length, angle = 1.0, None  # None: degrees, converted exactly
     m = re.search(r"units\s*[=(]\s*\(?([^)\s]*)", route, re.IGNORECASE)
     if m:
         words = {w.lower() for w in re.split(r"[,\s()=]+", m.group(1)) if w}
@@ -479,9 +485,12 @@ def _parse(text: str) -> ZMatrix:
                 raise ln.error(f"unexpected 8th field {toks[7]!r} (only the dihedral flag 0 is supported)")
             toks = toks[:7]
         if len(toks) not in (1, 3, 5, 7):
-            if len(toks) in (4, 5) and all(_number(t) is not None for t in toks[1:]):
-                raise ln.error("Cartesian coordinate lines are not supported in a z-matrix")
-            raise ln.error(f"expected 1, 3, 5 or 7 fields (El ref r ref angle ref dihedral), got {len(toks)}")
+            hint = ""
+            if len(toks) == 4 and all(_number(t) is not None for t in toks[1:]):
+                hint = "; Cartesian lines 'El x y z' are not supported"
+            raise ln.error(
+                f"expected 1, 3, 5 or 7 fields (El ref r ref angle ref dihedral), got {len(toks)}{hint}"
+            )
         label = toks[0]
         symbols.append(_element(label, ln))
         refs = []
@@ -511,7 +520,7 @@ def _parse(text: str) -> ZMatrix:
         labels[key] = None if key in labels else k
 
     # ---- variables
-    defs: dict[str, float] = {}
+    defs: dict[str, str] = {}
     uses_names = any(_number(v) is None for vals in raw_vals for v in vals)
     skip_blank()
     in_block = pos < len(lines) and _HEADER_RE.match(lines[pos].body)
@@ -541,21 +550,23 @@ def _parse(text: str) -> ZMatrix:
     # ---- values
     n = len(symbols)
     internal = np.zeros((n, 3), np.float64)
-    for k, (ln, vals) in enumerate(zip(zlines, raw_vals)):
+    for k, (ln, vals) in enumerate(zip(zlines, raw_vals, strict=True)):
         for c, tok in enumerate(vals):
-            v = _number(tok)
-            if v is None:
-                sign = -1.0 if tok.startswith("-") else 1.0
+            text = _number(tok)
+            if text is None:
                 name = tok.lstrip("+-")
                 if name.upper() not in defs:
                     raise ln.error(f"unknown variable {name!r}")
-                v = sign * defs[name.upper()]
+                text = defs[name.upper()]
+                if tok.startswith("-"):
+                    text = text[1:] if text.startswith("-") else "-" + text.lstrip("+")
             if c == 0:
+                v = float(text)
                 if v < 0:
                     raise ln.error(f"negative bond length {v}")
                 v = v * length_unit
             else:
-                v = v * angle_unit
+                v = _deg_to_rad(text) if angle_unit is None else float(text) * angle_unit
             internal[k, c] = v
 
     zm = ZMatrix(

@@ -44,9 +44,9 @@ N_TORSIONS = len(TORSION_NAMES)
 
 def _sibling_type(template) -> set[str]:
     """Atoms whose canonical dihedral reference is a sibling (OFFSET rows)."""
-    rows = dict(zip(template.atoms, template.rows))
+    rows = dict(zip(template.atoms, template.rows, strict=True))
     out = {"O", "CB"}
-    for at, (b, a, d) in rows.items():
+    for at, (b, _, d) in rows.items():
         if at in ("N", "CA", "C", "O", "CB", "OXT"):
             continue
         if rows[b][1] != d:
@@ -168,7 +168,7 @@ def layout(
         else:
             have = set(present[k])
         m = {}
-        for name, el in zip(t.atoms, t.elements):
+        for name, el in zip(t.atoms, t.elements, strict=True):
             if name in have:
                 m[name] = len(atom_names)
                 atom_names.append(name)

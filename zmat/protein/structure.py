@@ -310,7 +310,9 @@ def from_structure(atoms, chain=None) -> Protein:
         chains = [chain] if isinstance(chain, str) else list(chain)
         missing = set(chains) - set(atoms.chain_id.tolist())
         if missing:
-            raise ValueError(f"chain(s) {sorted(missing)} not in the structure (it has {sorted(set(atoms.chain_id))})")
+            raise ValueError(
+                f"chain(s) {sorted(missing)} not in the structure (it has {sorted(set(atoms.chain_id))})"
+            )
         keep &= np.isin(atoms.chain_id, chains)
     atoms = atoms[keep]
     if atoms.array_length() == 0:

@@ -27,7 +27,8 @@ chi2 = CA-CB-XG-XD with ``CD1``/``OD1``/``ND1``/``SD``, ...). Ring closures
 ``CZ3-CH2``) are not rows of the tree; they are listed in ``ring_bonds`` so
 that clash exclusions see them.
 
-Ideal geometry (``IDEAL``), Angstrom and radians:
+Ideal geometry (templates store Angstrom and radians; ``IDEAL`` lists the
+backbone values below in Angstrom and degrees):
 
 * backbone, ``CB`` and ``OXT``: Engh & Huber (1991), Acta Cryst. A47, 392:
   N-CA 1.458, CA-C 1.525, C-N 1.329, C=O 1.231, CA-CB 1.530; N-CA-C 111.2,
@@ -35,10 +36,20 @@ Ideal geometry (``IDEAL``), Angstrom and radians:
   carbonyl), N-CA-CB 110.5, C-CA-CB 110.1 (the improper C-N-CA-CB follows
   from these three angles and L-chirality). The C-terminal ``OXT`` is placed
   like the next residue's ``N`` (angle 116.2) with a C=O length.
-* side-chain atoms beyond ``CB``: bond lengths, bond angles and the fixed
-  dihedrals measured on the ideal coordinates of the wwPDB Chemical
-  Component Dictionary (``pdbx_model_Cartn_*_ideal``) that biotite ships
-  (``biotite.structure.info.residue``), computed once at import.
+* side-chain atoms beyond ``CB`` (``SIDE_CHAIN_GEOMETRY``): mean bond lengths
+  and bond angles over the complete residues of three X-ray structures refined
+  against Engh & Huber restraints (1aki 1.5 A, 1ubi 1.8 A, 7pfl 1.8 A; the
+  files are in ``tests/data``, and a test recomputes the table from them),
+  rounded to 0.001 A and 0.1 deg. Fixed dihedrals of planar groups (rings,
+  carboxylates, amides, guanidinium) are exactly 0 or 180 deg, with Arg
+  ``NH1`` cis to ``CD`` (IUPAC); those of tetrahedral branches (``CG2`` of
+  Val/Thr/Ile, ``CD2`` of Leu) are the measured means.
+
+The Chemical Component Dictionary's ideal coordinates (shipped by biotite)
+give the atom names and the bond graph, and a test checks the templates
+against them, but not the values: they model the free, neutral amino acid
+with a force field (109.5 deg at CB where proteins have 113-116 deg, protonated
+Asp/Glu carboxylates with C-O 1.21/1.34 A, Arg ``NH1`` trans to ``CD``).
 """
 
 from __future__ import annotations
@@ -55,6 +66,7 @@ __all__ = [
     "CHI_ATOMS",
     "IDEAL",
     "RESIDUES",
+    "SIDE_CHAIN_GEOMETRY",
     "TORSION_NAMES",
     "ResidueTemplate",
     "one_to_three",
@@ -64,11 +76,9 @@ __all__ = [
 TORSION_NAMES = ("phi", "psi", "omega", "chi1", "chi2", "chi3", "chi4")
 PHI, PSI, OMEGA, CHI1 = 0, 1, 2, 3
 
-AA3 = (
-    "ALA ARG ASN ASP CYS GLN GLU GLY HIS ILE LEU LYS MET PHE PRO SER THR TRP TYR VAL"
-).split()
+AA3 = ("ALA ARG ASN ASP CYS GLN GLU GLY HIS ILE LEU LYS MET PHE PRO SER THR TRP TYR VAL").split()
 AA1 = "ARNDCQEGHILKMFPSTWYV"
-_ONE = dict(zip(AA1, AA3))
+_ONE = dict(zip(AA1, AA3, strict=True))
 BACKBONE = ("N", "CA", "C", "O")
 
 # Engh & Huber (1991) backbone values (Angstrom, degrees).
@@ -185,6 +195,83 @@ _SIDE = {
     ],
 }
 
+# Side-chain geometry beyond CB: atom -> (bond length A, bond angle deg, fixed
+# dihedral deg or None for a chi torsion), for the rows of _SIDE; see the
+# module docstring for the source. n = residues averaged.
+SIDE_CHAIN_GEOMETRY = {
+    "SER": {"OG": (1.415, 111.0, None)},  # n=29
+    "CYS": {"SG": (1.801, 114.6, None)},  # n=20
+    "VAL": {"CG1": (1.523, 110.5, None), "CG2": (1.521, 110.6, 123.0)},  # n=37
+    "THR": {"OG1": (1.435, 108.8, None), "CG2": (1.523, 111.0, -121.4)},  # n=38
+    "LEU": {"CG": (1.528, 115.7, None), "CD1": (1.522, 110.3, None), "CD2": (1.522, 110.4, 122.5)},  # n=46
+    "ILE": {"CG1": (1.531, 110.3, None), "CG2": (1.530, 110.7, -124.1), "CD1": (1.525, 114.0, None)},  # n=24
+    "MET": {"CG": (1.516, 113.6, None), "SD": (1.809, 111.3, None), "CE": (1.793, 101.0, None)},  # n=13
+    "PRO": {"CG": (1.501, 104.8, None), "CD": (1.510, 106.1, None)},  # n=18
+    "PHE": {
+        "CG": (1.503, 113.6, None),
+        "CD1": (1.389, 120.7, None),
+        "CD2": (1.388, 120.4, 180.0),
+        "CE1": (1.385, 120.8, 180.0),
+        "CE2": (1.386, 120.7, 180.0),
+        "CZ": (1.386, 119.8, 0.0),
+    },  # n=22
+    "TYR": {
+        "CG": (1.512, 113.8, None),
+        "CD1": (1.391, 120.8, None),
+        "CD2": (1.391, 120.9, 180.0),
+        "CE1": (1.387, 121.1, 180.0),
+        "CE2": (1.389, 121.0, 180.0),
+        "CZ": (1.383, 119.5, 0.0),
+        "OH": (1.374, 119.5, 180.0),
+    },  # n=14
+    "TRP": {
+        "CG": (1.499, 113.2, None),
+        "CD1": (1.368, 127.2, None),
+        "CD2": (1.433, 126.4, 180.0),
+        "NE1": (1.371, 110.1, 180.0),
+        "CE2": (1.413, 107.0, 180.0),
+        "CE3": (1.394, 133.4, 180.0),
+        "CZ2": (1.390, 121.9, 180.0),
+        "CZ3": (1.384, 118.5, 180.0),
+        "CH2": (1.380, 117.2, 0.0),
+    },  # n=9
+    "HIS": {
+        "CG": (1.493, 113.4, None),
+        "ND1": (1.378, 122.8, None),
+        "CD2": (1.355, 131.1, 180.0),
+        "CE1": (1.320, 109.3, 180.0),
+        "NE2": (1.372, 107.0, 180.0),
+    },  # n=9
+    "ASP": {"CG": (1.514, 113.0, None), "OD1": (1.248, 119.9, None), "OD2": (1.255, 117.1, 180.0)},  # n=29
+    "ASN": {"CG": (1.518, 112.7, None), "OD1": (1.235, 120.7, None), "ND2": (1.330, 116.4, 180.0)},  # n=37
+    "GLU": {
+        "CG": (1.525, 114.5, None),
+        "CD": (1.511, 113.3, None),
+        "OE1": (1.251, 118.3, None),
+        "OE2": (1.257, 118.0, 180.0),
+    },  # n=16
+    "GLN": {
+        "CG": (1.523, 113.3, None),
+        "CD": (1.515, 112.2, None),
+        "OE1": (1.234, 120.7, None),
+        "NE2": (1.329, 116.0, 180.0),
+    },  # n=22
+    "LYS": {
+        "CG": (1.521, 113.9, None),
+        "CD": (1.522, 112.0, None),
+        "CE": (1.520, 111.8, None),
+        "NZ": (1.483, 112.0, None),
+    },  # n=24
+    "ARG": {
+        "CG": (1.521, 114.1, None),
+        "CD": (1.510, 111.2, None),
+        "NE": (1.457, 111.6, None),
+        "CZ": (1.333, 124.9, None),
+        "NH1": (1.331, 121.2, 0.0),
+        "NH2": (1.331, 119.1, 180.0),
+    },  # n=26
+}
+
 _RINGS = {
     "PRO": [("CD", "N")],
     "PHE": [("CE2", "CZ")],
@@ -237,41 +324,16 @@ def _dihedral(p0, p1, p2, p3) -> float:
     return math.atan2(np.cross(b1, v) @ w, v @ w)
 
 
-def _angle(p0, p1, p2) -> float:
-    u, v = p0 - p1, p2 - p1
-    return math.atan2(np.linalg.norm(np.cross(u, v)), u @ v)
-
-
 def _improper_cb() -> float:
-    """Dihedral C-N-CA-CB from the three bond angles at CA (L-chirality)."""
+    """Dihedral C-N-CA-CB from the three bond angles at CA, L-chirality (negative)."""
     t_nc, t_ncb, t_ccb = (math.radians(_EH[k]) for k in ("N-CA-C", "N-CA-CB", "C-CA-CB"))
     # CA at the origin, N on +x, C in the xy-plane; solve for the CB direction.
-    n = np.array([1.0, 0.0, 0.0])
+    n, ca = np.array([1.0, 0.0, 0.0]), np.zeros(3)
     c = np.array([math.cos(t_nc), math.sin(t_nc), 0.0])
     x = math.cos(t_ncb)
     y = (math.cos(t_ccb) - x * c[0]) / c[1]
-    z = math.sqrt(max(1.0 - x * x - y * y, 0.0))
-    cands = [np.array([x, y, z]), np.array([x, y, -z])]
-    ca = np.zeros(3)
-    # L-amino acids: the improper N-CA-C-CB... pick by the sign the CCD's ALA has.
-    sign = _ccd_improper_sign()
-    for cb in cands:
-        phi = _dihedral(c, n, ca, cb)
-        if math.copysign(1.0, phi) == sign:
-            return phi
-    raise AssertionError("unreachable")
-
-
-def _ccd_coords(name: str) -> dict[str, np.ndarray]:
-    from biotite.structure.info import residue
-
-    arr = residue(name)
-    return {str(a): np.asarray(c, np.float64) for a, c, e in zip(arr.atom_name, arr.coord, arr.element)}
-
-
-def _ccd_improper_sign() -> float:
-    x = _ccd_coords("ALA")
-    return math.copysign(1.0, _dihedral(x["C"], x["N"], x["CA"], x["CB"]))
+    cb = np.array([x, y, math.sqrt(max(1.0 - x * x - y * y, 0.0))])
+    return -abs(_dihedral(c, n, ca, cb))
 
 
 def _build_template(name: str) -> ResidueTemplate:
@@ -302,14 +364,12 @@ def _build_template(name: str) -> ResidueTemplate:
         "CB": (_EH["CA-CB"], rad(_EH["N-CA-CB"]), _improper_cb()),
         "OXT": (_EH["C-O"], rad(_EH["CA-C-N"]), math.nan),
     }
-    x = _ccd_coords(name) if side else {}
+    geom = SIDE_CHAIN_GEOMETRY.get(name, {})
     for atom, b, a, d, tors in side:
         rows[atom] = (b, a, d)
         torsion[atom] = None if tors is None else (TORSION_NAMES.index(tors), 0)
-        r = float(np.linalg.norm(x[atom] - x[b]))
-        theta = _angle(x[atom], x[b], x[a])
-        phi = math.nan if tors is not None else _dihedral(x[d], x[a], x[b], x[atom])
-        ideal[atom] = (r, theta, phi)
+        r, theta, phi = geom[atom]
+        ideal[atom] = (r, rad(theta), math.nan if phi is None else rad(phi))
     bonds = [("N", "CA"), ("CA", "C"), ("C", "O"), ("C", "OXT")]
     bonds += [(at, rows[at][0]) for at in atoms if at not in ("N", "CA", "C", "O", "OXT")]
     rings = tuple(_RINGS.get(name, ()))

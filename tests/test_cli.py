@@ -1,0 +1,69 @@
+"""The ``zmat`` command line and ``python -m zmat``."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import ase.io
+import numpy as np
+import pytest
+import torch
+
+from zmat import ZMatrix
+from zmat._align import rmsd
+from zmat.cli import main
+
+DATA = Path(__file__).parent / "data"
+
+
+def t64(x):
+    return torch.as_tensor(np.asarray(x), dtype=torch.float64)
+
+
+def test_gzmat_to_xyz_and_back(tmp_path):
+    src = DATA / "baker_ts_09.gzmat"
+    assert main(["convert", str(src), str(tmp_path / "a.xyz")]) == 0
+    xyz = ase.io.read(tmp_path / "a.xyz")
+    expected = ZMatrix.read(src).to_atoms()
+    assert xyz.get_chemical_symbols() == expected.get_chemical_symbols()  # dummies dropped
+    np.testing.assert_allclose(xyz.positions, expected.positions, atol=1e-6)
+    assert main(["convert", str(tmp_path / "a.xyz"), str(tmp_path / "b.gzmat"), "--title", "DA"]) == 0
+    back = ZMatrix.read(tmp_path / "b.gzmat")
+    assert back.title == "DA"
+    assert rmsd(back.to_xyz(), t64(xyz.positions)) < 1e-8
+
+
+def test_ase_formats_and_stdout(tmp_path, capsys):
+    assert main(["convert", str(DATA / "cis_platin.xyz"), str(tmp_path / "p.pdb")]) == 0
+    assert main(["convert", str(tmp_path / "p.pdb"), "-", "--variables", "--charge", "0"]) == 0
+    text = capsys.readouterr().out
+    assert "Variables:" in text and text.count("\n") > 11
+    zm = ZMatrix.from_string(text)
+    ref = ase.io.read(DATA / "cis_platin.xyz")
+    assert zm.symbols == ref.get_chemical_symbols()
+    assert rmsd(zm.to_xyz(), t64(ref.positions)) < 1e-3  # PDB keeps 3 decimals
+    assert main(["convert", str(DATA / "water.xyz"), str(tmp_path / "w.zmat"), "--to", "gzmat"]) == 0
+    assert len(ZMatrix.read(tmp_path / "w.zmat")) == 6
+
+
+def test_errors_are_reported(tmp_path, capsys):
+    bad = tmp_path / "bad.gzmat"
+    bad.write_text("O\nH 1 0.9\nH 1 0.9 2 ANG\n")
+    assert main(["convert", str(bad), str(tmp_path / "x.xyz")]) == 1
+    err = capsys.readouterr().err
+    assert "line 3" in err and "ANG" in err
+    assert main(["convert", str(tmp_path / "missing.xyz"), "-"]) == 1
+    with pytest.raises(SystemExit):
+        main(["frobnicate"])
+
+
+def test_python_dash_m(tmp_path):
+    out = tmp_path / "h.xyz"
+    res = subprocess.run(
+        [sys.executable, "-m", "zmat", "convert", str(DATA / "baker_ts_01.gzmat"), str(out)],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parents[1],
+    )
+    assert res.returncode == 0, res.stderr
+    assert len(ase.io.read(out)) == 3

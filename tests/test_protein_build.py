@@ -1,0 +1,262 @@
+"""zmat.protein: topology, torsion -> coordinates, batches, FoldingDiff backbone."""
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import zmat
+import zmat.protein as zp
+from zmat._align import rmsd
+from zmat.table import OFFSET, POSITIONAL, PROPER
+
+DATA = Path(__file__).parent / "data"
+ALL20 = "ARNDCQEGHILKMFPSTWYV"
+
+
+# ------------------------------------------------------------------ topology
+def test_templates_match_the_ccd():
+    """Atom names and bond graph of every template are the CCD's heavy atoms and bonds."""
+    from biotite.structure.info import residue
+
+    for name, t in zp.RESIDUES.items():
+        ccd = residue(name)
+        heavy = ccd.element != "H"
+        assert set(t.atoms) == set(ccd.atom_name[heavy].tolist()), name
+        ccd_bonds = {
+            frozenset((ccd.atom_name[i], ccd.atom_name[j]))
+            for i, j, _ in ccd.bonds.as_array()
+            if heavy[i] and heavy[j]
+        }
+        assert {frozenset(b) for b in t.bonds} == ccd_bonds, name
+        for b in t.ring_bonds:
+            assert frozenset(b) in ccd_bonds
+
+
+def test_chi_definitions():
+    n_chi = {"ALA": 0, "GLY": 0, "SER": 1, "CYS": 1, "VAL": 1, "THR": 1, "PRO": 2, "ASP": 2, "ASN": 2}
+    n_chi |= {"LEU": 2, "ILE": 2, "PHE": 2, "TYR": 2, "TRP": 2, "HIS": 2, "MET": 3, "GLU": 3, "GLN": 3}
+    n_chi |= {"LYS": 4, "ARG": 4}
+    assert {k: len(v) for k, v in zp.CHI_ATOMS.items()} == n_chi
+    assert zp.CHI_ATOMS["ILE"][1] == ("CA", "CB", "CG1", "CD1")
+    assert zp.CHI_ATOMS["ARG"][3] == ("CG", "CD", "NE", "CZ")
+
+
+def test_side_chain_geometry_reproducible():
+    """SIDE_CHAIN_GEOMETRY is the rounded mean over 1aki, 1ubi and 7pfl."""
+    vals = {}
+    for f in ("1aki", "1ubi", "7pfl"):
+        p = zp.from_pdb(DATA / f"{f}.pdb")
+        lay, C = p.layout, p.internal.numpy()
+        for v in np.nonzero(lay.ideal_mask.all(1))[0]:
+            key = (lay.res_names[lay.residue_index[v]], lay.atom_names[v])
+            vals.setdefault(key, []).append(C[v])
+    for res, atoms in zp.topology.SIDE_CHAIN_GEOMETRY.items():
+        for atom, (r, theta, phi) in atoms.items():
+            v = np.array(vals[(res, atom)])
+            assert abs(v[:, 0].mean() - r) < 6e-4 and abs(math.degrees(v[:, 1].mean()) - theta) < 0.06
+            if phi is not None:
+                mean = math.degrees(np.angle(np.exp(1j * v[:, 2]).mean()))
+                assert abs((mean - phi + 180) % 360 - 180) < 6, (res, atom, mean, phi)
+
+
+def test_layout_all_rows_canonical():
+    lay = zp.protein_layout(ALL20 * 3)
+    t = lay.table
+    assert not (t.kind == POSITIONAL).any()
+    assert ((t.kind == PROPER) | (t.kind == OFFSET)).sum() == lay.n_atoms - 3
+    assert lay.ideal_mask[3:].all()  # every row but the first three atoms' unused columns
+    assert (lay.atom_names == "OXT").sum() == 1 and lay.atom_names[-1] == "OXT"
+    # every torsion slot is used exactly once, except phi_0 and omega_{L-1}
+    slots = np.sort(lay.torsion_slot[lay.torsion_slot >= 0])
+    assert len(np.unique(slots)) == len(slots)
+
+
+def test_unknown_residue():
+    with pytest.raises(ValueError, match="'X' at position 2"):
+        zp.protein_layout("ACX")
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_missing_atoms_fallbacks(seed):
+    """Dropping random atoms (backbone included) keeps an exact, positional-free table."""
+    p = zp.from_pdb(DATA / "1ubi.pdb")
+    arr = p.to_structure()
+    rng = np.random.default_rng(seed)
+    keep = rng.random(arr.array_length()) > 0.15
+    keep[:3] = seed % 2 == 0  # sometimes without the first N, CA, C
+    q = zp.from_structure(arr[keep])
+    assert not (q.table.kind == POSITIONAL).any()
+    assert rmsd(zmat.to_xyz(q.internal, q.table), q.xyz) < 1e-6
+    assert torch.isfinite(zmat.to_xyz(q.ideal_internal(), q.table)).all()
+
+
+# ---------------------------------------------------- torsions -> coordinates
+def _random_torsions(L, *batch, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.rand(*batch, L, 7, generator=g, dtype=torch.float64) * 2 - 1) * math.pi
+
+
+def test_build_reproduces_torsions_and_ideal_geometry():
+    seq = ALL20 * 2
+    t = _random_torsions(len(seq))
+    xyz = zp.to_xyz_from_torsions(t, seq)
+    p = zp.Protein.from_sequence(seq, xyz)
+    got = p.torsion_tensor()
+    defined = ~torch.isnan(got)
+    d = torch.remainder(got - t + math.pi, 2 * math.pi) - math.pi
+    assert d[defined].abs().max() < 1e-9
+    # every chi the residue has is defined; phi_0, psi/omega of the last are not
+    assert defined[:, :3].sum() == 3 * len(seq) - 3
+    # all internal coordinates are ideal (or torsions)
+    lay = p.layout
+    fixed = torch.as_tensor(lay.ideal_mask & ~np.isnan(lay.ideal))
+    diff = p.internal - torch.as_tensor(lay.ideal)
+    diff[:, 2] = torch.remainder(diff[:, 2] + math.pi, 2 * math.pi) - math.pi  # pi == -pi
+    assert diff[fixed].abs().max() < 1e-9
+
+
+def test_dict_input_and_defaults():
+    seq = "MKTAYIAK"
+    t = _random_torsions(len(seq))
+    d = {k: t[:, i] for i, k in enumerate(zp.TORSION_NAMES)}
+    assert torch.equal(zp.internal_from_torsions(d, seq), zp.internal_from_torsions(t, seq))
+    part = zp.internal_from_torsions({"phi": t[:, 0], "psi": t[:, 1]}, seq)
+    nan = t.clone()
+    nan[:, 2:] = torch.nan
+    assert torch.equal(part, zp.internal_from_torsions(nan, seq))
+    xyz = zp.to_xyz_from_torsions(nan, seq)
+    assert torch.isfinite(xyz).all()
+    omega = zp.Protein.from_sequence(seq, xyz).torsions["omega"][:-1]
+    assert torch.allclose(omega.abs(), torch.full_like(omega, math.pi))
+    with pytest.raises(ValueError, match="residues"):
+        zp.internal_from_torsions(t[:-1], seq)
+    with pytest.raises(ValueError, match="unknown torsion"):
+        zp.internal_from_torsions({"chi5": t[:, 0]}, seq)
+
+
+def test_torsion_rebuild_of_a_real_chain_from_sequence():
+    """Building 1l2y from its sequence and torsions equals Protein.ideal_internal."""
+    p = zp.from_pdb(DATA / "1l2y.pdb")
+    t = p.torsion_tensor()
+    t[-1, 1] = torch.atan2(*_oxt_psi(p))  # the file's OXT defines the last psi
+    x = zp.to_xyz_from_torsions(t, p.sequence)
+    assert x.shape == p.xyz.shape
+    y = zmat.to_xyz(p.ideal_internal(), p.table)
+    print(f"1l2y torsion-only rebuild from sequence: {rmsd(x, p.xyz):.3f} A")
+    assert rmsd(x, y) < 1e-6
+
+
+def _oxt_psi(p):
+    i = {n: j for j, n in enumerate(p.atom_names) if p.residue_index[j] == len(p) - 1}
+    q = zp.dihedrals(p.xyz, torch.tensor([[i["N"], i["CA"], i["C"], i["OXT"]]]))[0]
+    return torch.sin(q), torch.cos(q)
+
+
+def test_batch_equals_one_by_one():
+    seqs = ["MKTAYIAKQR", "GW", "ACDEFGHIKLMNPQRSTVWY", "PPG"]
+    batch = zp.ProteinBatch(seqs)
+    t = _random_torsions(batch.L_max, 3, len(seqs), seed=1)  # extra leading dim
+    xyz = batch.to_xyz(t)
+    assert xyz.shape == (3, len(seqs), batch.N_max, 3)
+    assert not (batch.table.kind == POSITIONAL).any()
+    for b, s in enumerate(seqs):
+        one = zp.to_xyz_from_torsions(t[:, b, : len(s)], s)
+        n = one.shape[-2]
+        assert batch.atom_mask[b].sum() == n
+        assert torch.allclose(xyz[:, b, :n], one, atol=1e-10)
+        # each protein starts at the origin in the same frame, padding at the origin
+        assert (xyz[:, b, n:] == 0).all()
+
+
+def test_gradients_flow_to_torsions():
+    seq = "MKWVHC"
+    t = _random_torsions(len(seq)).requires_grad_()
+    xyz = zp.to_xyz_from_torsions(t, seq)
+    target = zp.to_xyz_from_torsions(_random_torsions(len(seq), seed=3), seq)
+    loss = ((xyz - target) ** 2).sum()
+    (g,) = torch.autograd.grad(loss, t)
+    assert torch.isfinite(g).all() and g[:, :3].abs().sum() > 0 and g[0, 0] == 0  # phi_0 unused
+    t2 = _random_torsions(3).requires_grad_()
+    assert torch.autograd.gradcheck(lambda x: zp.to_xyz_from_torsions(x, "MKW"), (t2,))
+
+
+def test_batch_clash_pairs():
+    seqs = ["MKTAYIAKQRQISFVKSHFSRQ", "GWACDEF"]
+    batch = zp.ProteinBatch(seqs)
+    t = _random_torsions(batch.L_max, len(seqs), seed=5)
+    xyz = batch.to_xyz(t)
+    pairs = batch.clash_pairs(xyz)
+    loss = zmat.clash.clash_loss(xyz, batch.radii, mask=batch.atom_mask, pairs=pairs)
+    for b, s in enumerate(seqs):
+        p = zp.Protein.from_sequence(s, xyz[b, : batch.layouts[b].n_atoms])
+        want = zmat.clash.clash_loss(p.xyz, p.radii, exclude=p.exclusions(), method="all_pairs")
+        assert torch.allclose(loss[b], want, atol=1e-9), (b, loss[b], want)
+
+
+def test_write_samples(tmp_path):
+    batch = zp.ProteinBatch(["MKV", "ACDEFG"])
+    xyz = batch.to_xyz(_random_torsions(batch.L_max, 2))
+    batch.protein(1, xyz[1]).to_pdb(tmp_path / "s.pdb")
+    q = zp.from_pdb(tmp_path / "s.pdb")
+    assert q.sequence == "ACDEFG" and torch.allclose(q.xyz, xyz[1, : q.n_atoms], atol=1e-3)
+
+
+# ------------------------------------------------------------- FoldingDiff
+def _foldingdiff_nerf(angles, lengths, first):
+    """A transcription of FoldingDiff's sequential NERFBuilder loop (numpy)."""
+    phi, psi, omega, tau, cacn, cnca = angles.T
+    r_nca, r_cac, tau0 = first
+    coords = [
+        np.zeros(3),
+        np.array([r_nca, 0, 0]),
+        np.array([r_cac * -math.cos(tau0) + r_nca, r_cac * math.sin(tau0), 0]),
+    ]
+
+    def place(a, b, c, angle, length, torsion):
+        bc = (c - b) / np.linalg.norm(c - b)
+        n = np.cross(b - a, bc)
+        n /= np.linalg.norm(n)
+        m = np.stack([bc, np.cross(n, bc), n]).T
+        d = [
+            -length * math.cos(angle),
+            length * math.cos(torsion) * math.sin(angle),
+            length * math.sin(torsion) * math.sin(angle),
+        ]
+        return m @ d + c
+
+    for i in range(len(phi) - 1):
+        for length, angle, dih in zip(
+            lengths[i], (cacn[i], cnca[i], tau[i]), (psi[i], omega[i], phi[i + 1]), strict=True
+        ):
+            coords.append(place(coords[-3], coords[-2], coords[-1], angle, length, dih))
+    return np.array(coords)
+
+
+def test_foldingdiff_six_angles():
+    p = zp.from_pdb(DATA / "1aki.pdb")
+    bb = np.isin(p.atom_names, ["N", "CA", "C"])
+    xyz = p.xyz[bb]
+    angles, lengths = zp.six_angles_from_backbone(xyz)
+    L = len(p)
+    assert angles.shape == (L, 6) and lengths.shape == (L, 3)
+    assert torch.allclose(angles[1:, 0], p.torsions["phi"][1:], atol=1e-12)
+    assert torch.isnan(angles[0, 0]) and torch.isnan(angles[-1, 1:]).all()
+    first = (float((xyz[1] - xyz[0]).norm()), float((xyz[2] - xyz[1]).norm()), 0.0)
+    n, ca, c = xyz[:3]
+    first = (*first[:2], float(torch.atan2(torch.linalg.cross(n - ca, c - ca).norm(), (n - ca) @ (c - ca))))
+    # measured angles and lengths: exact
+    C = zp.internal_from_six_angles(angles, lengths, first=first)
+    assert rmsd(zmat.to_xyz(C, zp.backbone_table(L)), xyz) < 1e-8
+    # FoldingDiff's default lengths: same as its own sequential builder
+    ours = zmat.to_xyz(zp.internal_from_six_angles(angles), zp.backbone_table(L))
+    nca, cac, cn = zp.FOLDINGDIFF_LENGTHS
+    ref = _foldingdiff_nerf(angles.numpy(), [(cn, nca, cac)] * L, zp.build.FOLDINGDIFF_FIRST)
+    assert rmsd(ours, torch.as_tensor(ref)) < 1e-8
+    print(f"1aki backbone from six angles with FoldingDiff lengths: {rmsd(ours, xyz):.3f} A")
+    # differentiable, batched
+    a = angles.nan_to_num().expand(2, L, 6).clone().requires_grad_()
+    zmat.to_xyz(zp.internal_from_six_angles(a), zp.backbone_table(L)).sum().backward()
+    assert torch.isfinite(a.grad).all()
