@@ -62,14 +62,11 @@ class _ForestPlan:
         # Blocked scan (see compose_paths): depth is cut into blocks of
         # `block` levels; within a block, frames are composed level by level
         # over the whole forest at once, across blocks by pointer jumping.
-        depth = np.zeros(n, np.int64)
-        for p in range(n):  # parents precede children in preorder
-            depth[p] = 0 if table.dfs_parent[p] < 0 else depth[table.dfs_parent[p]] + 1
+        depth = table.dfs_depth
         block = _block_size(table.max_depth)
         head = np.arange(n)  # block root (dfs position) of every atom
-        for p in range(n):
-            if depth[p] % block:
-                head[p] = head[table.dfs_parent[p]]
+        for _ in range(block - 1):
+            head = np.where(depth[head] % block != 0, table.dfs_parent[head], head)
         self.steps = []
         prev = None
         order = []

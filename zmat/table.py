@@ -104,10 +104,26 @@ class ConstructionTable:
         """Number of dependency levels (the depth of the level-by-level method)."""
         return len(self.level_atoms)
 
+    @functools.cached_property
+    def topo_order(self) -> np.ndarray:
+        """Atom indices in an order where every reference comes first."""
+        level = _longest_path_levels(self.refs, self.n_atoms)
+        return np.argsort(level, kind="stable")
+
     @property
     def construction_order(self) -> np.ndarray:
         """Atom indices in an order where every reference comes first."""
         return self.topo_order
+
+    @functools.cached_property
+    def level_atoms(self) -> list[np.ndarray]:
+        """Atoms grouped by dependency level: a rigid child needs only its
+        parent's frame, a segment root the positions of its references."""
+        deps = self.refs.copy()
+        rigid = self.parent >= 0
+        deps[rigid] = -1
+        deps[rigid, 0] = self.parent[rigid]
+        return _group(_longest_path_levels(deps, self.n_atoms))
 
     @property
     def bonds(self) -> np.ndarray:
@@ -116,106 +132,68 @@ class ConstructionTable:
         return np.stack([i, self.refs[i, 0]], axis=1)
 
     # -------------------------------------------------------------- the plan
+    # Everything here is vectorised (numpy), so a table of 100k+ atoms is
+    # planned in a fraction of a second: no Python loop over atoms or depth.
     def _classify(self) -> None:
         refs, n = self.refs, self.n_atoms
+        ar = np.arange(n)
         nref = (refs >= 0).sum(1)
-        order = _topological_order(refs)
-        self.topo_order = order
-
-        kind = np.zeros(n, np.int64)
-        parent = np.full(n, -1, np.int64)  # rigid (frame) parent, -1 = segment root
-        offset_of = np.full(n, -1, np.int64)  # sibling whose phi_eff is added
-        for i in order:
-            b, a, d = refs[i]
-            if nref[i] == 0:
-                kind[i] = ROOT
-            elif nref[i] == 1:
-                kind[i] = BOND
-                if kind[b] == ROOT:
-                    parent[i] = b
-            elif nref[i] == 2:
-                kind[i] = PLANAR
-                if kind[b] == BOND and a == refs[b, 0]:
-                    parent[i] = b
-            else:
-                bb, ab = refs[b, 0], refs[b, 1]
-                if a == bb and d == ab:
-                    kind[i], parent[i] = PROPER, b
-                elif a == bb and parent[d] == b and refs[d, 1] == a and kind[d] in (PLANAR, PROPER, OFFSET):
-                    kind[i], parent[i], offset_of[i] = OFFSET, b, d
-                else:
-                    kind[i] = POSITIONAL
+        b, a, d = refs.T
+        bs = np.maximum(b, 0)
+        bb, ab = refs[bs, 0], refs[bs, 1]
+        full = nref == 3
+        kind = np.choose(np.minimum(nref, 3), [ROOT, BOND, PLANAR, POSITIONAL])
+        parent = np.full(n, -1, np.int64)
+        rigid_bond = (nref == 1) & (nref[bs] == 0)
+        rigid_planar = (nref == 2) & (nref[bs] == 1) & (a == bb)
+        proper = full & (a == bb) & (d == ab)
+        parent[rigid_bond | rigid_planar | proper] = b[rigid_bond | rigid_planar | proper]
+        kind[proper] = PROPER
+        # OFFSET: the dihedral reference d is a sibling anchored on b with the
+        # same angle reference; siblings may themselves be offsets (fixpoint).
+        ds = np.maximum(d, 0)
+        candidate = full & ~proper & (a == bb) & (refs[ds, 0] == b) & (refs[ds, 1] == a)
+        offset = np.zeros(n, bool)
+        while True:
+            anchored = (parent[ds] == b) & np.isin(kind[ds], (PLANAR, PROPER, OFFSET))
+            new = candidate & ~offset & anchored
+            if not new.any():
+                break
+            offset |= new
+            kind[new], parent[new] = OFFSET, b[new]
+        offset_of = np.where(offset, d, -1)
         self.kind, self.parent, self.offset_of = kind, parent, offset_of
 
-        # Dependency levels for the level-by-level method: a rigid child needs
-        # only its parent's frame, a segment root the positions of its refs.
-        level = np.zeros(n, np.int64)
-        for i in order:
-            if parent[i] >= 0:
-                level[i] = level[parent[i]] + 1
-            elif nref[i] > 0:
-                level[i] = 1 + level[refs[i, : nref[i]]].max()
-        self.level = level
-        self.level_atoms = _group(level)
-
         # Offset chains: phi_eff[i] = sum of masked phi over chain[i].
-        chains = []
-        for i in range(n):
-            chain, j = [i], offset_of[i]
-            while j >= 0:
-                chain.append(j)
-                j = offset_of[j]
-            chains.append(chain)
-        width = max(len(c) for c in chains)
-        self.offset_chain = np.full((n, width), n, np.int64)  # n = "zero" slot
-        for i, c in enumerate(chains):
-            self.offset_chain[i, : len(c)] = c
+        cols = [ar]
+        while (nxt := np.where(cols[-1] < n, offset_of[np.minimum(cols[-1], n - 1)], -1)).max() >= 0:
+            cols.append(np.where(nxt >= 0, nxt, n))
+        self.offset_chain = np.stack(cols, 1)  # n = "zero" slot
 
-        # Depth-first preorder of the forest of rigid parents: every subtree
-        # (hence every segment) is a contiguous range [pos, end).
-        children: list[list[int]] = [[] for _ in range(n)]
-        for i in range(n):
-            if parent[i] >= 0:
-                children[parent[i]].append(i)
-        dfs, end = np.empty(n, np.int64), np.empty(n, np.int64)
-        k = 0
-        for s in np.nonzero(parent < 0)[0]:
-            stack = [(int(s), False)]
-            while stack:
-                i, done = stack.pop()
-                if done:
-                    end[i] = k
-                    continue
-                dfs[k] = i
-                k += 1
-                stack.append((i, True))
-                stack.extend((c, False) for c in reversed(children[i]))
+        # Forest of rigid parents: roots, depth, and a depth-first preorder in
+        # which every subtree (hence every segment) is a contiguous range.
+        root, depth = _roots_and_depths(parent)
+        dfs, end = _preorder(parent, root)
         pos = np.empty(n, np.int64)
-        pos[dfs] = np.arange(n)
+        pos[dfs] = ar
         self.dfs_order, self.dfs_pos = dfs, pos
         self.subtree_end = end[dfs]  # indexed by dfs position
-        # rigid parent in dfs positions, -1 for segment roots
         self.dfs_parent = np.where(parent[dfs] >= 0, pos[np.maximum(parent[dfs], 0)], -1)
-        depth = np.zeros(n, np.int64)
-        for p in range(n):  # parents precede children in preorder
-            q = self.dfs_parent[p]
-            depth[p] = 0 if q < 0 else depth[q] + 1
-        self.max_depth = int(depth.max()) if n else 0
+        self.dfs_depth = depth[dfs]
+        self.max_depth = int(depth.max())
+        self.dfs_segment = pos[root[dfs]]  # segment root (dfs position) of each dfs position
 
-        # Segments and their levels (stages of the analytic method).
-        segment = np.empty(n, np.int64)
-        for p in range(n):
-            q = self.dfs_parent[p]
-            segment[p] = p if q < 0 else segment[q]
-        self.dfs_segment = segment  # segment root (dfs position) of each dfs position
-        seg_level = np.zeros(n, np.int64)
-        for i in order:
-            if parent[i] < 0 and nref[i] > 0:
-                src = pos[refs[i, : nref[i]]]
-                seg_level[pos[i]] = 1 + seg_level[segment[src]].max()
-        atom_stage = seg_level[segment]
-        self.stage_atoms = _group(atom_stage[pos])  # global atom ids per stage
-        self.constant_anchors = bool((kind[parent < 0] == ROOT).all())
+        # Segments and their levels (stages of the analytic method): a segment
+        # waits for the segments holding its root's references.
+        seg_roots = np.nonzero(parent < 0)[0]
+        seg_refs = np.where(refs[seg_roots] >= 0, root[np.maximum(refs[seg_roots], 0)], -1)
+        local = np.full(n, -1, np.int64)
+        local[seg_roots] = np.arange(len(seg_roots))
+        seg_level = _longest_path_levels(
+            np.where(seg_refs >= 0, local[np.maximum(seg_refs, 0)], -1), len(seg_roots)
+        )
+        self.stage_atoms = _group(seg_level[local[root]])  # global atom ids per stage
+        self.constant_anchors = bool((kind[seg_roots] == ROOT).all())
 
     # --------------------------------------------------------- device cache
     def plan(self, device: torch.device | str) -> _DevicePlan:
@@ -282,96 +260,192 @@ def _validate(refs) -> np.ndarray:
         refs = refs.detach().cpu().numpy()
     if isinstance(refs, (str, bytes)):
         raise TypeError("construction table must be an integer array of shape (N, 3), got a string")
-    arr = np.asarray(refs)
     if isinstance(refs, Sequence) and len(refs) == 0:
-        arr = np.zeros((0, 3), np.int64)
+        raise ValueError("construction table is empty: it needs at least one row")
+    try:
+        arr = np.asarray(refs)
+    except ValueError:
+        arr = np.asarray(refs, dtype=object)
     if arr.dtype == object:
         raise ValueError("construction table rows must all have 3 entries (b, a, d)")
     if arr.dtype.kind not in "iu":
-        if arr.dtype.kind == "b" or arr.dtype.kind != "f" or not np.all(np.isfinite(arr)):
-            raise TypeError(f"construction table must be an integer array, got dtype {arr.dtype}")
-        raise TypeError(
-            f"construction table must be an integer array, got dtype {arr.dtype}; "
-            "convert it with .astype(int) if the values are whole numbers"
-        )
+        hint = ""
+        if arr.dtype.kind == "f" and np.all(np.isfinite(arr)):
+            hint = "; convert it with .astype(int) if the values are whole numbers"
+        raise TypeError(f"construction table must be an integer array, got dtype {arr.dtype}{hint}")
     if arr.ndim != 2 or arr.shape[1] != 3:
         raise ValueError(
             f"construction table must have shape (N, 3) with rows (b, a, d), got shape {arr.shape}"
         )
     if arr.shape[0] == 0:
         raise ValueError("construction table is empty: it needs at least one row")
+    if arr.dtype == np.uint64 and (arr > np.iinfo(np.int64).max).any():
+        raise ValueError("construction table has references too large for int64")
     arr = arr.astype(np.int64)
     n = arr.shape[0]
-    for i, row in enumerate(arr):
-        names = ("bond", "angle", "dihedral")
-        for c, v in enumerate(row):
-            if v < -1:
-                hint = ""
-                if v < -(2**62):
-                    hint = (
-                        " (this looks like chemcoord's sentinel for an absolute reference; "
-                        "use zmat.chemcoord to import chemcoord tables)"
-                    )
-                raise ValueError(
-                    f"row {i}: {names[c]} reference {v} is out of range; use -1 for a missing reference{hint}"
-                )
-            if v >= n:
-                raise ValueError(
-                    f"row {i}: {names[c]} reference {v} is out of range for a table of {n} atoms"
-                )
-        present = row >= 0
-        for c in range(1, 3):
-            if present[c] and not present[c - 1]:
-                raise ValueError(
-                    f"row {i}: {names[c]} reference {row[c]} is given but the "
-                    f"{names[c - 1]} reference is missing (only trailing references may be -1)"
-                )
-        if (row == i).any():
-            raise ValueError(f"row {i}: atom {i} refers to itself ({tuple(int(v) for v in row)})")
-        p = row[present]
-        if len(set(p.tolist())) != len(p):
-            raise ValueError(
-                f"row {i}: repeated reference in ({', '.join(str(int(v)) for v in row)}); "
-                "the bond, angle and dihedral references must be distinct atoms"
-            )
+    present = arr >= 0
+    rows = np.arange(n)[:, None]
+    # one boolean mask per problem; the first offending row is reported
+    problems = {
+        "range": ((arr < -1) | (arr >= n)).any(1),
+        "gap": (present[:, 1] & ~present[:, 0]) | (present[:, 2] & ~present[:, 1]),
+        "self": (arr == rows).any(1),
+        "repeat": (
+            (present[:, 1] & (arr[:, 0] == arr[:, 1]))
+            | (present[:, 2] & ((arr[:, 0] == arr[:, 2]) | (arr[:, 1] == arr[:, 2])))
+        ),
+    }
+    bad = np.logical_or.reduce(list(problems.values()))
+    if bad.any():
+        _raise_row_error(int(np.argmax(bad)), arr[int(np.argmax(bad))], n)
+    _check_acyclic(arr)
     return arr
 
 
-def _topological_order(refs: np.ndarray) -> np.ndarray:
-    """Kahn's algorithm; raise ValueError naming a cycle if there is one."""
+def _raise_row_error(i: int, row: np.ndarray, n: int):
+    names = ("bond", "angle", "dihedral")
+    for c, v in enumerate(row):
+        if v < -1:
+            hint = ""
+            if v < -(2**62):
+                hint = (
+                    " (this looks like chemcoord's sentinel for an absolute reference; "
+                    "use zmat.chemcoord to import chemcoord tables)"
+                )
+            raise ValueError(
+                f"row {i}: {names[c]} reference {v} is out of range; use -1 for a missing reference{hint}"
+            )
+        if v >= n:
+            raise ValueError(f"row {i}: {names[c]} reference {v} is out of range for a table of {n} atoms")
+    present = row >= 0
+    for c in range(1, 3):
+        if present[c] and not present[c - 1]:
+            raise ValueError(
+                f"row {i}: {names[c]} reference {row[c]} is given but the "
+                f"{names[c - 1]} reference is missing (only trailing references may be -1)"
+            )
+    if (row == i).any():
+        raise ValueError(f"row {i}: atom {i} refers to itself ({tuple(int(v) for v in row)})")
+    raise ValueError(
+        f"row {i}: repeated reference in ({', '.join(str(int(v)) for v in row)}); "
+        "the bond, angle and dihedral references must be distinct atoms"
+    )
+
+
+def _check_acyclic(refs: np.ndarray) -> None:
+    """Raise ValueError naming a dependency cycle, if there is one."""
     n = len(refs)
-    indeg = (refs >= 0).sum(1)
-    dependents: list[list[int]] = [[] for _ in range(n)]
-    for i, row in enumerate(refs):
-        for r in row[row >= 0]:
-            dependents[r].append(i)
-    ready = list(np.nonzero(indeg == 0)[0][::-1])
-    order = []
-    indeg = indeg.copy()
-    while ready:
-        i = ready.pop()
-        order.append(i)
-        for j in dependents[i]:
-            indeg[j] -= 1
-            if indeg[j] == 0:
-                ready.append(j)
-    if len(order) < n:
-        left = set(np.nonzero(indeg > 0)[0].tolist())
-        # walk references inside the unresolved set until an atom repeats
-        i = min(left)
-        seen: dict[int, int] = {}
-        path = []
-        while i not in seen:
-            seen[i] = len(path)
-            path.append(i)
-            i = next(int(r) for r in refs[i] if r >= 0 and int(r) in left)
-        cycle = path[seen[i] :]
-        raise ValueError(
-            "construction table has a dependency cycle through atoms "
-            + " -> ".join(str(c) for c in cycle + [cycle[0]])
-            + " (each refers to the next); a table must be acyclic"
-        )
-    return np.asarray(order, np.int64)
+    if (refs < np.arange(n)[:, None]).all():
+        return  # rows in construction order
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    i, c = np.nonzero(refs >= 0)
+    graph = coo_matrix((np.ones(len(i)), (i, refs[i, c])), shape=(n, n))
+    n_comp, label = connected_components(graph, directed=True, connection="strong")
+    if n_comp == n:
+        return  # every strongly connected component is one atom: a DAG
+    sizes = np.bincount(label)
+    inside = set(np.nonzero(sizes[label] > 1)[0].tolist())
+    # walk references inside the cycle's component until an atom repeats
+    start = min(inside)
+    comp = label[start]
+    seen: dict[int, int] = {}
+    path = []
+    atom = start
+    while atom not in seen:
+        seen[atom] = len(path)
+        path.append(atom)
+        atom = next(int(r) for r in refs[atom] if r >= 0 and label[r] == comp)
+    cycle = path[seen[atom] :]
+    raise ValueError(
+        "construction table has a dependency cycle through atoms "
+        + " -> ".join(str(c) for c in cycle + [cycle[0]])
+        + " (each refers to the next); a table must be acyclic"
+    )
+
+
+def _longest_path_levels(deps: np.ndarray, n: int) -> np.ndarray:
+    """``level[i] = 0`` without dependencies, else ``1 + max(level[deps[i]])``.
+
+    ``deps`` is ``(n, k)`` with ``-1`` for none; the graph must be acyclic.
+    Kahn's algorithm one frontier at a time, each frontier one numpy step.
+    """
+    i, c = np.nonzero(deps >= 0)
+    src, dst = deps[i, c], i
+    indeg = np.bincount(dst, minlength=n)
+    order = np.argsort(src, kind="stable")
+    dst_by_src = dst[order]
+    ptr = np.searchsorted(src[order], np.arange(n + 1))
+    level = np.zeros(n, np.int64)
+    frontier = np.nonzero(indeg == 0)[0]
+    k = 0
+    while frontier.size:
+        level[frontier] = k
+        starts, counts = ptr[frontier], ptr[frontier + 1] - ptr[frontier]
+        if counts.sum() == 0:
+            break
+        offsets = np.repeat(starts - np.cumsum(counts) + counts, counts) + np.arange(counts.sum())
+        touched, hits = np.unique(dst_by_src[offsets], return_counts=True)
+        indeg[touched] -= hits
+        frontier = touched[indeg[touched] == 0]
+        k += 1
+    return level
+
+
+def _roots_and_depths(parent: np.ndarray):
+    """Root and depth of every node of a forest given by parent pointers
+    (pointer jumping: ceil(log2(depth)) vectorised rounds)."""
+    n = len(parent)
+    anc = np.where(parent >= 0, parent, np.arange(n))
+    depth = (parent >= 0).astype(np.int64)
+    while True:
+        nxt = anc[anc]
+        moved = nxt != anc
+        if not moved.any():
+            return anc, depth
+        depth = depth + np.where(moved, depth[anc], 0)
+        anc = nxt
+
+
+def _preorder(parent: np.ndarray, root: np.ndarray):
+    """Depth-first preorder of a forest, children in index order; returns
+    ``(order, end)`` with ``end[i]`` one past the last position of ``i``'s
+    subtree. Euler tour + list ranking by pointer jumping: no loop over depth."""
+    n = len(parent)
+    ar = np.arange(n)
+    # children sorted by (parent, index): first child and next sibling
+    kids = np.nonzero(parent >= 0)[0]
+    kids = kids[np.argsort(parent[kids], kind="stable")]
+    first_child = np.full(n, -1, np.int64)
+    next_sibling = np.full(n, -1, np.int64)
+    if len(kids):
+        is_first = np.r_[True, parent[kids][1:] != parent[kids][:-1]]
+        first_child[parent[kids][is_first]] = kids[is_first]
+        same = ~is_first[1:]
+        next_sibling[kids[:-1][same]] = kids[1:][same]
+    roots = np.nonzero(parent < 0)[0]
+    next_root = np.full(n, -1, np.int64)
+    next_root[roots[:-1]] = roots[1:]
+    # tour events: enter(v) = v, leave(v) = n + v; 2n = end of tour
+    succ = np.empty(2 * n + 1, np.int64)
+    succ[ar] = np.where(first_child >= 0, first_child, n + ar)
+    after = np.where(next_sibling >= 0, next_sibling, np.where(parent >= 0, n + np.maximum(parent, 0), 2 * n))
+    after = np.where((parent < 0) & (next_root >= 0), next_root, after)
+    succ[n + ar] = after
+    succ[2 * n] = 2 * n
+    # rank = number of "enter" events strictly after each event, by pointer jumping
+    weight = np.r_[np.ones(n, np.int64), np.zeros(n + 1, np.int64)]
+    rank = weight.copy()
+    nxt = succ.copy()
+    while (nxt != 2 * n).any():
+        rank = rank + np.where(nxt != 2 * n, rank[nxt], 0)
+        nxt = nxt[nxt]
+    enters_from = n - rank  # enters at or after this event, counted from the tour's start
+    order = np.empty(n, np.int64)
+    order[enters_from[ar]] = ar
+    end = n - rank[n + ar]
+    return order, end
 
 
 def _group(label: np.ndarray) -> list[np.ndarray]:
