@@ -73,10 +73,11 @@ class _ForestPlan:
         for level in range(min(block, table.max_depth + 1)):
             pos = np.nonzero(depth % block == level)[0]
             local_parent = None if level == 0 else np.searchsorted(prev, table.dfs_parent[pos])
-            self.steps.append((t(pos), None if local_parent is None else t(local_parent)))
+            self.steps.append((len(pos), None if local_parent is None else t(local_parent)))
             order.append(pos)
             prev = pos
         flat = np.concatenate(order)
+        self.step_order = t(flat)  # dfs positions grouped by level within blocks
         inv = np.empty(n, np.int64)
         inv[flat] = np.arange(n)
         self.step_inverse = t(inv)
@@ -144,7 +145,7 @@ def _block_size(max_depth: int) -> int:
     # Levels composed one at a time inside a block; the rest is pointer
     # jumping over block heads. Each level step is a small kernel, each jump
     # round too, so a handful of levels per block keeps both counts low.
-    return max(1, min(8, max_depth + 1))
+    return max(1, min(16, max_depth + 1))
 
 
 def _jump(f: torch.Tensor, jumps: list) -> torch.Tensor:
@@ -178,10 +179,12 @@ def compose_paths(c_dfs: torch.Tensor, plan: _ForestPlan) -> torch.Tensor:
     (``log2(depth / block)`` rounds on N / block frames); (3) one composition
     per atom with its head's prefix.
     """
-    local = local_transform(c_dfs.movedim(-2, 0), layout="components")
+    local = local_transform(c_dfs.movedim(-2, 0).index_select(0, plan.step_order), layout="components")
     parts = []
-    for pos, parent in plan.steps:
-        step = local.index_select(2, pos)
+    start = 0
+    for size, parent in plan.steps:
+        step = local.narrow(2, start, size)
+        start += size
         if parent is not None:
             step = compose_components(parts[-1].index_select(2, parent), step)
         parts.append(step)
