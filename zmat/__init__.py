@@ -1,9 +1,35 @@
-"""zmat: batched, differentiable z-matrix <-> Cartesian transforms for PyTorch."""
+"""zmat: batched, differentiable z-matrix <-> Cartesian transforms for PyTorch.
 
-from . import chemcoord, protein
+The public API (stable names, see ``CONTRACT.md``)::
+
+    xyz = zmat.to_xyz(C, table, method="auto")  # (..., N, 3), differentiable in C
+    C = zmat.to_internal(xyz, table)             # (..., N, 3), differentiable in xyz
+    table = zmat.ConstructionTable(refs)         # validated once, reusable
+    loss = zmat.clash_loss(xyz, radii, exclude=table)
+"""
+
+from . import chemcoord, clash, protein
+from ._align import rmsd, superpose
+from .clash import alphafold_radii, clash_loss, exclusions_from_bonds, exclusions_from_table, vdw_radii
 from .table import ConstructionTable
 from .transform import METHODS, to_internal, to_xyz
 from .zmatrix import ZMatrix
 
-__all__ = ["METHODS", "ConstructionTable", "ZMatrix", "chemcoord", "protein", "to_internal", "to_xyz"]
+__all__ = [
+    "METHODS",
+    "ConstructionTable",
+    "ZMatrix",
+    "alphafold_radii",
+    "chemcoord",
+    "clash",
+    "clash_loss",
+    "exclusions_from_bonds",
+    "exclusions_from_table",
+    "protein",
+    "rmsd",
+    "superpose",
+    "to_internal",
+    "to_xyz",
+    "vdw_radii",
+]
 __version__ = "0.1.0"
