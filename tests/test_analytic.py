@@ -179,3 +179,16 @@ def test_positional_segments_use_analytic_path():
     c = random_internal(7, seed=6)
     c[3, 1] = math.pi / 2
     assert torch.allclose(analytic(c, rows), zmat.to_xyz(c, rows, method="reference"), atol=1e-12)
+
+
+@pytest.mark.parametrize("method", ["levels", "reference"])
+def test_other_methods_and_to_internal_compile_without_graph_breaks(method):
+    table = zmat.ConstructionTable(BRANCHED)
+    c = random_internal(len(BRANCHED), seed=5)
+
+    def roundtrip(x):
+        return zmat.to_internal(zmat.to_xyz(x, table, method=method), table)
+
+    expected = roundtrip(c)  # eager call first: builds the index plan
+    compiled = torch.compile(roundtrip, backend="aot_eager", fullgraph=True)
+    assert torch.allclose(compiled(c), expected, atol=1e-12)

@@ -23,12 +23,13 @@ def place_reference(c_eff: torch.Tensor, table: ConstructionTable) -> torch.Tens
     def position(j: int) -> torch.Tensor:
         return (frames[j] if j >= 0 else origin)[..., 3]
 
-    for i in table.topo_order:
+    parents, refs = table.parent.tolist(), table.refs.tolist()  # plain ints: traceable
+    for i in table.topo_order.tolist():
         local = local_transform(c_eff[..., i, :])
-        if table.parent[i] >= 0:
-            anchor = frames[table.parent[i]]  # rigid child: b's propagated frame
+        if parents[i] >= 0:
+            anchor = frames[parents[i]]  # rigid child: b's propagated frame
         else:
-            b, a, d = table.refs[i]
+            b, a, d = refs[i]
             anchor = segment_anchor(kind[i], position(d), position(a), position(b))
         frames[i] = compose(anchor, local)
     return torch.stack([f[..., 3] for f in frames], -2)
