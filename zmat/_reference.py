@@ -13,6 +13,20 @@ from ._geometry import compose, identity_frame, local_transform, segment_anchor
 from .table import ConstructionTable
 
 
+def _lists(table: ConstructionTable, device) -> tuple:
+    """Order, parents and refs as plain Python ints, cached with the device plan
+    (so ``torch.compile`` reads them as constants)."""
+    cache = table.plan(device).tensors
+    if "reference" not in cache:
+        cache["reference"] = _build_lists(table)
+    return cache["reference"]
+
+
+@torch.compiler.disable
+def _build_lists(table: ConstructionTable) -> tuple:
+    return table.topo_order.tolist(), table.parent.tolist(), table.refs.tolist()
+
+
 def place_reference(c_eff: torch.Tensor, table: ConstructionTable) -> torch.Tensor:
     """Positions ``(..., N, 3)`` from effective internal coordinates ``(..., N, 3)``."""
     batch = c_eff.shape[:-2]
@@ -23,8 +37,8 @@ def place_reference(c_eff: torch.Tensor, table: ConstructionTable) -> torch.Tens
     def position(j: int) -> torch.Tensor:
         return (frames[j] if j >= 0 else origin)[..., 3]
 
-    parents, refs = table.parent.tolist(), table.refs.tolist()  # plain ints: traceable
-    for i in table.topo_order.tolist():
+    order, parents, refs = _lists(table, c_eff.device)
+    for i in order:
         local = local_transform(c_eff[..., i, :])
         if parents[i] >= 0:
             anchor = frames[parents[i]]  # rigid child: b's propagated frame
