@@ -290,3 +290,15 @@ def test_positional_rows_exist_in_random_tables():
     # guard: the strategies exercise the position-dependent path too
     t = zmat.ConstructionTable(_standard_table(30, 0))
     assert (t.kind == POSITIONAL).sum() > 5
+
+
+@pytest.mark.parametrize("half, atol", [(torch.float16, 0.05), (torch.bfloat16, 0.3)])
+@pytest.mark.parametrize("method", METHODS)
+def test_half_precision_runs_and_is_close(half, atol, method):
+    c = random_internal(20, batch=(2,), seed=9)
+    ref = zmat.to_xyz(c, chain_table(20))
+    ch = c.to(half).requires_grad_()
+    out = zmat.to_xyz(ch, chain_table(20), method=method)
+    out.sum().backward()
+    assert out.dtype == half and torch.isfinite(ch.grad).all()
+    assert (out.double() - ref).abs().max() < atol
