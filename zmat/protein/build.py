@@ -38,7 +38,7 @@ import torch
 
 from ..table import ConstructionTable
 from ..transform import to_xyz
-from .layout import N_TORSIONS, Layout, layout
+from .layout import N_TORSIONS, Layout, layout_from_types, residue_types, sequence_types
 from .topology import TORSION_NAMES, one_to_three
 
 __all__ = [
@@ -135,7 +135,7 @@ def fill_internal(lay: Layout, torsions, base: torch.Tensor | None = None) -> to
 def protein_layout(sequence: str) -> Layout:
     """Layout of one chain of ``sequence`` (one-letter codes): every heavy atom,
     ``OXT`` on the last residue, one tree whose rows are all canonical."""
-    return layout(one_to_three(sequence))
+    return layout_from_types(_sequence_types(sequence))
 
 
 def internal_from_torsions(torsions, sequence: str) -> torch.Tensor:
@@ -188,35 +188,59 @@ class ProteinBatch:
         if isinstance(sequences, str) or len(sequences) == 0:
             raise ValueError("ProteinBatch needs a non-empty list of sequences")
         self.sequences = list(sequences)
-        self.layouts = [protein_layout(s) for s in self.sequences]
-        B = len(self.layouts)
-        self.L_max = max(lay.n_residues for lay in self.layouts)
-        self.N_max = max(lay.n_atoms for lay in self.layouts)
-        n, Lm = self.N_max, self.L_max
-        refs = np.full((B, n, 3), -1, np.int64)
-        ideal = np.zeros((B, n, 3))
-        mask = np.zeros((B, n, 3), bool)
-        slot = np.full((B, n), -1, np.int64)
-        self.atom_mask = torch.zeros(B, n, dtype=torch.bool)
-        self.residue_mask = torch.zeros(B, Lm, dtype=torch.bool)
-        self.atom_names = np.full((B, n), "", "U4")
-        self.elements = np.full((B, n), "", "U2")
-        self.residue_index = torch.full((B, n), -1, dtype=torch.long)
-        for b, lay in enumerate(self.layouts):
-            m = lay.n_atoms
-            refs[b, :m] = np.where(lay.refs >= 0, lay.refs + b * n, -1)
-            ideal[b, :m] = lay.ideal
-            mask[b, :m] = lay.ideal_mask
-            s = lay.torsion_slot
-            k, t = s // N_TORSIONS, s % N_TORSIONS
-            slot[b, :m] = np.where(s >= 0, ((b * Lm + k) * N_TORSIONS + t), -1)
-            self.atom_mask[b, :m] = True
-            self.residue_mask[b, : lay.n_residues] = True
-            self.atom_names[b, :m] = lay.atom_names
-            self.elements[b, :m] = lay.elements
-            self.residue_index[b, :m] = torch.as_tensor(lay.residue_index)
-        self.table = ConstructionTable(refs.reshape(-1, 3))
-        self._flat = _Arrays(ideal.reshape(-1, 3), mask.reshape(-1, 3), slot.reshape(-1), B * Lm)
+        # one layout of the whole batch (a forest: each protein starts a tree),
+        # then cut into the proteins' layouts and scattered into the padding
+        types = [_sequence_types(s) for s in self.sequences]
+        B = len(types)
+        n_res = np.array([len(t) for t in types], np.int64)
+        res0 = np.cumsum(n_res) - n_res  # first residue of each protein
+        linked = np.ones(int(n_res.sum()), bool)
+        linked[res0[n_res > 0]] = False
+        big = layout_from_types(np.concatenate(types), linked=linked)
+        prot_res = np.repeat(np.arange(B), n_res)  # protein of each residue
+        prot_atom = prot_res[big.residue_index]
+        n_atoms = np.bincount(prot_atom, minlength=B)
+        atom0 = np.cumsum(n_atoms) - n_atoms
+        bond_end = np.searchsorted(prot_atom[big.bonds[:, 0]], np.arange(B), side="right")
+        bond0 = np.concatenate([[0], bond_end[:-1]])
+        self.layouts = [
+            _cut(big, res0[b], n_res[b], atom0[b], n_atoms[b], bond0[b], bond_end[b]) for b in range(B)
+        ]
+        self.L_max = Lm = int(n_res.max())
+        self.N_max = n = int(n_atoms.max())
+        pos = prot_atom * n + np.arange(big.n_atoms) - atom0[prot_atom]  # padded index of each atom
+        res_pos = prot_res * Lm + np.arange(len(prot_res)) - res0[prot_res]  # ... of each residue
+        refs = np.full((B * n, 3), -1, np.int64)
+        refs[pos] = np.where(big.refs >= 0, pos[np.maximum(big.refs, 0)], -1)
+        ideal = np.zeros((B * n, 3))
+        ideal[pos] = big.ideal
+        mask = np.zeros((B * n, 3), bool)
+        mask[pos] = big.ideal_mask
+        s = big.torsion_slot
+        slot = np.full(B * n, -1, np.int64)
+        slot[pos] = np.where(s >= 0, res_pos[s // N_TORSIONS] * N_TORSIONS + s % N_TORSIONS, -1)
+        atom_mask = np.zeros(B * n, bool)
+        atom_mask[pos] = True
+        residue_mask = np.zeros(B * Lm, bool)
+        residue_mask[res_pos] = True
+        self.atom_mask = torch.from_numpy(atom_mask.reshape(B, n))
+        self.residue_mask = torch.from_numpy(residue_mask.reshape(B, Lm))
+        self.atom_names = np.full(B * n, "", "U4")
+        self.atom_names[pos] = big.atom_names
+        self.atom_names = self.atom_names.reshape(B, n)
+        self.elements = np.full(B * n, "", "U2")
+        self.elements[pos] = big.elements
+        self.elements = self.elements.reshape(B, n)
+        residue_index = np.full(B * n, -1, np.int64)
+        residue_index[pos] = big.residue_index - res0[prot_atom]
+        self.residue_index = torch.from_numpy(residue_index.reshape(B, n))
+        self._refs = refs
+        self._flat = _Arrays(ideal, mask, slot, B * Lm)
+
+    @functools.cached_property
+    def table(self) -> ConstructionTable:
+        """``ConstructionTable`` over the ``B * N_max`` atoms (built on first use)."""
+        return ConstructionTable(self._refs)
 
     def __len__(self) -> int:
         return len(self.sequences)
@@ -299,6 +323,33 @@ class ProteinBatch:
         if xyz is None:
             return Protein.from_sequence(self.sequences[b])
         return Protein(lay, torch.as_tensor(xyz).detach()[: lay.n_atoms].to(torch.float64))
+
+
+def _sequence_types(sequence: str) -> np.ndarray:
+    types = sequence_types(sequence)
+    if types is None:  # not plain ASCII codes: the slow path, or its ValueError
+        types = residue_types(one_to_three(sequence))
+    return types
+
+
+def _cut(big: Layout, r0: int, n_res: int, a0: int, n_atoms: int, e0: int, e1: int) -> Layout:
+    """The layout of residues ``r0 .. r0 + n_res - 1`` (atoms ``a0 ..``, bonds
+    ``e0 .. e1 - 1``) of a forest layout, when they form their own tree."""
+    r1, a1 = r0 + n_res, a0 + n_atoms
+    shift = lambda x, d: np.where(x >= 0, x - d, -1)  # noqa: E731
+    return Layout(
+        res_names=big.res_names[r0:r1],
+        atom_names=big.atom_names[a0:a1],
+        elements=big.elements[a0:a1],
+        residue_index=big.residue_index[a0:a1] - r0,
+        refs=shift(big.refs[a0:a1], a0),
+        bonds=big.bonds[e0:e1] - a0,
+        ideal=big.ideal[a0:a1],
+        ideal_mask=big.ideal_mask[a0:a1],
+        torsion_slot=shift(big.torsion_slot[a0:a1], r0 * N_TORSIONS),
+        torsion_atoms=shift(big.torsion_atoms[r0:r1], a0),
+        bonded=big.bonded[r0:r1],
+    )
 
 
 class _Arrays:

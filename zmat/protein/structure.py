@@ -26,7 +26,18 @@ import numpy as np
 import torch
 
 from ..transform import to_internal
-from .layout import N_TORSIONS, Layout, layout
+from .layout import (
+    _ALL_NAMES,
+    _LETTERS,
+    _N_SLOTS,
+    _SC,
+    _SLOT_OF_NAME,
+    _SN,
+    N_TORSIONS,
+    Layout,
+    layout_from_types,
+    residue_types,
+)
 from .topology import RESIDUES, TORSION_NAMES
 
 __all__ = ["Protein", "from_pdb", "from_structure", "dihedrals"]
@@ -107,7 +118,7 @@ class Protein:
         self.res_ids = np.arange(1, L + 1) if res_ids is None else np.asarray(res_ids, np.int64)
         self.ins_codes = np.full(L, "", "U1") if ins_codes is None else np.asarray(ins_codes, "U1")
         self.res_chain_ids = np.full(L, "A", "U4") if res_chain_ids is None else np.asarray(res_chain_ids)
-        self.sequence = "".join(RESIDUES[r].letter for r in lay.res_names)
+        self.sequence = _LETTERS[residue_types(lay.res_names.tolist())].tobytes().decode("ascii")
         self.atom_names = lay.atom_names
         self.elements = lay.elements
         self.residue_index = torch.as_tensor(lay.residue_index)
@@ -319,33 +330,31 @@ def from_structure(atoms, chain=None) -> Protein:
         raise ValueError("no standard amino-acid residue in the structure")
     starts = struc.get_residue_starts(atoms, add_exclusive_stop=True)
     L = len(starts) - 1
-    res_names = atoms.res_name[starts[:-1]].tolist()
-    names = atoms.atom_name.tolist()
+    res_names = atoms.res_name[starts[:-1]]
+    types = residue_types(res_names.tolist())
     coord = atoms.coord.astype(np.float64)
-    present, where = [], []
-    for k in range(L):
-        tmpl = set(RESIDUES[res_names[k]].atoms)
-        d = {}
-        for i in range(starts[k], starts[k + 1]):
-            if names[i] in tmpl and names[i] not in d:
-                d[names[i]] = i
-        present.append(d)
-        where.append(d)
+    # template slot of every file atom (-1: not a template atom); the first
+    # occurrence of a name in a residue wins
+    res_of = np.repeat(np.arange(L), np.diff(starts))
+    names = np.asarray(atoms.atom_name)
+    nid = np.minimum(np.searchsorted(_ALL_NAMES, names), len(_ALL_NAMES) - 1)
+    slot = np.where(_ALL_NAMES[nid] == names, _SLOT_OF_NAME[types[res_of], nid], -1)
+    sel = np.nonzero(slot >= 0)[0]
+    _, first = np.unique(res_of[sel] * _N_SLOTS + slot[sel], return_index=True)
+    sel = sel[first]
+    where = np.full((L + 1, _N_SLOTS), -1, np.int64)  # file index per (residue, slot); row L: none
+    where[res_of[sel], slot[sel]] = sel
 
     # peptide bonds: same chain, C and N present, short enough
     chain_ids = atoms.chain_id[starts[:-1]]
-    bonded = np.zeros(L, bool)
-    for k in range(1, L):
-        c, n = where[k - 1].get("C"), where[k].get("N")
-        if chain_ids[k] == chain_ids[k - 1] and c is not None and n is not None:
-            bonded[k] = np.linalg.norm(coord[c] - coord[n]) <= PEPTIDE_BOND_MAX
+    c, n = where[:-2, _SC], where[1:-1, _SN]
+    ok = (chain_ids[1:] == chain_ids[:-1]) & (c >= 0) & (n >= 0)
+    dist = np.linalg.norm(coord[np.maximum(c, 0)] - coord[np.maximum(n, 0)], axis=-1)
+    bonded = np.concatenate([[False], ok & (dist <= PEPTIDE_BOND_MAX)])
 
-    lay0 = layout(res_names, present=[list(d) for d in present], bonded=bonded)
-    # file index of every layout atom
-    src = np.empty(lay0.n_atoms, np.int64)
-    ri, an = lay0.residue_index, lay0.atom_names
-    for j in range(lay0.n_atoms):
-        src[j] = where[ri[j]][an[j]]
+    lay0 = layout_from_types(types, present=where[:L] >= 0, bonded=bonded)
+    # file index of every layout atom (atoms in residue order, template order within)
+    src = where[:L][where[:L] >= 0]
     xyz = coord[src]
     lay0.bonds = np.concatenate([lay0.bonds, _disulfides(xyz, lay0)])
     return Protein(
@@ -358,9 +367,16 @@ def from_structure(atoms, chain=None) -> Protein:
 
 
 def _disulfides(xyz: np.ndarray, lay: Layout) -> np.ndarray:
+    """``(E, 2)`` SG-SG pairs of cysteines closer than ``DISULFIDE_MAX``, ``i < j``
+    in row-major order."""
+    from scipy.spatial import cKDTree
+
     sg = np.nonzero((lay.atom_names == "SG") & (lay.res_names[lay.residue_index] == "CYS"))[0]
     if len(sg) < 2:
         return np.zeros((0, 2), np.int64)
-    d = np.linalg.norm(xyz[sg, None] - xyz[None, sg], axis=-1)
-    i, j = np.nonzero(np.triu(d < DISULFIDE_MAX, 1))
-    return np.stack([sg[i], sg[j]], 1)
+    p = xyz[sg]
+    ij = cKDTree(p).query_pairs(DISULFIDE_MAX, output_type="ndarray").reshape(-1, 2)
+    ij = np.sort(ij, axis=1)
+    ij = ij[np.linalg.norm(p[ij[:, 0]] - p[ij[:, 1]], axis=-1) < DISULFIDE_MAX]  # strictly closer
+    ij = ij[np.lexsort((ij[:, 1], ij[:, 0]))]
+    return np.stack([sg[ij[:, 0]], sg[ij[:, 1]]], 1).astype(np.int64)
