@@ -86,7 +86,7 @@ CLASH_METHODS = ("auto", "all_pairs", "neighbors")
 _TAILED = ("softplus", "soft_count")
 
 # "auto" switches to the neighbour list above this many pairs (B * N(N-1)/2),
-# by device type (all-pairs costs ~140 bytes a pair in float32 with gradient).
+# by device type (all-pairs costs 75-145 bytes a pair in float32 with gradient).
 AUTO_MAX_PAIRS = {"cpu": 50_000, "default": 2_000_000}
 
 # Heavy-atom van der Waals radii (Angstrom) of AlphaFold's clash loss.
@@ -486,9 +486,9 @@ def candidate_pairs(
     device (the number of pairs depends on the data).
 
     Args:
-        xyz, radii, exclude, tolerance, kind, temperature, tail, mask,
-            exclusion_depth: as in :func:`clash_loss` (``kind``, ``temperature``
-            and ``tail`` only set the default search distance).
+        xyz, radii, exclude, tolerance, kind, temperature, tail, mask, exclusion_depth: as in
+            :func:`clash_loss` (``kind``, ``temperature`` and ``tail`` only set the
+            default search distance).
         skin: extra search distance, >= 0.
 
     Returns:
