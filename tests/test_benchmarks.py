@@ -1,0 +1,131 @@
+"""The benchmark suite runs (its tiny grid), and its seed/peer adapters compute the right thing."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # `benchmarks` is a folder of the repository, not an installed package
+    sys.path.insert(0, str(ROOT))
+
+import zmat  # noqa: E402
+from benchmarks import cases, peers, registry, report, seeds, suites  # noqa: E402
+from benchmarks.__main__ import main  # noqa: E402
+from benchmarks.run import expand  # noqa: E402
+from benchmarks.worker import _repeats  # noqa: E402
+
+INPLACE_ERROR = (
+    "one of the variables needed for gradient computation has been modified by an inplace operation"
+)
+
+
+def test_tiny_suite_writes_every_output_and_a_row_per_implementation(tmp_path, capsys):
+    assert main(["--suite", "tiny", "--out", str(tmp_path), "--no-progress", "--device", "cpu"]) == 0
+    printed = capsys.readouterr().out
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["meta"]["complete"] and data["meta"]["machine"]["cores"] >= 1
+    png = (tmp_path / "results.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    assert (tmp_path / "table.md").read_text().startswith("| case |")
+    assert (tmp_path / "summary.md").read_text().startswith("| problem | seed-inplace |")
+
+    recs = data["records"]
+    assert {r["impl"] for r in recs} == set(registry.IMPLS)
+    for r in recs:
+        assert r["status"] == "ok" or r["status"].startswith(("failed: ", "skipped: ")), r
+        if r["status"] == "ok":
+            assert r["median_s"] > 0 and r["repeats"] >= 1 and r["memory"] == "rss-peak"
+    by = {(r["impl"], r["case"], r["mode"]): r for r in recs if r["size"] == 8 or r["case"] != "chain"}
+    for case in ("chain", "molecules", "protein"):
+        for m in zmat.METHODS:  # every zmat method runs everywhere
+            assert by[f"zmat-{m}", case, "fwd"]["status"] == "ok"
+            assert by[f"zmat-{m}", case, "fwd+bwd"]["status"] == "ok"
+        assert by["seed-cat", case, "fwd+bwd"]["status"] == "ok"
+        assert by["seed-inplace", case, "fwd"]["status"] == "ok"
+        assert INPLACE_ERROR in by["seed-inplace", case, "fwd+bwd"]["status"]
+    assert by["seed-fd", "chain", "fwd+bwd"]["status"] == "ok"
+    if peers.available("mp_nerf") is None:
+        assert by["mp_nerf", "protein", "fwd"]["status"] == "ok"
+        assert INPLACE_ERROR in by["mp_nerf", "protein", "fwd+bwd"]["status"]
+    if peers.available("chemcoord") is None:
+        assert by["chemcoord-kernel", "molecules", "fwd+bwd"]["status"] == "ok"
+    # the printed table has a block per problem, with the ratio to the fastest
+    assert "chain 8 atoms, batch 2, float32, cpu, fwd" in printed and "1x" in printed
+
+
+# ---------------------------------------------------------------- the seeds
+@pytest.mark.parametrize("case,size,batch", [("chain", 9, 2), ("molecules", 15, 2)])
+def test_seeds_reproduce_zmat_and_its_gradient(case, size, batch):
+    p = cases.make(case, size, batch)
+    C = p.C.clone().requires_grad_(True)
+    x = zmat.to_xyz(C, p.table)
+    g = torch.randn_like(x)
+    (gz,) = torch.autograd.grad(x, C, g)
+    for fn in (seeds.seed_inplace, seeds.seed_cat, seeds.seed_fd):
+        torch.testing.assert_close(fn(p.C, p.table), x.detach(), atol=1e-10, rtol=0)
+    (gc,) = torch.autograd.grad(seeds.seed_cat(C, p.table), C, g)
+    torch.testing.assert_close(gc, gz, atol=1e-10, rtol=0)
+    (gf,) = torch.autograd.grad(seeds.seed_fd(C, p.table), C, g)
+    torch.testing.assert_close(gf, gz, atol=1e-5, rtol=1e-5)  # finite differences: inexact
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        torch.autograd.grad(seeds.seed_inplace(C, p.table), C, g)
+
+
+def test_seeds_handle_protein_tables_out_of_construction_order():
+    p = cases.make("protein", 12, 1)
+    assert (p.table.construction_order != range(p.atoms)).any()
+    torch.testing.assert_close(seeds.seed_cat(p.C, p.table), zmat.to_xyz(p.C, p.table), atol=1e-9, rtol=0)
+
+
+@pytest.mark.skipif(peers.available("chemcoord") is not None, reason="chemcoord not installed")
+def test_chemcoord_kernel_and_zmat_object_reproduce_zmat():
+    p = cases.make("molecules", 15, 2)
+    ref = zmat.to_xyz(p.C, p.table).numpy()
+    Cc, c_table, inv = peers.chemcoord_arrays(p.C, p.table)
+    get_X, _ = peers.chemcoord_kernel()
+    err, _, X = get_X(Cc[1], c_table)
+    assert err == 0
+    assert abs(X[:, inv].T - ref[1]).max() < 1e-10
+    (zm,) = peers.chemcoord_zmats(p.C, p.table, 1)
+    xyz = zm.get_cartesian().loc[:, ["x", "y", "z"]].values
+    assert abs(xyz[inv] - ref[0]).max() < 1e-10
+
+
+# ---------------------------------------------------------------- the grid
+def test_expand_dedupes_and_orders_sizes_within_a_series():
+    impls = ["zmat-analytic", "seed-cat"]
+    tasks = expand(suites.FULL, ["cpu"], ["float32"], 10.0, 3, 0.1, impls=impls, cases=["chain"])
+    keys = [(t.impl, t.case, t.size, t.batch, t.mode) for t in tasks]
+    assert len(keys) == len(set(keys))
+    sizes = [t.size for t in tasks if t.batch == 16 and t.mode == "fwd+bwd" and t.impl == "seed-cat"]
+    assert sizes == sorted(sizes) and sizes[-1] == 8000
+    big = {t.impl: t for t in tasks if (t.size, t.batch, t.mode) == (8000, 16, "fwd+bwd")}
+    assert big["seed-cat"].force and not big["zmat-analytic"].force  # a duplicate keeps the force
+    with pytest.raises(ValueError, match="matches no implementation"):
+        expand(suites.QUICK, ["cpu"], ["float32"], 1.0, 3, 0.1, impls=["nope"])
+
+
+def test_repeats_policy():
+    assert _repeats(3.0, 4.0, 25, 0.5) == 0  # slow: the cold call is the measurement
+    assert _repeats(0.001, 4.0, 25, 0.5) == 25  # fast: up to max_repeats calls
+    assert _repeats(0.1, 4.0, 25, 0.5) == 5  # as many as fit in 0.5 s
+    assert _repeats(1.5, 4.0, 25, 0.5) == 1  # at least one warm call
+
+
+def test_targets_are_checked_from_records():
+    def rec(impl, s, **kw):
+        base = dict(case="protein", size=1000, batch=1, dtype="float32", device="cpu", mode="fwd")
+        return {**base, **kw, "impl": impl, "median_s": s, "status": "ok"}
+
+    recs = [
+        rec("zmat-analytic", 0.002),
+        rec("mp_nerf", 0.05),
+        rec("zmat-analytic", 0.01, mode="fwd+bwd"),
+        rec("mp_nerf", None, mode="fwd+bwd") | {"status": "failed: RuntimeError: x"},
+    ]
+    lines = report.targets(recs)
+    assert any(line.startswith("[met]") and "25.0x faster than mp_nerf" in line for line in lines)
+    assert any(line.startswith("[met]") and "fwd+bwd" in line for line in lines)
