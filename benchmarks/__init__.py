@@ -13,5 +13,6 @@ CPU) or ``python -m benchmarks --help``. Modules:
 * ``suites``: the grids (``quick``, ``methods``, ``targets``, ``full``, ``tiny``).
 * ``worker`` / ``run``: one timed measurement in a child process, and the
   loop over a grid with time budgets and a progress bar.
-* ``report``: the table, JSON, Markdown and PNG.
+* ``report``: the printed table, JSON, Markdown (every row, and a one-row-per-
+  problem summary), the PNG, and the check of the README's targets.
 """

@@ -176,9 +176,11 @@ def plot(records: list[dict], path: Path) -> bool:
         return False
     series = sorted({(r["case"], r["batch"], r["dtype"], r["device"]) for r in ok}, key=str)
     modes = [m for m in ("fwd", "fwd+bwd") if any(r["mode"] == m for r in ok)]
-    impls = list(dict.fromkeys(r["impl"] for r in records))
-    colors = plt.get_cmap("tab10").colors + ("black",)
-    style = {n: (colors[i % len(colors)], "os^vDP*Xhp<>"[i % 12]) for i, n in enumerate(impls)}
+    from .registry import IMPLS
+
+    impls = [n for n in IMPLS if any(r["impl"] == n for r in records)]
+    colors = plt.get_cmap("tab10").colors + ("black",)  # fixed per implementation, across runs
+    style = {n: (colors[i % len(colors)], "os^vDP*Xhp<>"[i % 12]) for i, n in enumerate(IMPLS)}
     dash = {"zmat": "-", "seed": "--"}  # peers dotted
     fig, axes = plt.subplots(
         len(series), len(modes), figsize=(5.2 * len(modes), 3.6 * len(series)), squeeze=False
@@ -186,6 +188,7 @@ def plot(records: list[dict], path: Path) -> bool:
     for i, (case, batch, dtype, device) in enumerate(series):
         for j, mode in enumerate(modes):
             ax = axes[i][j]
+            drawn = False
             for name in impls:
                 pts = sorted(
                     (r["size"], r["median_s"])
@@ -197,6 +200,10 @@ def plot(records: list[dict], path: Path) -> bool:
                     c, m = style[name]
                     ls = dash.get(name.split("-")[0], ":")
                     ax.plot(*zip(*pts, strict=True), color=c, marker=m, ls=ls, label=name)
+                    drawn = True
+            if not drawn:  # this case/batch was not run in this mode
+                ax.set_axis_off()
+                continue
             ax.set_xscale("log")
             ax.set_yscale("log")
             ax.set_xlabel(f"{case} size ({CASES.get(case, '')})")

@@ -3,7 +3,7 @@
 * ``quick`` (the default): every implementation on a 12-atom chain (batch 1,
   where the seed finite-difference backward can run), chains of 100 and 1,000
   atoms (batch 16), a 30-atom molecule x 1,024 conformers, and proteins of
-  129 and ~1,000 residues. About 2 minutes on a 2-core CPU.
+  129 and ~1,000 residues. About 70 s on a 2-core CPU.
 * ``methods``: the zmat methods side by side (chains of 1k/10k/100k atoms at
   batch 1 and 64, a ~500-residue protein at batch 1 and 16, a 4,000-atom chain
   at batch 16 against the seed ``torch.cat`` loop, 16 different ~1,000-residue
@@ -12,7 +12,7 @@
   mp_nerf, an 8,000-atom chain at batch 16 vs the seed ``torch.cat`` loop,
   molecule batches vs chemcoord's kernel).
 * ``full``: all of the above, plus every implementation on proteins of
-  100-2,000 residues and molecules of 20-60 atoms. Long (about 15 minutes on
+  100-2,000 residues and molecules of 20-60 atoms. Long (about 20 minutes on
   a 2-core CPU; slow implementations are skipped where they would blow the
   per-call budget).
 * ``tiny``: a smoke test (seconds) used by ``tests/test_benchmarks.py``.
