@@ -47,6 +47,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
 
 __all__ = ["ConstructionTable", "as_table"]
 
@@ -337,9 +339,6 @@ def _check_acyclic(refs: np.ndarray) -> None:
     n = len(refs)
     if (refs < np.arange(n)[:, None]).all():
         return  # rows in construction order
-    from scipy.sparse import coo_matrix
-    from scipy.sparse.csgraph import connected_components
-
     i, c = np.nonzero(refs >= 0)
     graph = coo_matrix((np.ones(len(i)), (i, refs[i, c])), shape=(n, n))
     n_comp, label = connected_components(graph, directed=True, connection="strong")
