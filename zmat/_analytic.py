@@ -2,12 +2,14 @@
 
 Forward. In every segment (see ``zmat/table.py``) an atom's frame relative to
 the segment's anchor is the product of local transforms along its path of
-rigid parents. All of those products are computed at once by pointer jumping:
-``ceil(log2(depth + 1))`` rounds of ``F_i <- F_anc(i) . F_i``,
-``anc(i) <- anc(anc(i))``, each round one gather and one small matmul over all
-atoms. Segments whose anchor depends on positions (rows that could not be
-rewritten as proper or offset rows) are then placed level by level of
-segments, with ordinary autograd ops.
+rigid parents. All of those products are computed at once by a blocked scan
+(:func:`compose_paths`): 16 levels at a time over the whole forest, then
+pointer jumping over the block heads (``F_i <- F_anc(i) . F_i``,
+``anc(i) <- anc(anc(i))``, ``log2(depth / 16)`` rounds), then one composition
+per atom: O(N) work in O(16 + log depth) steps, each a gather and a few
+elementwise kernels over component-major frames. Segments whose anchor
+depends on positions (rows that could not be rewritten as proper or offset
+rows) are then placed level by level of segments, with ordinary autograd ops.
 
 Backward (Abe and Go's recursive method, as in tmol). A change of ``r_i``
 translates ``i``'s subtree along its bond; a change of ``theta_i`` or
@@ -82,7 +84,6 @@ class _ForestPlan:
         inv[flat] = np.arange(n)
         self.step_inverse = t(inv)
         heads = np.nonzero(depth % block == 0)[0]
-        self.n_heads = len(heads)
         self.blocked = table.max_depth >= block
         if self.blocked:
             head_parent = table.dfs_parent[heads]  # -1 for segment roots
@@ -135,12 +136,6 @@ def _build(cls, *args):
 
 
 # ------------------------------------------------------------------ helpers
-def _with_identity(f: torch.Tensor) -> torch.Tensor:
-    """Append the identity frame (slot ``N``) along the atom axis."""
-    eye = identity_frame((*f.shape[:-3], 1), f.dtype, f.device)
-    return torch.cat([f, eye], -3)
-
-
 def _block_size(max_depth: int) -> int:
     # Levels composed one at a time inside a block; the rest is pointer
     # jumping over block heads. Each level step is a small kernel, each jump
