@@ -143,12 +143,20 @@ def _block_size(max_depth: int) -> int:
     return max(1, min(16, max_depth + 1))
 
 
+def _take(f: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``f.index_select(2, index)`` for component-major frames ``(3, 4, M, ...)``,
+    through a ``(12, M, rest)`` view: index_select is several times faster on
+    a 3-D tensor gathered along its middle axis than on the 4-D original."""
+    out = f.reshape(12, f.shape[2], -1).index_select(1, index)
+    return out.view(3, 4, index.shape[0], *f.shape[3:])
+
+
 def _jump(f: torch.Tensor, jumps: list) -> torch.Tensor:
     """Inclusive prefix products along ancestor pointers (pointer jumping);
     ``f`` is component-major ``(3, 4, M, ...)``."""
     f = torch.cat([f, _identity_components(f)], 2)
     for anc in jumps:
-        f = compose_components(f.index_select(2, anc), f)
+        f = compose_components(_take(f, anc), f)
     return f[:, :, :-1]
 
 
@@ -181,15 +189,15 @@ def compose_paths(c_dfs: torch.Tensor, plan: _ForestPlan) -> torch.Tensor:
         step = local.narrow(2, start, size)
         start += size
         if parent is not None:
-            step = compose_components(parts[-1].index_select(2, parent), step)
+            step = compose_components(_take(parts[-1], parent), step)
         parts.append(step)
     inside = parts[0] if len(parts) == 1 else torch.cat(parts, 2)
-    inside = inside.index_select(2, plan.step_inverse)
+    inside = _take(inside, plan.step_inverse)
     if not plan.blocked:
         return inside
-    head_frames = torch.cat([inside, _identity_components(inside)], 2).index_select(2, plan.head_source)
+    head_frames = _take(torch.cat([inside, _identity_components(inside)], 2), plan.head_source)
     prefix = _jump(head_frames, plan.jumps)
-    return compose_components(prefix.index_select(2, plan.head_of), inside)
+    return compose_components(_take(prefix, plan.head_of), inside)
 
 
 def _split(frames: torch.Tensor):
@@ -331,8 +339,9 @@ def permute(x: torch.Tensor, dim: int, perm, inverse) -> torch.Tensor:
 def _place(rot: torch.Tensor, pos: torch.Tensor, plan: _ForestPlan) -> torch.Tensor:
     """World positions ``(..., N, 3)`` in atom order from relative frames."""
     if plan.constant_anchors:
-        pos = pos.movedim((0, 1), (-1, -2))
-        return pos.contiguous() if plan.to_atoms is None else permute(pos, -2, plan.to_atoms, plan.to_dfs)
+        # permute while still component-major (a fast gather), then lay out as (..., N, 3)
+        pos = permute(pos, 1, plan.to_atoms, plan.to_dfs)
+        return pos.movedim((0, 1), (-1, -2)).contiguous()
     frames_dfs = torch.cat([rot, pos.unsqueeze(1)], 1).movedim((0, 1, 2), (-2, -1, -3))
     origin = identity_frame((*frames_dfs.shape[:-3], 1), frames_dfs.dtype, frames_dfs.device)
     outputs: list[torch.Tensor] = []
