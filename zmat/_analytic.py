@@ -38,7 +38,7 @@ import math
 import numpy as np
 import torch
 
-from ._geometry import compose, compose_components, identity_frame, local_transform, segment_anchor
+from ._geometry import axis, compose, compose_components, identity_frame, local_transform, segment_anchor
 from ._stages import Staging
 from .table import ConstructionTable
 
@@ -227,8 +227,7 @@ def _path_sum(v: torch.Tensor, plan: _ForestPlan) -> torch.Tensor:
 def _axes(rot: torch.Tensor, pos: torch.Tensor, plan: _ForestPlan):
     """Anchor origin and first axis of every atom (its parent's, or identity)."""
     origin = torch.zeros_like(pos[:, :1])
-    ex = torch.tensor([1.0, 0.0, 0.0], dtype=pos.dtype, device=pos.device)
-    ex = ex.view(3, *([1] * (pos.ndim - 1))).expand_as(origin)
+    ex = axis(0, 3, pos).view(3, *([1] * (pos.ndim - 1))).expand_as(origin)
     xp = torch.cat([pos, origin], 1).index_select(1, plan.parent)
     up = torch.cat([rot[:, 0], ex], 1).index_select(1, plan.parent)
     return xp, up

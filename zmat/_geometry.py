@@ -107,8 +107,14 @@ def compose_components(f1: torch.Tensor, f2: torch.Tensor) -> torch.Tensor:
     return torch.addcmul(out, f1[:, 3:4], _last_column(f1).view(1, 4, *([1] * (f1.ndim - 2))))
 
 
+def axis(k: int, n: int, like: torch.Tensor) -> torch.Tensor:
+    """The ``k``-th unit vector of length ``n``, built on ``like``'s device by a
+    kernel (``torch.eye``), not copied from host memory: no transfer per call."""
+    return torch.eye(n, dtype=like.dtype, device=like.device)[k]
+
+
 def _last_column(f: torch.Tensor) -> torch.Tensor:
-    return torch.tensor([0.0, 0.0, 0.0, 1.0], dtype=f.dtype, device=f.device)
+    return axis(3, 4, f)
 
 
 def identity_frame(shape, dtype, device) -> torch.Tensor:
@@ -122,8 +128,7 @@ def nerf_anchor(xd: torch.Tensor, xa: torch.Tensor, xb: torch.Tensor) -> torch.T
     ``e1 = unit(x_b - x_a)``, ``e3 = unit((x_a - x_d) x e1)``. Collinear
     references have no plane: ``e3`` falls back to :func:`any_perpendicular`.
     """
-    ex = torch.tensor([1.0, 0.0, 0.0], dtype=xb.dtype, device=xb.device)
-    e1 = safe_unit(xb - xa, ex)
+    e1 = safe_unit(xb - xa, axis(0, 3, xb))
     n = torch.linalg.cross(xa - xd, e1, dim=-1)
     e3 = safe_unit(n, any_perpendicular(e1))
     return frame_from_axes(e1, e3, xb)
@@ -132,9 +137,8 @@ def nerf_anchor(xd: torch.Tensor, xa: torch.Tensor, xb: torch.Tensor) -> torch.T
 def planar_anchor(xa: torch.Tensor, xb: torch.Tensor) -> torch.Tensor:
     """Anchor of a ``(b, a, -1)`` row: as :func:`nerf_anchor` with the virtual
     dihedral reference ``x_a + y`` (so ``phi = 0`` is the ``+y`` side)."""
-    ex = torch.tensor([1.0, 0.0, 0.0], dtype=xb.dtype, device=xb.device)
-    ez = torch.tensor([0.0, 0.0, 1.0], dtype=xb.dtype, device=xb.device)
-    e1 = safe_unit(xb - xa, ex)
+    ez = axis(2, 3, xb)
+    e1 = safe_unit(xb - xa, axis(0, 3, xb))
     # (-y) x e1 = (-e1_z, 0, e1_x)
     n = torch.stack([-e1[..., 2], torch.zeros_like(e1[..., 0]), e1[..., 0]], -1)
     return frame_from_axes(e1, safe_unit(n, ez), xb)

@@ -215,6 +215,7 @@ class ConstructionTable:
 class _DevicePlan:
     kind: torch.Tensor
     refs_or_origin: torch.Tensor  # (N, 3), missing refs -> N (the origin slot)
+    present: torch.Tensor  # (N, 3) bool, reference given
     offset_chain: torch.Tensor
     tensors: dict
 
@@ -228,6 +229,7 @@ def _device_plan(table: ConstructionTable, device: torch.device) -> _DevicePlan:
     return _DevicePlan(
         kind=t(table.kind),
         refs_or_origin=t(np.where(table.refs >= 0, table.refs, n)),
+        present=torch.as_tensor(table.refs >= 0, device=device),
         offset_chain=t(table.offset_chain),
         tensors={},
     )

@@ -125,7 +125,6 @@ def to_internal(xyz: torch.Tensor, table) -> torch.Tensor:
     n1 = torch.linalg.cross(b1, b2, dim=-1)
     n2 = torch.linalg.cross(b2, b3, dim=-1)
     phi = safe_atan2(safe_norm(b2) * (b1 * n2).sum(-1), (n1 * n2).sum(-1))
-    present = torch.as_tensor(table.refs >= 0, device=xyz.device)
     zero = torch.zeros((), dtype=xyz.dtype, device=xyz.device)
     out = torch.stack([r, theta, phi], -1)
-    return torch.where(present, out, zero)
+    return torch.where(plan.present, out, zero)
