@@ -12,7 +12,7 @@ from . import chemcoord, clash, protein
 from ._align import rmsd, superpose
 from .clash import alphafold_radii, clash_loss, exclusions_from_bonds, exclusions_from_table, vdw_radii
 from .table import ConstructionTable
-from .transform import METHODS, to_internal, to_xyz
+from .transform import METHODS, dihedrals, to_internal, to_xyz
 from .zmatrix import ZMatrix
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "chemcoord",
     "clash",
     "clash_loss",
+    "dihedrals",
     "exclusions_from_bonds",
     "exclusions_from_table",
     "protein",

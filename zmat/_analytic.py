@@ -40,7 +40,7 @@ import torch
 
 from ._geometry import axis, compose, compose_components, identity_frame, local_transform, segment_anchor
 from ._stages import Staging
-from .table import ConstructionTable
+from .table import ConstructionTable, index_tensor
 
 
 class _ForestPlan:
@@ -50,17 +50,14 @@ class _ForestPlan:
     def __init__(self, table: ConstructionTable, device: torch.device) -> None:
         n = table.n_atoms
 
-        def t(a):
-            return torch.as_tensor(np.ascontiguousarray(a), dtype=torch.long, device=device)
-
         self.n = n
-        self.dfs_order = t(table.dfs_order)
+        self.dfs_order = index_tensor(table.dfs_order, device)
         identity = bool(np.array_equal(table.dfs_order, np.arange(n)))
         self.to_dfs = None if identity else self.dfs_order  # atom order -> dfs order
-        self.to_atoms = None if identity else t(table.dfs_pos)
+        self.to_atoms = None if identity else index_tensor(table.dfs_pos, device)
         parent = np.where(table.dfs_parent >= 0, table.dfs_parent, n)  # n = identity slot
-        self.parent = t(parent)
-        self.end = t(table.subtree_end)
+        self.parent = index_tensor(parent, device)
+        self.end = index_tensor(table.subtree_end, device)
         # Blocked scan (see compose_paths): depth is cut into blocks of
         # `block` levels; within a block, frames are composed level by level
         # over the whole forest at once, across blocks by pointer jumping.
@@ -75,19 +72,21 @@ class _ForestPlan:
         for level in range(min(block, table.max_depth + 1)):
             pos = np.nonzero(depth % block == level)[0]
             local_parent = None if level == 0 else np.searchsorted(prev, table.dfs_parent[pos])
-            self.steps.append((len(pos), None if local_parent is None else t(local_parent)))
+            self.steps.append(
+                (len(pos), None if local_parent is None else index_tensor(local_parent, device))
+            )
             order.append(pos)
             prev = pos
         flat = np.concatenate(order)
-        self.step_order = t(flat)  # dfs positions grouped by level within blocks
+        self.step_order = index_tensor(flat, device)  # dfs positions grouped by level within blocks
         inv = np.empty(n, np.int64)
         inv[flat] = np.arange(n)
-        self.step_inverse = t(inv)
+        self.step_inverse = index_tensor(inv, device)
         heads = np.nonzero(depth % block == 0)[0]
         self.blocked = table.max_depth >= block
         if self.blocked:
             head_parent = table.dfs_parent[heads]  # -1 for segment roots
-            self.head_source = t(np.where(head_parent >= 0, head_parent, n))
+            self.head_source = index_tensor(np.where(head_parent >= 0, head_parent, n), device)
             up = np.where(
                 head_parent >= 0, np.searchsorted(heads, head[np.maximum(head_parent, 0)]), len(heads)
             )
@@ -95,9 +94,9 @@ class _ForestPlan:
             anc = np.append(up, len(heads))
             self.jumps = []
             for _ in range(rounds):
-                self.jumps.append(t(anc))
+                self.jumps.append(index_tensor(anc, device))
                 anc = anc[anc]
-            self.head_of = t(np.searchsorted(heads, head))
+            self.head_of = index_tensor(np.searchsorted(heads, head), device)
 
         # Stages of segments whose anchors depend on positions.
         self.constant_anchors = table.constant_anchors
@@ -113,9 +112,9 @@ class _ForestPlan:
                 refs = np.where(table.refs[atoms] >= 0, table.refs[atoms], n).reshape(-1)
                 self.stages.append(
                     (
-                        t(pos),
-                        t(local),
-                        t(table.kind[atoms]),
+                        index_tensor(pos, device),
+                        index_tensor(local, device),
+                        index_tensor(table.kind[atoms], device),
                         None if s == 0 else Staging.to_device(staging.gather_plan(refs), device),
                         len(atoms),
                     )
@@ -124,15 +123,7 @@ class _ForestPlan:
 
 
 def forest_plan(table: ConstructionTable, device: torch.device) -> _ForestPlan:
-    cache = table.plan(device).tensors
-    if "forest" not in cache:
-        cache["forest"] = _build(_ForestPlan, table, device)
-    return cache["forest"]
-
-
-@torch.compiler.disable
-def _build(cls, *args):
-    return cls(*args)
+    return table.cached(_ForestPlan, device)
 
 
 # ------------------------------------------------------------------ helpers

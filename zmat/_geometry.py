@@ -43,6 +43,18 @@ def safe_atan2(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return torch.where(ok, torch.atan2(torch.where(ok, y, 0.0), torch.where(ok, x, 1.0)), 0.0)
 
 
+def dihedral_from_bonds(b1: torch.Tensor, b2: torch.Tensor, b3: torch.Tensor) -> torch.Tensor:
+    """Dihedral (IUPAC sign) of the path ``p0 -> p1 -> p2 -> p3`` given its bond
+    vectors ``b1 = p1 - p0``, ``b2 = p2 - p1``, ``b3 = p3 - p2`` (``(..., 3)``).
+
+    ``atan2(|b2| b1 . (b2 x b3), (b1 x b2) . (b2 x b3))``; 0 with a finite
+    gradient where it is undefined (collinear or coincident points).
+    """
+    n1 = torch.linalg.cross(b1, b2, dim=-1)
+    n2 = torch.linalg.cross(b2, b3, dim=-1)
+    return safe_atan2(safe_norm(b2) * (b1 * n2).sum(-1), (n1 * n2).sum(-1))
+
+
 def any_perpendicular(u: torch.Tensor) -> torch.Tensor:
     """A unit vector perpendicular to the unit vector ``u``: ``u x e`` with ``e``
     the coordinate axis least aligned with ``u``."""

@@ -15,17 +15,13 @@ import torch
 
 from ._geometry import compose, identity_frame, local_transform, segment_anchor
 from ._stages import Staging
-from .table import ConstructionTable
+from .table import ConstructionTable, index_tensor
 
 
 def _level_plan(table: ConstructionTable, device: torch.device) -> dict:
-    cache = table.plan(device).tensors
-    if "levels" not in cache:
-        cache["levels"] = _build_level_plan(table, device)
-    return cache["levels"]
+    return table.cached(_build_level_plan, device)
 
 
-@torch.compiler.disable
 def _build_level_plan(table: ConstructionTable, device: torch.device) -> dict:
     n = table.n_atoms
     stage_atoms, steps = [], []
@@ -37,16 +33,13 @@ def _build_level_plan(table: ConstructionTable, device: torch.device) -> dict:
         steps.append((rigid, roots, np.concatenate([table.parent[rigid], refs.reshape(-1)])))
     staging = Staging(stage_atoms, n)
 
-    def t(a):
-        return torch.as_tensor(a, dtype=torch.long, device=device)
-
     return {
         "steps": [
             (
                 len(rigid),
                 len(roots),
-                t(np.concatenate([rigid, roots])),
-                t(table.kind[roots]),
+                index_tensor(np.concatenate([rigid, roots]), device),
+                index_tensor(table.kind[roots], device),
                 Staging.to_device(staging.gather_plan(ids), device),
             )
             for rigid, roots, ids in steps

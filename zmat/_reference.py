@@ -16,14 +16,10 @@ from .table import ConstructionTable
 def _lists(table: ConstructionTable, device) -> tuple:
     """Order, parents and refs as plain Python ints, cached with the device plan
     (so ``torch.compile`` reads them as constants)."""
-    cache = table.plan(device).tensors
-    if "reference" not in cache:
-        cache["reference"] = _build_lists(table)
-    return cache["reference"]
+    return table.cached(_build_lists, device)
 
 
-@torch.compiler.disable
-def _build_lists(table: ConstructionTable) -> tuple:
+def _build_lists(table: ConstructionTable, device: torch.device) -> tuple:
     return table.topo_order.tolist(), table.parent.tolist(), table.refs.tolist()
 
 

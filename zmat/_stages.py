@@ -10,10 +10,10 @@ with one ``index_select`` per source stage, planned once per table.
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import torch
+
+from .table import index_tensor
 
 
 class Staging:
@@ -54,11 +54,11 @@ class Staging:
 
     @staticmethod
     def to_device(plan: list, device) -> list:
-        def t(a):
-            return torch.as_tensor(a, dtype=torch.long, device=device)
-
         pieces, perm = plan
-        return [[(s, t(p)) for s, p in pieces], None if perm is None else t(perm)]
+        return [
+            [(s, index_tensor(p, device)) for s, p in pieces],
+            None if perm is None else index_tensor(perm, device),
+        ]
 
     @staticmethod
     def gather(outputs: list[torch.Tensor], origin: torch.Tensor, plan: list) -> torch.Tensor:
@@ -70,9 +70,4 @@ class Staging:
 
     def final_index(self, device) -> torch.Tensor:
         """Index that reorders the concatenated stage outputs into atom order."""
-        return _as_tensor(self._final.tobytes(), str(device))
-
-
-@functools.lru_cache(maxsize=256)
-def _as_tensor(data: bytes, device: str) -> torch.Tensor:
-    return torch.as_tensor(np.frombuffer(data, np.int64).copy(), device=device)
+        return index_tensor(self._final, device)

@@ -42,8 +42,9 @@ product of local transforms along the tree of rigid parents.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -54,6 +55,7 @@ __all__ = ["ConstructionTable", "as_table"]
 
 ROOT, BOND, PLANAR, PROPER, OFFSET, POSITIONAL = range(6)
 KIND_NAMES = ("root", "bond", "planar", "proper", "offset", "positional")
+T = TypeVar("T")
 
 
 class ConstructionTable:
@@ -198,40 +200,46 @@ class ConstructionTable:
         self.constant_anchors = bool((kind[seg_roots] == ROOT).all())
 
     # --------------------------------------------------------- device cache
-    def plan(self, device: torch.device | str) -> _DevicePlan:
-        """The index tensors of the plan on ``device`` (built once, cached).
+    def cached(self, build: Callable[[ConstructionTable, torch.device], T], device: torch.device | str) -> T:
+        """``build(self, device)``, built once per builder and device and cached.
 
-        The cache is a plain dict on the table, so code compiled with
-        ``torch.compile`` after a first eager call reads it as a constant.
+        Every method keeps its per-device plan (index tensors, Python lists)
+        here. The cache is a plain dict on the table, so code compiled with
+        ``torch.compile`` after a first eager call reads it as a constant;
+        ``build`` runs outside any compiled graph.
         """
         plans = self.__dict__.setdefault("_plans", {})
-        plan = plans.get(device)
+        key = (build, device)
+        plan = plans.get(key)
         if plan is None:
-            plan = plans[device] = _device_plan(self, torch.device(device))
+            plan = plans[key] = torch.compiler.disable(build)(self, torch.device(device))
         return plan
 
+    def plan(self, device: torch.device | str) -> _DevicePlan:
+        """The index tensors of the table itself on ``device`` (built once, cached)."""
+        return self.cached(_device_plan, device)
 
-@dataclass
+
+def index_tensor(a, device: torch.device | str) -> torch.Tensor:
+    """An index array as a contiguous int64 tensor on ``device``."""
+    return torch.as_tensor(np.ascontiguousarray(a), dtype=torch.long, device=device)
+
+
+@dataclass(frozen=True)
 class _DevicePlan:
     kind: torch.Tensor
     refs_or_origin: torch.Tensor  # (N, 3), missing refs -> N (the origin slot)
     present: torch.Tensor  # (N, 3) bool, reference given
     offset_chain: torch.Tensor
-    tensors: dict
 
 
-@torch.compiler.disable
 def _device_plan(table: ConstructionTable, device: torch.device) -> _DevicePlan:
-    def t(x):
-        return torch.as_tensor(np.ascontiguousarray(x), dtype=torch.long, device=device)
-
     n = table.n_atoms
     return _DevicePlan(
-        kind=t(table.kind),
-        refs_or_origin=t(np.where(table.refs >= 0, table.refs, n)),
+        kind=index_tensor(table.kind, device),
+        refs_or_origin=index_tensor(np.where(table.refs >= 0, table.refs, n), device),
         present=torch.as_tensor(table.refs >= 0, device=device),
-        offset_chain=t(table.offset_chain),
-        tensors={},
+        offset_chain=index_tensor(table.offset_chain, device),
     )
 
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 import torch
 
 from ._analytic import place_analytic, place_prefix
-from ._geometry import effective_internal, safe_atan2, safe_norm
+from ._geometry import dihedral_from_bonds, effective_internal, safe_atan2, safe_norm
 from ._levels import place_levels
 from ._reference import place_reference
 from .table import ConstructionTable, as_table
 
-__all__ = ["METHODS", "to_xyz", "to_internal"]
+__all__ = ["METHODS", "dihedrals", "to_internal", "to_xyz"]
 
 _PLACERS = {
     "reference": place_reference,
@@ -121,10 +121,32 @@ def to_internal(xyz: torch.Tensor, table) -> torch.Tensor:
     r = safe_norm(b3)
     u, v = xa - xb, b3
     theta = safe_atan2(safe_norm(torch.linalg.cross(u, v, dim=-1)), (u * v).sum(-1))
-    b1, b2 = xa - xd, xb - xa
-    n1 = torch.linalg.cross(b1, b2, dim=-1)
-    n2 = torch.linalg.cross(b2, b3, dim=-1)
-    phi = safe_atan2(safe_norm(b2) * (b1 * n2).sum(-1), (n1 * n2).sum(-1))
+    phi = dihedral_from_bonds(xa - xd, xb - xa, b3)
     zero = torch.zeros((), dtype=xyz.dtype, device=xyz.device)
     out = torch.stack([r, theta, phi], -1)
     return torch.where(plan.present, out, zero)
+
+
+def dihedrals(xyz: torch.Tensor, quads: torch.Tensor) -> torch.Tensor:
+    """Dihedral angles (IUPAC sign, radians) of atom quadruples, NaN where undefined.
+
+    Args:
+        xyz: ``(..., N, 3)`` positions.
+        quads: ``(..., 4)`` int64 atom indices ``(p0, p1, p2, p3)``; a row with
+            any ``-1`` is undefined.
+
+    Returns:
+        ``xyz.shape[:-2] + quads.shape[:-1]``; differentiable in ``xyz`` (finite
+        gradients; NaN only in the undefined entries' values, 0 where the
+        points are collinear).
+
+    Example:
+        >>> xyz = torch.tensor([[1.0, 1, 0], [0, 0, 0], [1, 0, 0], [1, 0, 1]])
+        >>> dihedrals(xyz, torch.tensor([0, 1, 2, 3]))
+        tensor(1.5708)
+    """
+    valid = (quads >= 0).all(-1)
+    idx = quads.clamp_min(0).reshape(-1)
+    p = xyz.index_select(-2, idx).unflatten(-2, (*quads.shape[:-1], 4))
+    p0, p1, p2, p3 = p.unbind(-2)
+    return torch.where(valid, dihedral_from_bonds(p1 - p0, p2 - p1, p3 - p2), torch.nan)

@@ -16,6 +16,7 @@ Conventions: Angstrom, radians, IUPAC dihedral signs; torsion columns in
 :mod:`zmat.protein.topology`.
 """
 
+from ..transform import dihedrals
 from .build import (
     DEFAULT_TORSIONS,
     FOLDINGDIFF_ANGLES,
@@ -30,7 +31,7 @@ from .build import (
     to_xyz_from_torsions,
 )
 from .layout import Layout, layout
-from .structure import Protein, dihedrals, from_pdb, from_structure
+from .structure import Protein, from_pdb, from_structure
 from .topology import CHI_ATOMS, RESIDUES, TORSION_NAMES, ResidueTemplate, one_to_three
 
 __all__ = [

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from ..transform import to_internal
+from ..transform import dihedrals, to_internal
 from .layout import (
     _ALL_NAMES,
     _LETTERS,
@@ -40,37 +40,12 @@ from .layout import (
 )
 from .topology import RESIDUES, TORSION_NAMES
 
-__all__ = ["Protein", "from_pdb", "from_structure", "dihedrals"]
+__all__ = ["Protein", "from_pdb", "from_structure"]
 
 #: C(i)-N(i+1) distances above this (Angstrom) are chain breaks.
 PEPTIDE_BOND_MAX = 2.0
 #: SG-SG distances below this (Angstrom) are disulfide bonds.
 DISULFIDE_MAX = 2.5
-
-
-def dihedrals(xyz: torch.Tensor, quads: torch.Tensor) -> torch.Tensor:
-    """Dihedral angles (IUPAC sign, radians) of atom quadruples, NaN where undefined.
-
-    Args:
-        xyz: ``(..., N, 3)`` positions.
-        quads: ``(..., 4)`` int64 atom indices, a row with any ``-1`` is undefined.
-
-    Returns:
-        ``quads.shape[:-1]`` prefixed by ``xyz.shape[:-2]``; differentiable in
-        ``xyz`` (finite gradients, NaN only in the undefined entries' values).
-    """
-    valid = (quads >= 0).all(-1)
-    idx = quads.clamp_min(0).reshape(-1)
-    p = xyz.index_select(-2, idx).unflatten(-2, (*quads.shape[:-1], 4))
-    p0, p1, p2, p3 = p.unbind(-2)
-    b0, b1, b2 = p1 - p0, p2 - p1, p3 - p2
-    n1 = torch.linalg.cross(b0, b1, dim=-1)
-    n2 = torch.linalg.cross(b1, b2, dim=-1)
-    y = (torch.linalg.cross(n1, n2, dim=-1) * b1).sum(-1)
-    x = (n1 * n2).sum(-1) * torch.linalg.vector_norm(b1, dim=-1)
-    ok = valid & ((x * x + y * y) > 0)
-    ang = torch.atan2(torch.where(ok, y, 0.0), torch.where(ok, x, 1.0))
-    return torch.where(valid, ang, torch.nan)
 
 
 class Protein:
