@@ -136,7 +136,7 @@ def test_written_file_is_gaussian_ordered_and_ase_readable():
 
 
 def test_angle_strings_are_short_and_exact():
-    from zmat.zmatrix import _angle_str, _deg_to_rad
+    from zmat.gaussian import _angle_str, _deg_to_rad
 
     assert _angle_str(_deg_to_rad("109.5")) == "109.5"
     assert _angle_str(-math.pi / 2) == "-90.0"
