@@ -59,6 +59,7 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
+from scipy.spatial import cKDTree
 
 from .table import ConstructionTable
 
@@ -98,7 +99,6 @@ def connectivity(
     """
     from ase import Atoms
     from ase.neighborlist import natural_cutoffs
-    from scipy.spatial import cKDTree  # scipy is a dependency of ASE
 
     pos, syms = _positions_and_symbols(atoms, symbols)
     if syms is None:
@@ -116,8 +116,19 @@ def connectivity(
     return [np.unique(np.asarray(x, np.int64)) for x in out]
 
 
-def _angle(p: np.ndarray, q: np.ndarray, r: np.ndarray) -> np.ndarray:
-    """Angle p-q-r in radians (vectorised over leading dims)."""
+def angle(p: np.ndarray, q: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """Angle ``p-q-r`` in radians, ``atan2(|u x v|, u . v)`` with ``u = p - q``, ``v = r - q``.
+
+    Args:
+        p, q, r: ``(..., 3)`` NumPy positions (broadcast against each other).
+
+    Returns:
+        ``(...)`` angles in ``[0, pi]``; 0 where a vector is zero.
+
+    Example:
+        >>> float(angle(np.array([1.0, 0, 0]), np.zeros(3), np.array([0, 2.0, 0])))  # doctest: +ELLIPSIS
+        1.5707963...
+    """
     u, v = p - q, r - q
     u, v = np.broadcast_arrays(u, v)
     cx = u[..., 1] * v[..., 2] - u[..., 2] * v[..., 1]
@@ -174,7 +185,7 @@ def construction_table(
         raise ValueError("positions must be finite")
     nbrs = _neighbours(bonds, n) if bonds is not None else connectivity(pos, mult, skin=skin, symbols=syms)
     lo = math.sin(math.radians(min_angle))  # sin threshold: angle in [min, 180-min]
-    return ConstructionTable(_build(pos, nbrs, start, lo, n_nearest))
+    return ConstructionTable(_Builder(pos, nbrs, lo, n_nearest).run(start))
 
 
 def _neighbours(bonds, n: int) -> list[np.ndarray]:
@@ -199,116 +210,134 @@ def _neighbours(bonds, n: int) -> list[np.ndarray]:
     return [np.asarray(sorted(s), np.int64) for s in out]
 
 
-def _build(pos: np.ndarray, nbrs: list[np.ndarray], start: int, lo: float, n_nearest: int) -> np.ndarray:
-    n = len(pos)
-    refs = np.full((n, 3), -1, np.int64)
-    built = np.zeros(n, bool)  # placed: may serve as a reference
-    queued = np.zeros(n, bool)  # placed or waiting in the breadth-first queue
-    n_built = 0
-    # distance of every unbuilt atom to the nearest built one, updated lazily per fragment
-    dmin = np.full(n, np.inf)
-    pending: list[int] = []  # built atoms not yet folded into dmin
+class _Builder:
+    """The breadth-first construction of rules 2-4 (module docstring), one atom at a time."""
 
-    def nearest_built(p: np.ndarray, exclude: tuple[int, ...]) -> list[int]:
-        idx = np.nonzero(built)[0]
+    def __init__(self, pos: np.ndarray, nbrs: list[np.ndarray], lo: float, n_nearest: int) -> None:
+        n = len(pos)
+        self.pos, self.nbrs, self.lo, self.n_nearest = pos, nbrs, lo, n_nearest
+        self.refs = np.full((n, 3), -1, np.int64)
+        self.built = np.zeros(n, bool)  # placed: may serve as a reference
+        self.queued = np.zeros(n, bool)  # placed or waiting in the breadth-first queue
+        self.n_built = 0
+        # distance of every unbuilt atom to the nearest built one, updated lazily per fragment
+        self.dmin = np.full(n, np.inf)
+        self.pending: list[int] = []  # built atoms not yet folded into dmin
+
+    def run(self, start: int) -> np.ndarray:
+        """``(N, 3)`` references, rows in the input atom order."""
+        while self.n_built < len(self.pos):
+            seed, parent = (start, -1) if self.n_built == 0 else self._next_fragment()
+            self._walk(seed, parent)
+        return self.refs
+
+    def _next_fragment(self) -> tuple[int, int]:
+        """Rule 2: the unbuilt atom nearest to a built one, and that built atom."""
+        pos = self.pos
+        if self.pending:  # fold the atoms built since the last fragment into dmin
+            idx = np.nonzero(~self.queued)[0]
+            d, _ = cKDTree(pos[self.pending]).query(pos[idx], k=1)
+            self.dmin[idx] = np.minimum(self.dmin[idx], d)
+            self.pending.clear()
+        cand = np.nonzero(~self.queued)[0]
+        seed = int(cand[np.lexsort((cand, self.dmin[cand]))[0]])
+        done = np.nonzero(self.built)[0]
+        dist = np.linalg.norm(pos[done] - pos[seed], axis=1)
+        return seed, int(done[np.lexsort((done, dist))[0]])
+
+    def _walk(self, seed: int, parent: int) -> None:
+        """Build, breadth first, the fragment that contains ``seed``."""
+        queue = [(seed, parent)]
+        self.queued[seed] = True
+        head = 0
+        while head < len(queue):
+            if self.n_built == 2:
+                self._avoid_collinear_start(queue, head)
+            i, b = queue[head]
+            head += 1
+            self._choose(i, b)
+            self.built[i] = True
+            self.n_built += 1
+            self.pending.append(i)
+            for j in self.nbrs[i]:
+                if not self.queued[j]:
+                    self.queued[j] = True
+                    queue.append((int(j), i))
+
+    def _avoid_collinear_start(self, queue: list[tuple[int, int]], head: int) -> None:
+        """Rule 3: build third the first queued atom not collinear with the first two
+        (a collinear start leaves the 4th atom without a dihedral plane), if any."""
+        for q in range(head, len(queue)):
+            j, bj = queue[q]
+            done = np.nonzero(self.built)[0]
+            other = int(done[done != bj][0])
+            if np.sin(angle(self.pos[j], self.pos[bj], self.pos[other])) >= self.lo:
+                queue[head], queue[q] = queue[q], queue[head]
+                return
+
+    def _nearest_built(self, p: np.ndarray, exclude: tuple[int, ...]) -> list[int]:
+        idx = np.nonzero(self.built)[0]
         idx = idx[~np.isin(idx, exclude)]
-        d = np.linalg.norm(pos[idx] - p, axis=1)
-        o = np.lexsort((idx, d))[:n_nearest]
-        return idx[o].tolist()
+        d = np.linalg.norm(self.pos[idx] - p, axis=1)
+        return idx[np.lexsort((idx, d))[: self.n_nearest]].tolist()
 
-    def choose(i: int, b: int) -> None:
-        k = n_built  # number of atoms built before i
+    def _choose(self, i: int, b: int) -> None:
+        """The references of atom ``i``, reached from the built atom ``b``."""
+        pos, refs = self.pos, self.refs
+        k = self.n_built  # number of atoms built before i
         if k == 0:
             return
-        nb_i = np.asarray([j for j in nbrs[i] if built[j]], np.int64)
+        nb_i = np.asarray([j for j in self.nbrs[i] if self.built[j]], np.int64)
         if len(nb_i):  # nearest bonded built neighbour (the atom i was reached from is one)
             b = int(nb_i[np.lexsort((nb_i, np.linalg.norm(pos[nb_i] - pos[i], axis=1)))[0]])
         refs[i, 0] = b
         if k == 1:
             return
-        nb_b = [int(j) for j in nbrs[b] if built[j] and j != i]
+        nb_b = [int(j) for j in self.nbrs[b] if self.built[j] and j != i]
         if k == 2:
             cands = [c for c in [refs[b, 0], *nb_b] if c >= 0 and c != b]
-            cands += [c for c in nearest_built(pos[b], (b, i)) if c not in cands]
-            s = np.sin(_angle(pos[i], pos[b], pos[cands]))
-            ok = np.nonzero(s >= lo)[0]
+            cands += [c for c in self._nearest_built(pos[b], (b, i)) if c not in cands]
+            s = np.sin(angle(pos[i], pos[b], pos[cands]))
+            ok = np.nonzero(s >= self.lo)[0]
             refs[i, 1] = cands[ok[0] if len(ok) else int(np.argmax(s))]
             return
+        refs[i, 1], refs[i, 2] = self._angle_and_dihedral(i, b, nb_b)
 
-        def pairs(wide: bool) -> list[tuple[int, int]]:
-            out: list[tuple[int, int]] = []
-            if refs[b, 0] >= 0 and refs[b, 1] >= 0:
-                out.append((int(refs[b, 0]), int(refs[b, 1])))
-            a_list = [int(refs[b, 0])] + nb_b
+    def _pairs(self, i: int, b: int, nb_b: list[int], wide: bool) -> list[tuple[int, int]]:
+        """Rule 4's candidate ``(a, d)`` pairs in order: (a) and (b), plus (c) when ``wide``."""
+        refs, built = self.refs, self.built
+        out: list[tuple[int, int]] = []
+        if refs[b, 0] >= 0 and refs[b, 1] >= 0:
+            out.append((int(refs[b, 0]), int(refs[b, 1])))
+        a_list = [int(refs[b, 0])] + nb_b
+        if wide:
+            a_list += self._nearest_built(self.pos[b], (b, i))
+        for a in a_list:
+            if a < 0 or a == b:
+                continue
+            d_list = [int(refs[a, 0]), int(refs[a, 1])]
+            d_list += [int(j) for j in self.nbrs[a] if built[j]] + nb_b
             if wide:
-                a_list += nearest_built(pos[b], (b, i))
-            for a in a_list:
-                if a < 0 or a == b:
-                    continue
-                d_list = [int(refs[a, 0]), int(refs[a, 1])]
-                d_list += [int(j) for j in nbrs[a] if built[j]] + nb_b
-                if wide:
-                    d_list += nearest_built(pos[a], (a, b, i))
-                out += [(a, d) for d in d_list if d >= 0 and d not in (a, b, i)]
-            return list(dict.fromkeys(out))
+                d_list += self._nearest_built(self.pos[a], (a, b, i))
+            out += [(a, d) for d in d_list if d >= 0 and d not in (a, b, i)]
+        return list(dict.fromkeys(out))
 
+    def _angle_and_dihedral(self, i: int, b: int, nb_b: list[int]) -> tuple[int, int]:
+        """Rule 4: the first well-conditioned pair, else the best-conditioned one."""
+        pos = self.pos
         best, best_score = None, -1.0
         for wide in (False, True):
-            cand = pairs(wide)
+            cand = self._pairs(i, b, nb_b, wide)
             if not cand:
                 continue
             ca = np.asarray(cand)
-            s1 = np.sin(_angle(pos[i], pos[b], pos[ca[:, 0]]))
-            s2 = np.sin(_angle(pos[ca[:, 1]], pos[ca[:, 0]], pos[b]))
+            s1 = np.sin(angle(pos[i], pos[b], pos[ca[:, 0]]))
+            s2 = np.sin(angle(pos[ca[:, 1]], pos[ca[:, 0]], pos[b]))
             score = np.minimum(s1, s2)
-            ok = np.nonzero(score >= lo)[0]
+            ok = np.nonzero(score >= self.lo)[0]
             if len(ok):
-                best = cand[ok[0]]
-                break
+                return cand[ok[0]]
             j = int(np.argmax(score))
             if score[j] > best_score:
                 best, best_score = cand[j], score[j]
-        refs[i, 1], refs[i, 2] = best
-
-    while n_built < n:
-        if n_built == 0:
-            seed, parent = start, -1
-        else:
-            if pending:  # fold the atoms built since the last fragment into dmin
-                from scipy.spatial import cKDTree
-
-                idx = np.nonzero(~queued)[0]
-                d, _ = cKDTree(pos[pending]).query(pos[idx], k=1)
-                dmin[idx] = np.minimum(dmin[idx], d)
-                pending.clear()
-            cand = np.nonzero(~queued)[0]
-            seed = int(cand[np.lexsort((cand, dmin[cand]))[0]])
-            done = np.nonzero(built)[0]
-            dist = np.linalg.norm(pos[done] - pos[seed], axis=1)
-            parent = int(done[np.lexsort((done, dist))[0]])
-        # breadth-first walk of the fragment that contains ``seed``
-        queue = [(seed, parent)]
-        queued[seed] = True
-        head = 0
-        while head < len(queue):
-            if n_built == 2:
-                # Rule 3': avoid a collinear start (it would leave the 4th atom
-                # without a dihedral plane): build third the first queued atom
-                # that is not collinear with the first two, if there is one.
-                for q in range(head, len(queue)):
-                    j, bj = queue[q]
-                    other = int(np.nonzero(built)[0][np.nonzero(built)[0] != bj][0])
-                    if np.sin(_angle(pos[j], pos[bj], pos[other])) >= lo:
-                        queue[head], queue[q] = queue[q], queue[head]
-                        break
-            i, b = queue[head]
-            head += 1
-            choose(i, b)
-            built[i] = True
-            n_built += 1
-            pending.append(i)
-            for j in nbrs[i]:
-                if not queued[j]:
-                    queued[j] = True
-                    queue.append((int(j), i))
-    return refs
+        return best

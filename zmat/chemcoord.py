@@ -57,7 +57,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from .autotable import _angle
+from .autotable import angle
 from .table import ConstructionTable
 from .transform import to_internal, to_xyz
 
@@ -71,7 +71,10 @@ _ABS_ORDER = ("origin", "e_x", "e_y", "e_z")
 _MIN_SIN = math.sin(math.radians(10.0))
 
 
-class _Imported(NamedTuple):
+class Imported(NamedTuple):
+    """What :func:`import_zmat` returns: ``C`` and ``table`` as :func:`from_chemcoord`, and the
+    element symbols of the rows (``None`` for raw arrays; four ``'X'`` added with ``absolute``)."""
+
     C: torch.Tensor
     table: ConstructionTable
     symbols: list[str] | None
@@ -101,7 +104,7 @@ def from_chemcoord(zmat, *, absolute: bool = False) -> tuple[torch.Tensor, Const
         >>> C, table = from_chemcoord(cc.Cartesian.read_xyz("mol.xyz").get_zmat())  # doctest: +SKIP
         >>> xyz = zmat.to_xyz(C, table)  # doctest: +SKIP
     """
-    imp = _import(zmat, absolute=absolute)
+    imp = import_zmat(zmat, absolute=absolute)
     return imp.C, imp.table
 
 
@@ -214,7 +217,8 @@ def _row_of(ref, pos_of, i: int, n: int) -> int:
     return r
 
 
-def _import(zmat, *, absolute: bool) -> _Imported:
+def import_zmat(zmat, *, absolute: bool = False) -> Imported:
+    """:func:`from_chemcoord`, with the element symbols too (what ``ZMatrix.from_chemcoord`` needs)."""
     frame = getattr(zmat, "_frame", zmat)
     cols = ["atom", "b", "bond", "a", "angle", "d", "dihedral"]
     missing = [c for c in cols if c not in getattr(frame, "columns", ())]
@@ -243,7 +247,7 @@ def _dummy_values(dtype, device) -> torch.Tensor:
     return torch.tensor([[0, 0, 0], [1, 0, 0], [1, h, 0], [1, h, -h]], dtype=dtype, device=device)
 
 
-def _convert(table: np.ndarray, vals: torch.Tensor, absolute: bool, symbols) -> _Imported:
+def _convert(table: np.ndarray, vals: torch.Tensor, absolute: bool, symbols) -> Imported:
     """``table``: (N, 3) rows, atom refs >= 0, absolute refs -2 (origin) .. -5 (e_z)."""
     n = len(table)
     r, alpha, delta = vals.unbind(-1)
@@ -260,11 +264,11 @@ def _convert(table: np.ndarray, vals: torch.Tensor, absolute: bool, symbols) -> 
     table_full = ConstructionTable(np.concatenate([full, dummies], 0))
     if absolute:
         syms = None if symbols is None else list(symbols) + ["X"] * 4
-        return _Imported(C_full, table_full, syms)
+        return Imported(C_full, table_full, syms)
 
     rows = np.nonzero(is_abs.any(1))[0]
     if len(rows) == 0:
-        return _Imported(C, ConstructionTable(table), symbols)
+        return Imported(C, ConstructionTable(table), symbols)
     X = to_xyz(C_full, table_full)[:n]
     xn = X.detach().cpu().double().numpy()
     new = table.copy()
@@ -274,7 +278,7 @@ def _convert(table: np.ndarray, vals: torch.Tensor, absolute: bool, symbols) -> 
     measured = to_internal(X, new_table)
     mask = torch.zeros(n, 1, dtype=torch.bool, device=C.device)
     mask[torch.as_tensor(rows, device=C.device)] = True
-    return _Imported(torch.where(mask, measured, C), new_table, symbols)
+    return Imported(torch.where(mask, measured, C), new_table, symbols)
 
 
 def _rereference(i: int, row: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -291,9 +295,9 @@ def _rereference(i: int, row: np.ndarray, x: np.ndarray) -> np.ndarray:
             if k == 0:
                 scores = [1.0] * len(pool)
             elif k == 1:  # angle i-b-a away from 0 and 180
-                scores = [float(np.sin(_angle(x[i], x[refs[0]], x[j]))) for j in pool]
+                scores = [float(np.sin(angle(x[i], x[refs[0]], x[j]))) for j in pool]
             else:  # plane d-a-b well defined
-                scores = [float(np.sin(_angle(x[j], x[refs[1]], x[refs[0]]))) for j in pool]
+                scores = [float(np.sin(angle(x[j], x[refs[1]], x[refs[0]]))) for j in pool]
             good = [j for j, s in zip(pool, scores, strict=True) if s >= _MIN_SIN]
             pick = good[0] if good else pool[int(np.argmax(scores))]
             refs.append(pick)

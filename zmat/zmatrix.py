@@ -15,6 +15,8 @@ import numpy as np
 import torch
 
 from . import gaussian
+from .autotable import construction_table
+from .chemcoord import import_zmat
 from .table import as_table
 from .transform import to_internal, to_xyz
 
@@ -150,8 +152,6 @@ class ZMatrix:
             a :class:`ZMatrix` (float64) whose :meth:`to_xyz` reproduces the
             positions up to a rigid motion.
         """
-        from .autotable import construction_table
-
         if table is None:
             table = construction_table(atoms, **options)
         elif options:
@@ -170,9 +170,7 @@ class ZMatrix:
     @classmethod
     def from_chemcoord(cls, zmat, *, absolute: bool = False) -> ZMatrix:
         """A chemcoord ``Zmat`` as a :class:`ZMatrix`; see :func:`zmat.chemcoord.from_chemcoord`."""
-        from .chemcoord import _import
-
-        imp = _import(zmat, absolute=absolute)
+        imp = import_zmat(zmat, absolute=absolute)
         return cls(imp.symbols, imp.C, imp.table)
 
     # -------------------------------------------------------------------- I/O
