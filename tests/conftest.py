@@ -1,7 +1,9 @@
-"""Shared test configuration: Hypothesis profiles, dtype/device helpers."""
+"""Shared test configuration: Hypothesis profiles, seeded RNGs, device/dtype/tolerance fixtures."""
 
 import os
+import random
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
@@ -24,6 +26,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _seed_rngs():
+    """Every test starts from the same torch, NumPy and ``random`` state (Hypothesis seeds its own)."""
+    torch.manual_seed(0)
+    np.random.seed(0)
+    random.seed(0)
+
+
 @pytest.fixture(params=DEVICES)
 def device(request):
     """Every device the machine has: CPU always, CUDA when present (else skipped)."""
@@ -35,6 +45,7 @@ def dtype(request):
     return request.param
 
 
+@pytest.fixture
 def tol(dtype):
-    """Absolute tolerance (Angstrom) for comparing two methods in ``dtype``."""
+    """Absolute tolerance (Angstrom) for comparing two methods in the ``dtype`` under test."""
     return 1e-10 if dtype == torch.float64 else 1e-4

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 from ase.io.zmatrix import parse_zmatrix
-from conftest import tol
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import chain_table, internal_coordinates, random_internal, tables
@@ -267,13 +266,13 @@ def test_numpy_input_is_accepted():
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_devices_and_dtypes(method, device, dtype):
+def test_devices_and_dtypes(method, device, dtype, tol):
     rows = _standard_table(9, 5)
     c = random_internal(9, batch=(3,), seed=5)
     ref = zmat.to_xyz(c, rows, method="reference")
     out = zmat.to_xyz(c.to(device, dtype).requires_grad_(), rows, method=method)
     assert out.device.type == device.type and out.dtype == dtype
-    assert torch.allclose(out.double().cpu(), ref, atol=tol(dtype))
+    assert torch.allclose(out.double().cpu(), ref, atol=tol)
     out.sum().backward()
 
 

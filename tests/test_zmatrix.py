@@ -1,4 +1,4 @@
-"""ZMatrix: Gaussian z-matrix read/write, ASE round trips, superposition helpers."""
+"""ZMatrix: Gaussian z-matrix read/write through ZMatrix, ASE round trips."""
 
 import importlib.util
 import math
@@ -12,8 +12,7 @@ import torch
 from ase.io.zmatrix import parse_zmatrix
 
 import zmat
-from zmat import ZMatrix
-from zmat._align import rmsd, superpose
+from zmat import ZMatrix, rmsd
 
 DATA = Path(__file__).parent / "data"
 BAKER = ["01", "02", "04", "09", "12", "17", "18", "19"]
@@ -266,34 +265,6 @@ def test_from_atoms_with_explicit_table():
     assert zm.internal[3, 2].item() == pytest.approx(math.pi)
     with pytest.raises(TypeError):
         ZMatrix.from_atoms(atoms, table=table, start=1)
-
-
-# ------------------------------------------------------------ superposition
-def _rotation(seed):
-    g = torch.Generator().manual_seed(seed)
-    q, _ = torch.linalg.qr(torch.randn(3, 3, generator=g, dtype=torch.float64))
-    return q * torch.sign(torch.linalg.det(q))
-
-
-def test_superpose_and_rmsd_batched():
-    g = torch.Generator().manual_seed(1)
-    a = torch.randn(3, 7, 3, generator=g, dtype=torch.float64)
-    moved = a @ _rotation(2).T + torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
-    torch.testing.assert_close(superpose(moved, a), a, atol=1e-12, rtol=0)
-    assert rmsd(moved, a).shape == (3,)
-    assert (rmsd(moved, a) < 1e-12).all()
-    mirror = a * torch.tensor([1.0, 1.0, -1.0], dtype=torch.float64)
-    assert (rmsd(mirror, a) > 0.1).all()  # proper rotations only
-    with pytest.raises(ValueError, match="same shape"):
-        rmsd(a, a[..., :5, :])
-
-
-def test_rmsd_gradient():
-    g = torch.Generator().manual_seed(3)
-    a = torch.randn(6, 3, generator=g, dtype=torch.float64, requires_grad=True)
-    b = torch.randn(6, 3, generator=g, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(rmsd, (a, b))
-    assert torch.autograd.gradcheck(superpose, (a, b))
 
 
 # ------------------------------------------------------------ example

@@ -8,7 +8,11 @@ translation, never a reflection, so a mirror image does not superpose.
 
 from __future__ import annotations
 
+import math
+
 import torch
+
+from ._geometry import safe_norm
 
 __all__ = ["superpose", "rmsd"]
 
@@ -73,7 +77,9 @@ def rmsd(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         a, b: ``(..., N, 3)`` positions.
 
     Returns:
-        ``(...)`` RMSD, same unit as the input.
+        ``(...)`` RMSD, same unit as the input; exactly 0, with a zero gradient,
+        where the residual's norm is below :func:`zmat._geometry.safe_norm`'s
+        threshold (``1e-12`` in float64, ``1e-6`` in float32).
 
     Raises:
         ValueError: the shapes differ or are not ``(..., N, 3)``.
@@ -84,6 +90,4 @@ def rmsd(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         rot = _rotation(p.detach(), q.detach())
     diff = p @ rot.transpose(-1, -2) - q
-    sq = (diff * diff).sum((-1, -2)) / a.shape[-2]
-    ok = sq > 0
-    return torch.where(ok, torch.sqrt(torch.where(ok, sq, torch.ones_like(sq))), torch.zeros_like(sq))
+    return safe_norm(diff.flatten(-2)) / math.sqrt(a.shape[-2])

@@ -169,36 +169,46 @@ def from_chemcoord_arrays(
             f"{refs.shape} and {tuple(vals.shape)}"
         )
     if transposed is None:
-        if refs.shape[0] != refs.shape[1]:
-            transposed = refs.shape[0] == 3
-        else:
-            row0 = bool((refs[0] < _KEYS_BELOW_ARE_ABS).all())
-            col0 = bool((refs[:, 0] < _KEYS_BELOW_ARE_ABS).all())
-            if row0 == col0:
-                raise ValueError(
-                    "cannot tell whether the (3, 3) arrays are (N, 3) or (3, N): pass transposed="
-                )
-            transposed = col0
+        transposed = _is_transposed(refs)
     if transposed:
         refs, vals = refs.T, vals.transpose(0, 1)
+    table = _sentinel_table(refs, index)
+    if not degrees:
+        vals = torch.cat([vals[:, :1], torch.rad2deg(vals[:, 1:])], 1)
+    imp = _convert(table, vals, absolute, None)
+    return imp.C, imp.table
+
+
+def _is_transposed(refs: np.ndarray) -> bool:
+    """Whether ``refs`` is ``(3, N)``: from the shape, or for ``(3, 3)`` from which layout
+    has a first row of only absolute references."""
+    if refs.shape[0] != refs.shape[1]:
+        return refs.shape[0] == 3
+    row0 = bool((refs[0] < _KEYS_BELOW_ARE_ABS).all())
+    col0 = bool((refs[:, 0] < _KEYS_BELOW_ARE_ABS).all())
+    if row0 == col0:
+        raise ValueError("cannot tell whether the (3, 3) arrays are (N, 3) or (3, N): pass transposed=")
+    return col0
+
+
+def _sentinel_table(refs: np.ndarray, index) -> np.ndarray:
+    """``(N, 3)`` rows with atom references as rows and absolute references -2 (origin) .. -5."""
     n = refs.shape[0]
     pos_of = None if index is None else {lab: k for k, lab in enumerate(index)}
     if index is not None and len(pos_of) != n:
         raise ValueError(f"index must have {n} distinct labels")
+    sentinels = list(ABSOLUTE_REFERENCES.values())
     table = np.empty((n, 3), np.int64)
     for i in range(n):
         for c in range(3):
             v = int(refs[i, c])
             if v < _KEYS_BELOW_ARE_ABS:
-                if v not in ABSOLUTE_REFERENCES.values():
+                if v not in sentinels:
                     raise ValueError(f"row {i}: unknown absolute-reference sentinel {v}")
-                table[i, c] = -2 - list(ABSOLUTE_REFERENCES.values()).index(v)  # -2 .. -5
+                table[i, c] = -2 - sentinels.index(v)  # -2 .. -5
             else:
                 table[i, c] = _row_of(v, pos_of, i, n)
-    if not degrees:
-        vals = torch.cat([vals[:, :1], torch.rad2deg(vals[:, 1:])], 1)
-    imp = _convert(table, vals, absolute, None)
-    return imp.C, imp.table
+    return table
 
 
 def _row_of(ref, pos_of, i: int, n: int) -> int:
