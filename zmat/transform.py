@@ -77,10 +77,9 @@ def to_xyz(C: torch.Tensor, table, method: str = "auto") -> torch.Tensor:
     Example:
         >>> table = [[-1, -1, -1], [0, -1, -1], [1, 0, -1]]
         >>> C = torch.tensor([[0, 0, 0], [1.0, 0, 0], [1.0, torch.pi / 2, 0]])
-        >>> to_xyz(C, table)
-        tensor([[0., 0., 0.],
-                [1., 0., 0.],
-                [1., 1., 0.]])
+        >>> xyz = to_xyz(C, table)  # atom 0 at the origin, 1 on +x, 2 in the xy-plane (+y)
+        >>> torch.allclose(xyz, torch.tensor([[0.0, 0, 0], [1, 0, 0], [1, 1, 0]]), atol=1e-6)
+        True
     """
     table = as_table(table)
     C = _check(C, table, "C")
