@@ -1,4 +1,12 @@
-"""Checks for your own code: which aten ops a call dispatches, and which of them sync.
+"""Checks for your own code: methods agree, rigid-motion invariance, and which aten ops a call
+dispatches (and which of them sync).
+
+:func:`assert_methods_agree` checks that every method of :func:`zmat.to_xyz`
+gives the same coordinates and gradients for your internal coordinates and
+table (the guarantee of ``docs/conventions.md``: within 1e-10 in float64).
+:func:`assert_rigid_invariant` checks that a function of positions (a loss,
+internal coordinates, a distance matrix) does not change when the structure is
+rotated and translated.
 
 :class:`DispatchAudit` is a ``TorchDispatchMode`` that records every aten op
 dispatched inside it (forward, and backward when the backward runs inside it
@@ -21,12 +29,116 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections import Counter
+from collections.abc import Callable, Sequence
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["SYNC_OPS", "DispatchAudit"]
+from .transform import METHODS, to_xyz
+
+__all__ = ["SYNC_OPS", "DispatchAudit", "assert_methods_agree", "assert_rigid_invariant", "default_atol"]
+
+
+def default_atol(dtype: torch.dtype) -> float:
+    """The tolerance the tests use for ``dtype``: 1e-10 in float64, 1e-4 in float32, else 0.05."""
+    return {torch.float64: 1e-10, torch.float32: 1e-4}.get(dtype, 0.05)
+
+
+def assert_methods_agree(
+    C: torch.Tensor, table, *, atol: float | None = None, methods: Sequence[str] = METHODS
+) -> None:
+    """Assert that every method of :func:`zmat.to_xyz` gives the same positions and gradients.
+
+    Positions are compared with the first method's, and so is the gradient of a
+    fixed, generic weighted sum of the positions (one vector-Jacobian product).
+
+    Args:
+        C: ``(..., N, 3)`` internal coordinates (float; not modified).
+        table: the construction table (anything :func:`zmat.to_xyz` accepts).
+        atol: absolute tolerance, same unit as the positions; default
+            :func:`default_atol` of ``C.dtype``. Gradients get ``atol`` times
+            the largest gradient entry (at least 1).
+        methods: the methods to compare (default: :data:`zmat.METHODS`).
+
+    Raises:
+        AssertionError: naming the method and the largest deviation.
+
+    Example:
+        >>> C = torch.tensor([[0.0, 0, 0], [1.5, 0, 0], [1.4, 2.0, 0], [1.1, 1.9, 2.1]], dtype=torch.float64)
+        >>> assert_methods_agree(C, [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0]])
+    """
+    atol = default_atol(C.dtype) if atol is None else atol
+    results = []
+    for method in methods:
+        c = C.detach().clone().requires_grad_()
+        xyz = to_xyz(c, table, method=method)
+        weight = torch.cos(torch.arange(xyz.numel(), dtype=xyz.dtype, device=xyz.device)).view_as(xyz)
+        (grad,) = torch.autograd.grad((xyz * weight).sum(), c)
+        results.append((method, xyz.detach(), grad))
+    first, xyz0, grad0 = results[0]
+    grad_atol = atol * max(1.0, float(grad0.abs().max()))
+    for method, xyz, grad in results[1:]:
+        err = float((xyz - xyz0).abs().max())
+        if not err <= atol:
+            raise AssertionError(f"to_xyz method {method!r} differs from {first!r} by {err:.3g} > {atol:.3g}")
+        err = float((grad - grad0).abs().max())
+        if not err <= grad_atol:
+            raise AssertionError(
+                f"the gradient of method {method!r} differs from {first!r}'s by {err:.3g} > {grad_atol:.3g}"
+            )
+
+
+def _rotation(dtype: torch.dtype, device) -> torch.Tensor:
+    """A fixed generic proper rotation: 1 radian about the axis ``(1, 2, 3) / |(1, 2, 3)|``."""
+    k = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64) / math.sqrt(14.0)
+    skew = torch.tensor([[0.0, -k[2], k[1]], [k[2], 0.0, -k[0]], [-k[1], k[0], 0.0]], dtype=torch.float64)
+    return torch.linalg.matrix_exp(skew).to(dtype=dtype, device=device)
+
+
+def assert_rigid_invariant(
+    fn: Callable[[torch.Tensor], torch.Tensor],
+    xyz: torch.Tensor,
+    *,
+    atol: float | None = None,
+    rotation: torch.Tensor | None = None,
+    translation: torch.Tensor | None = None,
+    period: float | None = None,
+) -> None:
+    """Assert ``fn(xyz @ R.T + t) == fn(xyz)`` for a proper rotation ``R`` and a translation ``t``.
+
+    Args:
+        fn: function of ``(..., N, 3)`` positions returning a tensor.
+        xyz: ``(..., N, 3)`` positions.
+        atol: absolute tolerance; default :func:`default_atol` of ``xyz.dtype``
+            times ``max(1, max |fn(xyz)|)``.
+        rotation: ``(3, 3)`` proper rotation; default a fixed generic one.
+        translation: ``(3,)``; default ``(1.5, -2, 0.5)``.
+        period: compare differences modulo this (``2 * math.pi`` for angles,
+            where ``pi`` and ``-pi`` are the same dihedral).
+
+    Raises:
+        AssertionError: with the largest deviation.
+
+    Example:
+        >>> xyz = torch.tensor([[0.0, 0, 0], [1.5, 0, 0], [2, 1.4, 0], [3, 1.5, 1.2]], dtype=torch.float64)
+        >>> table = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0]]
+        >>> assert_rigid_invariant(lambda x: zmat.to_internal(x, table), xyz, period=2 * math.pi)
+    """
+    rot = _rotation(xyz.dtype, xyz.device) if rotation is None else rotation.to(xyz)
+    shift = torch.tensor([1.5, -2.0, 0.5]) if translation is None else translation
+    ref = fn(xyz)
+    moved = fn(xyz @ rot.transpose(-1, -2) + shift.to(xyz))
+    diff = moved - ref
+    if period is not None:
+        diff = torch.remainder(diff + period / 2, period) - period / 2
+    if atol is None:
+        atol = default_atol(xyz.dtype) * max(1.0, float(ref.abs().max()) if ref.numel() else 1.0)
+    err = float(diff.abs().max()) if diff.numel() else 0.0
+    if not err <= atol:
+        raise AssertionError(f"not invariant under a rigid motion: largest change {err:.3g} > {atol:.3g}")
+
 
 #: aten ops that copy a value to the host or size their output from tensor values.
 SYNC_OPS = frozenset(
