@@ -1,6 +1,6 @@
 """zmat: batched, differentiable z-matrix <-> Cartesian transforms for PyTorch.
 
-The public API (stable names, see ``CONTRACT.md``)::
+The public API (stable names, see ``docs/conventions.md``)::
 
     xyz = zmat.to_xyz(C, table, method="auto")  # (..., N, 3), differentiable in C
     C = zmat.to_internal(xyz, table)             # (..., N, 3), differentiable in xyz

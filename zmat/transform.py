@@ -1,6 +1,6 @@
 """The public transforms: internal coordinates <-> Cartesian coordinates.
 
-Conventions (``CONTRACT.md``): ``C[..., i, :] = (r_i, theta_i, phi_i)`` with
+Conventions (``docs/conventions.md``): ``C[..., i, :] = (r_i, theta_i, phi_i)`` with
 ``r_i = |x_i - x_b|``, ``theta_i = angle(x_i, x_b, x_a)`` in radians and
 ``phi_i = dihedral(x_d, x_a, x_b, x_i)`` in radians with the IUPAC sign (the
 sign of ASE, RDKit, Open Babel and every protein tool; chemcoord's is the
