@@ -11,8 +11,7 @@ from ase import Atoms
 from ase.build import molecule
 
 import zmat
-from zmat import ZMatrix
-from zmat._align import rmsd
+from zmat import ZMatrix, rmsd
 from zmat.autotable import connectivity, construction_table
 from zmat.table import BOND, PLANAR, PROPER, ROOT
 

@@ -9,8 +9,7 @@ import pytest
 import torch
 
 import zmat
-from zmat import ZMatrix
-from zmat._align import rmsd
+from zmat import ZMatrix, rmsd
 from zmat.chemcoord import ABSOLUTE_REFERENCES, from_chemcoord, from_chemcoord_arrays
 
 cc = pytest.importorskip("chemcoord")

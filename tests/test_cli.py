@@ -1,5 +1,6 @@
 """The ``zmat`` command line and ``python -m zmat``."""
 
+import importlib.metadata
 import subprocess
 import sys
 from pathlib import Path
@@ -9,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from zmat import ZMatrix
-from zmat._align import rmsd
+import zmat
+from zmat import ZMatrix, rmsd
 from zmat.cli import main
 
 DATA = Path(__file__).parent / "data"
@@ -67,3 +68,11 @@ def test_python_dash_m(tmp_path):
     )
     assert res.returncode == 0, res.stderr
     assert len(ase.io.read(out)) == 3
+
+
+def test_version_has_one_source(capsys):
+    """``zmat --version``, the installed metadata and ``zmat.__version__`` agree (setuptools reads it)."""
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out.strip() == f"zmat {zmat.__version__}"
+    assert importlib.metadata.version("zmat") == zmat.__version__
