@@ -6,9 +6,12 @@ The public API (stable names, see ``docs/conventions.md``)::
     C = zmat.to_internal(xyz, table)             # (..., N, 3), differentiable in xyz
     table = zmat.ConstructionTable(refs)         # validated once, reusable
     loss = zmat.clash_loss(xyz, radii, exclude=table)
+
+``zmat.gaussian`` reads and writes Gaussian z-matrix text; ``zmat.testing``
+(imported on its own) has checks for your own code.
 """
 
-from . import chemcoord, clash, protein
+from . import chemcoord, clash, gaussian, protein
 from ._align import rmsd, superpose
 from .clash import alphafold_radii, clash_loss, exclusions_from_bonds, exclusions_from_table, vdw_radii
 from .table import ConstructionTable
@@ -26,6 +29,7 @@ __all__ = [
     "dihedrals",
     "exclusions_from_bonds",
     "exclusions_from_table",
+    "gaussian",
     "protein",
     "rmsd",
     "superpose",
