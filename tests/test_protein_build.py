@@ -113,7 +113,7 @@ def test_build_reproduces_torsions_and_ideal_geometry():
     # all internal coordinates are ideal (or torsions)
     lay = p.layout
     fixed = torch.as_tensor(lay.ideal_mask & ~np.isnan(lay.ideal))
-    diff = p.internal - torch.as_tensor(lay.ideal)
+    diff = p.internal - lay.tensor("ideal")
     diff[:, 2] = torch.remainder(diff[:, 2] + math.pi, 2 * math.pi) - math.pi  # pi == -pi
     assert diff[fixed].abs().max() < 1e-9
 
@@ -199,7 +199,7 @@ def test_batch_clash_pairs():
 def test_write_samples(tmp_path):
     batch = zp.ProteinBatch(["MKV", "ACDEFG"])
     xyz = batch.to_xyz(_random_torsions(batch.L_max, 2))
-    batch.protein(1, xyz[1]).to_pdb(tmp_path / "s.pdb")
+    zp.Protein.from_batch(batch, 1, xyz[1]).to_pdb(tmp_path / "s.pdb")
     q = zp.from_pdb(tmp_path / "s.pdb")
     assert q.sequence == "ACDEFG" and torch.allclose(q.xyz, xyz[1, : q.n_atoms], atol=1e-3)
 
