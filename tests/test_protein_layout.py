@@ -10,10 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_protein_io import reference_disulfides
 
+import zmat
 import zmat.protein as zp
+from zmat._align import rmsd
 from zmat.protein.layout import N_TORSIONS
 from zmat.protein.topology import CHI_ATOMS, OMEGA, PHI, PSI, RESIDUES
+from zmat.table import OFFSET, POSITIONAL, PROPER
 
 DATA = Path(__file__).parent / "data"
 ALL20 = "ARNDCQEGHILKMFPSTWYV"
@@ -301,15 +305,6 @@ def reference_from_structure(atoms, chain=None):
     )
 
 
-def reference_disulfides(xyz, lay):
-    sg = np.nonzero((lay.atom_names == "SG") & (lay.res_names[lay.residue_index] == "CYS"))[0]
-    if len(sg) < 2:
-        return np.zeros((0, 2), np.int64)
-    d = np.linalg.norm(xyz[sg, None] - xyz[None, sg], axis=-1)
-    i, j = np.nonzero(np.triu(d < zp.io.DISULFIDE_MAX, 1))
-    return np.stack([sg[i], sg[j]], 1)
-
-
 # ------------------------------------------------------------------ tests
 def assert_same_layout(got, want):
     for f in FIELDS:
@@ -491,18 +486,54 @@ def test_multichain_assembly_equals_reference():
     _assert_same_protein(zp.from_structure(arr), reference_from_structure(arr))
 
 
-def test_disulfides_equal_reference():
-    """SG-SG pairs from the k-d tree equal the all-pairs reference, ties at the cutoff included."""
-    rng = np.random.default_rng(3)
-    lay = zp.protein_layout("C" * 300)
-    sg = np.nonzero(lay.atom_names == "SG")[0]
-    xyz = np.zeros((lay.n_atoms, 3))
-    xyz[sg] = rng.random((len(sg), 3)) * 12.0
-    xyz[sg[1]] = xyz[sg[0]] + (zp.io.DISULFIDE_MAX, 0, 0)  # exactly at the cutoff: not bonded
-    got, want = zp.io.disulfide_bonds(xyz, lay), reference_disulfides(xyz, lay)
-    assert len(want) > 10 and got.dtype == want.dtype
-    assert np.array_equal(got, want)
-    for n_sg in (0, 1, 2):
-        small = zp.protein_layout("C" * n_sg + "A")
-        x = np.zeros((small.n_atoms, 3))
-        assert np.array_equal(zp.io.disulfide_bonds(x, small), reference_disulfides(x, small))
+def test_layout_all_rows_canonical():
+    lay = zp.protein_layout(ALL20 * 3)
+    t = lay.table
+    assert not (t.kind == POSITIONAL).any()
+    assert ((t.kind == PROPER) | (t.kind == OFFSET)).sum() == lay.n_atoms - 3
+    assert lay.ideal_mask[3:].all()  # every row but the first three atoms' unused columns
+    assert (lay.atom_names == "OXT").sum() == 1 and lay.atom_names[-1] == "OXT"
+    # every torsion slot is used exactly once, except phi_0 and omega_{L-1}
+    slots = np.sort(lay.torsion_slot[lay.torsion_slot >= 0])
+    assert len(np.unique(slots)) == len(slots)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_missing_atoms_fallbacks(seed):
+    """Dropping random atoms (backbone included) keeps an exact, positional-free table."""
+    p = zp.from_pdb(DATA / "1ubi.pdb")
+    arr = p.to_structure()
+    rng = np.random.default_rng(seed)
+    keep = rng.random(arr.array_length()) > 0.15
+    keep[:3] = seed % 2 == 0  # sometimes without the first N, CA, C
+    q = zp.from_structure(arr[keep])
+    assert not (q.table.kind == POSITIONAL).any()
+    assert rmsd(zmat.to_xyz(q.internal, q.table), q.xyz) < 1e-6
+    assert torch.isfinite(zmat.to_xyz(q.ideal_internal(), q.table)).all()
+
+
+def test_layout_is_immutable_and_its_tensors_shared():
+    """A cached layout cannot be changed through its fields or arrays."""
+    lay = zp.protein_layout("MKCW")
+    assert zp.protein_layout("MKCW") is lay
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        lay.bonds = lay.bonds[:1]
+    for f in FIELDS:
+        arr = getattr(lay, f)
+        with pytest.raises(ValueError, match="read-only"):
+            arr[:1] = arr[:1]
+    for lay_b in zp.ProteinBatch(["MKCW", "GA"]).layouts + [zp.from_pdb(DATA / "1aki.pdb").layout]:
+        with pytest.raises(ValueError, match="read-only"):
+            lay_b.refs[0, 0] = 1
+    t = lay.tensor("torsion_atoms")
+    assert lay.tensor("torsion_atoms") is t and lay.tensor("torsion_atoms", "cpu") is t
+    assert t.dtype == torch.int64 and np.array_equal(t.numpy(), lay.torsion_atoms)
+    assert lay.tensor("ideal").dtype == torch.float64 and lay.tensor("ideal_mask").dtype == torch.bool
+    changed = dataclasses.replace(lay, bonds=lay.bonds[:2])
+    assert len(changed.bonds) == 2 and len(lay.bonds) > 2 and not changed.bonds.flags.writeable
+
+
+def test_layout_module_is_not_shadowed():
+    import zmat.protein.layout as module
+
+    assert zp.layout is module and module.layout_of is zp.layout_of

@@ -180,8 +180,8 @@ def atom_array(lay: Layout, xyz: np.ndarray, res_ids, ins_codes, res_chain_ids):
     arr.res_id = res_ids[ri]
     arr.ins_code = ins_codes[ri]
     arr.res_name = lay.res_names[ri]
-    arr.atom_name = lay.atom_names
-    arr.element = lay.elements
+    arr.atom_name = lay.atom_names.copy()  # the layout's arrays are read-only and shared
+    arr.element = lay.elements.copy()
     arr.hetero = np.zeros(lay.n_atoms, bool)
     return arr
 

@@ -258,4 +258,6 @@ def from_pdb(path, chain=None, model: int | None = None, altloc: str = "first") 
 def from_structure(atoms, chain=None) -> Protein:
     """A :class:`Protein` from a ``biotite.structure.AtomArray`` (see :func:`from_pdb`)."""
     lay, xyz, res_ids, ins_codes, res_chain_ids = io.parse_atoms(atoms, chain=chain)
-    return Protein(lay, torch.from_numpy(xyz), res_ids=res_ids, ins_codes=ins_codes, res_chain_ids=res_chain_ids)
+    return Protein(
+        lay, torch.from_numpy(xyz), res_ids=res_ids, ins_codes=ins_codes, res_chain_ids=res_chain_ids
+    )
