@@ -159,6 +159,7 @@ def internal_from_torsions(torsions, sequence: str) -> torch.Tensor:
         ``(..., N, 3)`` for ``protein_layout(sequence).table``; differentiable.
 
     Example:
+        >>> import zmat
         >>> t = torch.zeros(5, 7, dtype=torch.float64)
         >>> C = internal_from_torsions(t, "ACDEF")
         >>> xyz = zmat.to_xyz(C, protein_layout("ACDEF").table)
@@ -187,6 +188,8 @@ class ProteinBatch:
         atom_names, elements: ``(B, N_max)`` string arrays (``""`` on padding).
         residue_index: ``(B, N_max)`` int64 (-1 on padding).
         radii: ``(B, N_max)`` float64 AlphaFold radii (0 on padding).
+
+    A sample is written with ``Protein.from_batch(batch, b, xyz[b]).to_pdb(path)``.
 
     Example:
         >>> batch = ProteinBatch(["MKV", "ACDEFG"])

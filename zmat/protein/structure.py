@@ -249,6 +249,7 @@ def from_pdb(path, chain=None, model: int | None = None, altloc: str = "first") 
         ValueError: no standard residue left after filtering; unknown chain.
 
     Example:
+        >>> import zmat
         >>> p = from_pdb("tests/data/1aki.pdb")
         >>> xyz = zmat.to_xyz(p.internal, p.table)  # p.xyz up to a rigid motion
     """
