@@ -95,8 +95,7 @@ def parse_atoms(atoms, chain=None) -> ParsedAtoms:
     L = len(starts) - 1
     types = residue_types(atoms.res_name[starts[:-1]].tolist())
     coord = atoms.coord.astype(np.float64)
-    # file index per (residue, slot); row L: none
-    res_of = np.repeat(np.arange(L), np.diff(starts))
+    res_of = np.repeat(np.arange(L), np.diff(starts))  # residue of each file atom
     where = _slot_map(res_of, template_slots(types[res_of], np.asarray(atoms.atom_name)), L)
     chain_ids = atoms.chain_id[starts[:-1]]
     bonded = _peptide_bonds(coord, where, chain_ids)
