@@ -161,7 +161,7 @@ def _tiled(p, n_res: int, start: int = 0):
     wrap-around shifts the copy by its extent + 10 A along x and joins it with
     a (long) peptide bond, which only changes values, not the work.
     """
-    from zmat.protein.layout import layout
+    from zmat.protein.layout import layout_of
 
     L = len(p)
     ri = p.layout.residue_index
@@ -175,7 +175,7 @@ def _tiled(p, n_res: int, start: int = 0):
         atoms = [str(a) for a in names[per_res[k]] if a != "OXT" or j == n_res - 1]
         present.append(atoms)
     bonded = [bool(p.layout.bonded[k]) or (j > 0 and k == 0) for j, k in enumerate(order)]
-    lay = layout([str(p.res_names[k]) for k in order], present=present, bonded=bonded)
+    lay = layout_of([str(p.res_names[k]) for k in order], present=present, bonded=bonded)
     pos = {}  # (residue in the tiled chain, atom name) -> coordinates
     xyz = p.xyz.numpy()
     for j, k in enumerate(order):

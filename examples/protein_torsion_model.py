@@ -156,7 +156,7 @@ def main(argv=None) -> dict:
             xyz = batch.to_xyz(model(tokens))
         for b, (p, _, _) in enumerate(items):
             path = args.out / f"predicted_{b}_{p.sequence[:6]}.pdb"
-            batch.protein(b, xyz[b]).to_pdb(path)
+            zp.Protein.from_batch(batch, b, xyz[b]).to_pdb(path)
             print(f"wrote {path}")
     return {"history": history, "model": model}
 

@@ -1,4 +1,4 @@
-"""zmat.protein: topology, torsion -> coordinates, batches, FoldingDiff backbone."""
+"""zmat.protein.build: torsion -> coordinates, batches, FoldingDiff backbone."""
 
 import math
 from pathlib import Path
@@ -10,87 +10,10 @@ import torch
 import zmat
 import zmat.protein as zp
 from zmat._align import rmsd
-from zmat.table import OFFSET, POSITIONAL, PROPER
+from zmat.table import POSITIONAL
 
 DATA = Path(__file__).parent / "data"
 ALL20 = "ARNDCQEGHILKMFPSTWYV"
-
-
-# ------------------------------------------------------------------ topology
-def test_templates_match_the_ccd():
-    """Atom names and bond graph of every template are the CCD's heavy atoms and bonds."""
-    from biotite.structure.info import residue
-
-    for name, t in zp.RESIDUES.items():
-        ccd = residue(name)
-        heavy = ccd.element != "H"
-        assert set(t.atoms) == set(ccd.atom_name[heavy].tolist()), name
-        ccd_bonds = {
-            frozenset((ccd.atom_name[i], ccd.atom_name[j]))
-            for i, j, _ in ccd.bonds.as_array()
-            if heavy[i] and heavy[j]
-        }
-        assert {frozenset(b) for b in t.bonds} == ccd_bonds, name
-        for b in t.ring_bonds:
-            assert frozenset(b) in ccd_bonds
-
-
-def test_chi_definitions():
-    n_chi = {"ALA": 0, "GLY": 0, "SER": 1, "CYS": 1, "VAL": 1, "THR": 1, "PRO": 2, "ASP": 2, "ASN": 2}
-    n_chi |= {"LEU": 2, "ILE": 2, "PHE": 2, "TYR": 2, "TRP": 2, "HIS": 2, "MET": 3, "GLU": 3, "GLN": 3}
-    n_chi |= {"LYS": 4, "ARG": 4}
-    assert {k: len(v) for k, v in zp.CHI_ATOMS.items()} == n_chi
-    assert zp.CHI_ATOMS["ILE"][1] == ("CA", "CB", "CG1", "CD1")
-    assert zp.CHI_ATOMS["ARG"][3] == ("CG", "CD", "NE", "CZ")
-
-
-def test_side_chain_geometry_reproducible():
-    """SIDE_CHAIN_GEOMETRY is the rounded mean over 1aki, 1ubi and 7pfl."""
-    vals = {}
-    for f in ("1aki", "1ubi", "7pfl"):
-        p = zp.from_pdb(DATA / f"{f}.pdb")
-        lay, C = p.layout, p.internal.numpy()
-        for v in np.nonzero(lay.ideal_mask.all(1))[0]:
-            key = (lay.res_names[lay.residue_index[v]], lay.atom_names[v])
-            vals.setdefault(key, []).append(C[v])
-    for res, atoms in zp.topology.SIDE_CHAIN_GEOMETRY.items():
-        for atom, (r, theta, phi) in atoms.items():
-            v = np.array(vals[(res, atom)])
-            assert abs(v[:, 0].mean() - r) < 6e-4 and abs(math.degrees(v[:, 1].mean()) - theta) < 0.06
-            if phi is not None:
-                mean = math.degrees(np.angle(np.exp(1j * v[:, 2]).mean()))
-                assert abs((mean - phi + 180) % 360 - 180) < 6, (res, atom, mean, phi)
-
-
-def test_layout_all_rows_canonical():
-    lay = zp.protein_layout(ALL20 * 3)
-    t = lay.table
-    assert not (t.kind == POSITIONAL).any()
-    assert ((t.kind == PROPER) | (t.kind == OFFSET)).sum() == lay.n_atoms - 3
-    assert lay.ideal_mask[3:].all()  # every row but the first three atoms' unused columns
-    assert (lay.atom_names == "OXT").sum() == 1 and lay.atom_names[-1] == "OXT"
-    # every torsion slot is used exactly once, except phi_0 and omega_{L-1}
-    slots = np.sort(lay.torsion_slot[lay.torsion_slot >= 0])
-    assert len(np.unique(slots)) == len(slots)
-
-
-def test_unknown_residue():
-    with pytest.raises(ValueError, match="'X' at position 2"):
-        zp.protein_layout("ACX")
-
-
-@pytest.mark.parametrize("seed", range(4))
-def test_missing_atoms_fallbacks(seed):
-    """Dropping random atoms (backbone included) keeps an exact, positional-free table."""
-    p = zp.from_pdb(DATA / "1ubi.pdb")
-    arr = p.to_structure()
-    rng = np.random.default_rng(seed)
-    keep = rng.random(arr.array_length()) > 0.15
-    keep[:3] = seed % 2 == 0  # sometimes without the first N, CA, C
-    q = zp.from_structure(arr[keep])
-    assert not (q.table.kind == POSITIONAL).any()
-    assert rmsd(zmat.to_xyz(q.internal, q.table), q.xyz) < 1e-6
-    assert torch.isfinite(zmat.to_xyz(q.ideal_internal(), q.table)).all()
 
 
 # ---------------------------------------------------- torsions -> coordinates
@@ -113,7 +36,7 @@ def test_build_reproduces_torsions_and_ideal_geometry():
     # all internal coordinates are ideal (or torsions)
     lay = p.layout
     fixed = torch.as_tensor(lay.ideal_mask & ~np.isnan(lay.ideal))
-    diff = p.internal - torch.as_tensor(lay.ideal)
+    diff = p.internal - lay.tensor("ideal")
     diff[:, 2] = torch.remainder(diff[:, 2] + math.pi, 2 * math.pi) - math.pi  # pi == -pi
     assert diff[fixed].abs().max() < 1e-9
 
@@ -194,14 +117,6 @@ def test_batch_clash_pairs():
         p = zp.Protein.from_sequence(s, xyz[b, : batch.layouts[b].n_atoms])
         want = zmat.clash.clash_loss(p.xyz, p.radii, exclude=p.exclusions(), method="all_pairs")
         assert torch.allclose(loss[b], want, atol=1e-9), (b, loss[b], want)
-
-
-def test_write_samples(tmp_path):
-    batch = zp.ProteinBatch(["MKV", "ACDEFG"])
-    xyz = batch.to_xyz(_random_torsions(batch.L_max, 2))
-    batch.protein(1, xyz[1]).to_pdb(tmp_path / "s.pdb")
-    q = zp.from_pdb(tmp_path / "s.pdb")
-    assert q.sequence == "ACDEFG" and torch.allclose(q.xyz, xyz[1, : q.n_atoms], atol=1e-3)
 
 
 # ------------------------------------------------------------- FoldingDiff

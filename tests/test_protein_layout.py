@@ -2,6 +2,7 @@
 implementation (kept below, verbatim, as the reference) on sequences, batches,
 missing atoms, chain breaks, forests and real files."""
 
+import dataclasses
 import string
 from collections.abc import Sequence
 from pathlib import Path
@@ -9,10 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_protein_io import reference_disulfides
 
+import zmat
 import zmat.protein as zp
+from zmat._align import rmsd
 from zmat.protein.layout import N_TORSIONS
 from zmat.protein.topology import CHI_ATOMS, OMEGA, PHI, PSI, RESIDUES
+from zmat.table import OFFSET, POSITIONAL, PROPER
 
 DATA = Path(__file__).parent / "data"
 ALL20 = "ARNDCQEGHILKMFPSTWYV"
@@ -281,7 +286,7 @@ def reference_from_structure(atoms, chain=None):
     for k in range(1, L):
         c, n = where[k - 1].get("C"), where[k].get("N")
         if chain_ids[k] == chain_ids[k - 1] and c is not None and n is not None:
-            bonded[k] = np.linalg.norm(coord[c] - coord[n]) <= zp.structure.PEPTIDE_BOND_MAX
+            bonded[k] = np.linalg.norm(coord[c] - coord[n]) <= zp.io.PEPTIDE_BOND_MAX
 
     lay0 = reference_layout(res_names, present=[list(d) for d in present], bonded=bonded)
     # file index of every layout atom
@@ -290,7 +295,7 @@ def reference_from_structure(atoms, chain=None):
     for j in range(lay0.n_atoms):
         src[j] = where[ri[j]][an[j]]
     xyz = coord[src]
-    lay0.bonds = np.concatenate([lay0.bonds, reference_disulfides(xyz, lay0)])
+    lay0 = dataclasses.replace(lay0, bonds=np.concatenate([lay0.bonds, reference_disulfides(xyz, lay0)]))
     return zp.Protein(
         lay0,
         torch.from_numpy(xyz),
@@ -298,15 +303,6 @@ def reference_from_structure(atoms, chain=None):
         ins_codes=atoms.ins_code[starts[:-1]],
         res_chain_ids=chain_ids,
     )
-
-
-def reference_disulfides(xyz, lay):
-    sg = np.nonzero((lay.atom_names == "SG") & (lay.res_names[lay.residue_index] == "CYS"))[0]
-    if len(sg) < 2:
-        return np.zeros((0, 2), np.int64)
-    d = np.linalg.norm(xyz[sg, None] - xyz[None, sg], axis=-1)
-    i, j = np.nonzero(np.triu(d < zp.structure.DISULFIDE_MAX, 1))
-    return np.stack([sg[i], sg[j]], 1)
 
 
 # ------------------------------------------------------------------ tests
@@ -330,14 +326,14 @@ def test_sequences_equal_reference(seq):
     zp.protein_layout.cache_clear()
     got = zp.protein_layout(seq)
     assert_same_layout(got, reference_layout(zp.one_to_three(seq)))
-    assert_same_layout(zp.layout(zp.one_to_three(seq)), got)
+    assert_same_layout(zp.layout_of(zp.one_to_three(seq)), got)
     assert_same_layout(zp.protein_layout(seq.lower()), got)
 
 
 def test_empty_and_unknown():
-    assert zp.layout([]).n_atoms == 0
+    assert zp.layout_of([]).n_atoms == 0
     with pytest.raises(ValueError, match="'XYZ' is not one"):
-        zp.layout(["ALA", "XYZ"])
+        zp.layout_of(["ALA", "XYZ"])
     with pytest.raises(ValueError, match="'B' at position 1"):
         zp.protein_layout("AB")
     with pytest.raises(ValueError, match="position 1"):
@@ -364,7 +360,7 @@ def test_random_layouts_equal_reference(seed):
     linked = rng.random(L) > [0.0, 0.1, 0.5][seed % 3] if seed % 2 else None
     extra = rng.integers(0, 5, (3, 2)) if seed % 3 == 0 else None
     want = reference_layout(names, present, bonded, linked, extra)
-    assert_same_layout(zp.layout(names, present, bonded, linked, extra), want)
+    assert_same_layout(zp.layout_of(names, present, bonded, linked, extra), want)
 
 
 def test_virtual_links_equal_reference():
@@ -375,12 +371,12 @@ def test_virtual_links_equal_reference():
         present[0] = ["CA"]
         for linked in (None, [k % 3 != 0 for k in range(len(names))]):
             want = reference_layout(names, present, None, linked)
-            assert_same_layout(zp.layout(names, present, None, linked), want)
+            assert_same_layout(zp.layout_of(names, present, None, linked), want)
         nobb = [[a for a in RESIDUES[r].atoms if a not in ("N", "CA", "C")] for r in names]
-        assert_same_layout(zp.layout(names, nobb), reference_layout(names, nobb))
+        assert_same_layout(zp.layout_of(names, nobb), reference_layout(names, nobb))
     # the backward scan skips the depth-1 CB for the depth-2 O
     names, present = ["LYS", "ALA", "GLY"], [["CA", "C", "O", "CB"], ["CB"], ["O"]]
-    got = zp.layout(names, present)
+    got = zp.layout_of(names, present)
     assert_same_layout(got, reference_layout(names, present))
     assert got.refs[4, 0] == 2
 
@@ -422,7 +418,7 @@ def test_batch_equals_reference(with_empty):
         residue_mask[b, : lay.n_residues] = True
         atom_names[b, :m] = lay.atom_names
         elements[b, :m] = lay.elements
-        residue_index[b, :m] = torch.as_tensor(lay.residue_index)
+        residue_index[b, :m] = lay.tensor("residue_index")
     assert np.array_equal(batch.table.refs, refs.reshape(-1, 3))
     assert np.array_equal(batch._flat.ideal, ideal.reshape(-1, 3), equal_nan=True)
     assert np.array_equal(batch._flat.ideal_mask, mask.reshape(-1, 3))
@@ -490,18 +486,54 @@ def test_multichain_assembly_equals_reference():
     _assert_same_protein(zp.from_structure(arr), reference_from_structure(arr))
 
 
-def test_disulfides_equal_reference():
-    """SG-SG pairs from the k-d tree equal the all-pairs reference, ties at the cutoff included."""
-    rng = np.random.default_rng(3)
-    lay = zp.protein_layout("C" * 300)
-    sg = np.nonzero(lay.atom_names == "SG")[0]
-    xyz = np.zeros((lay.n_atoms, 3))
-    xyz[sg] = rng.random((len(sg), 3)) * 12.0
-    xyz[sg[1]] = xyz[sg[0]] + (zp.structure.DISULFIDE_MAX, 0, 0)  # exactly at the cutoff: not bonded
-    got, want = zp.structure._disulfides(xyz, lay), reference_disulfides(xyz, lay)
-    assert len(want) > 10 and got.dtype == want.dtype
-    assert np.array_equal(got, want)
-    for n_sg in (0, 1, 2):
-        small = zp.protein_layout("C" * n_sg + "A")
-        x = np.zeros((small.n_atoms, 3))
-        assert np.array_equal(zp.structure._disulfides(x, small), reference_disulfides(x, small))
+def test_layout_all_rows_canonical():
+    lay = zp.protein_layout(ALL20 * 3)
+    t = lay.table
+    assert not (t.kind == POSITIONAL).any()
+    assert ((t.kind == PROPER) | (t.kind == OFFSET)).sum() == lay.n_atoms - 3
+    assert lay.ideal_mask[3:].all()  # every row but the first three atoms' unused columns
+    assert (lay.atom_names == "OXT").sum() == 1 and lay.atom_names[-1] == "OXT"
+    # every torsion slot is used exactly once, except phi_0 and omega_{L-1}
+    slots = np.sort(lay.torsion_slot[lay.torsion_slot >= 0])
+    assert len(np.unique(slots)) == len(slots)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_missing_atoms_fallbacks(seed):
+    """Dropping random atoms (backbone included) keeps an exact, positional-free table."""
+    p = zp.from_pdb(DATA / "1ubi.pdb")
+    arr = p.to_structure()
+    rng = np.random.default_rng(seed)
+    keep = rng.random(arr.array_length()) > 0.15
+    keep[:3] = seed % 2 == 0  # sometimes without the first N, CA, C
+    q = zp.from_structure(arr[keep])
+    assert not (q.table.kind == POSITIONAL).any()
+    assert rmsd(zmat.to_xyz(q.internal, q.table), q.xyz) < 1e-6
+    assert torch.isfinite(zmat.to_xyz(q.ideal_internal(), q.table)).all()
+
+
+def test_layout_is_immutable_and_its_tensors_shared():
+    """A cached layout cannot be changed through its fields or arrays."""
+    lay = zp.protein_layout("MKCW")
+    assert zp.protein_layout("MKCW") is lay
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        lay.bonds = lay.bonds[:1]
+    for f in FIELDS:
+        arr = getattr(lay, f)
+        with pytest.raises(ValueError, match="read-only"):
+            arr[:1] = arr[:1]
+    for lay_b in zp.ProteinBatch(["MKCW", "GA"]).layouts + [zp.from_pdb(DATA / "1aki.pdb").layout]:
+        with pytest.raises(ValueError, match="read-only"):
+            lay_b.refs[0, 0] = 1
+    t = lay.tensor("torsion_atoms")
+    assert lay.tensor("torsion_atoms") is t and lay.tensor("torsion_atoms", "cpu") is t
+    assert t.dtype == torch.int64 and np.array_equal(t.numpy(), lay.torsion_atoms)
+    assert lay.tensor("ideal").dtype == torch.float64 and lay.tensor("ideal_mask").dtype == torch.bool
+    changed = dataclasses.replace(lay, bonds=lay.bonds[:2])
+    assert len(changed.bonds) == 2 and len(lay.bonds) > 2 and not changed.bonds.flags.writeable
+
+
+def test_layout_module_is_not_shadowed():
+    import zmat.protein.layout as module
+
+    assert zp.layout is module and module.layout_of is zp.layout_of

@@ -1,12 +1,13 @@
-"""zmat.protein on real PDB/mmCIF files: round trip, torsions, I/O, bonds."""
+"""zmat.protein.structure: Protein on real PDB/mmCIF files (round trip, torsions,
+rebuilds, bonds) and the import graph of the package."""
 
+import ast
 from pathlib import Path
 
 import biotite.structure as struc
 import numpy as np
 import pytest
 import torch
-from biotite.structure.io import pdb
 
 import zmat
 import zmat.protein as zp
@@ -93,69 +94,6 @@ def test_torsion_only_rebuild(protein):
     assert torch.equal(nan[free], p.internal[free])
 
 
-def test_pdb_and_cif_agree():
-    a, b = zp.from_pdb(DATA / "1aki.pdb"), zp.from_pdb(DATA / "1aki.cif")
-    assert a.sequence == b.sequence and (a.atom_names == b.atom_names).all()
-    assert torch.equal(a.xyz, b.xyz)
-    assert a.table == b.table
-
-
-def test_nmr_models_and_hydrogens():
-    f = DATA / "1l2y.pdb"
-    p1, p5 = zp.from_pdb(f), zp.from_pdb(f, model=5)
-    assert p1.sequence == "NLYIQWLKDGGPSSGRPPPS" and p1.n_atoms == 304 - 150
-    assert p1.table == p5.table and not torch.equal(p1.xyz, p5.xyz)
-    stack = pdb.PDBFile.read(f).get_structure()
-    assert stack.stack_depth() == 38
-    for m in (1, 20, 38):
-        p = zp.from_pdb(f, model=m)
-        assert rmsd(zmat.to_xyz(p.internal, p.table), p.xyz) < 1e-6
-
-
-def test_altlocs_and_truncated_side_chains():
-    p = zp.from_pdb(DATA / "7pfl.pdb")
-    assert len(p) == 305 and "OXT" not in p.atom_names
-    for resid, name in ((47, "GLU"), (154, "TYR")):
-        k = int(np.nonzero(p.res_ids == resid)[0][0])
-        assert p.res_names[k] == name
-        names = p.atom_names[(p.residue_index == k).numpy()].tolist()
-        assert names == ["N", "CA", "C", "O", "CB"]
-        assert torch.isnan(p.torsions["chi1"][k])
-    # first altloc: the coordinates of the "A" conformers
-    arr = pdb.PDBFile.read(DATA / "7pfl.pdb").get_structure(model=1, altloc="all", extra_fields=[])
-    sel = (arr.res_id == 26) & (arr.atom_name == "OG1") & (arr.altloc_id == "A")
-    j = int(np.nonzero((p.atom_names == "OG1") & (p.res_ids[p.residue_index.numpy()] == 26))[0][0])
-    assert np.allclose(p.xyz[j].numpy(), arr.coord[sel][0], atol=1e-4)
-    assert zp.from_pdb(DATA / "7pfl.pdb", altloc="occupancy").n_atoms == p.n_atoms
-
-
-def test_insertion_codes_and_chains():
-    p = zp.from_pdb(DATA / "1igy.pdb")
-    assert len(p) == 1294 and "".join(dict.fromkeys(p.res_chain_ids.tolist())) == "ABCD"
-    assert p.n_breaks == 0 and (p.atom_names == "OXT").sum() == 4
-    icodes = {(c, r, i) for c, r, i in zip(p.res_chain_ids, p.res_ids, p.ins_codes, strict=True) if i}
-    assert ("B", 82, "C") in icodes and ("D", 52, "A") in icodes
-    b = zp.from_pdb(DATA / "1igy.pdb", chain="B")
-    assert len(b) == 434 and set(b.chain_id) == {"B"}
-    with pytest.raises(ValueError, match="not in the structure"):
-        zp.from_pdb(DATA / "1igy.pdb", chain="Q")
-
-
-def test_chain_breaks():
-    p = zp.from_pdb(DATA / "3wip.pdb")
-    assert p.n_breaks == 11 and len(set(p.res_chain_ids)) == 10
-    inside = p.res_chain_ids[1:] == p.res_chain_ids[:-1]
-    brk = np.nonzero(inside & ~p.layout.bonded[1:])[0] + 1  # first residue after each break
-    assert torch.isnan(p.torsions["phi"][brk]).all()
-    assert torch.isnan(p.torsions["psi"][brk - 1]).all() and torch.isnan(p.torsions["omega"][brk - 1]).all()
-    # no peptide bond across a break
-    bonds = {tuple(sorted(b)) for b in p.layout.bonds.tolist()}
-    for k in brk:
-        c = np.nonzero((p.residue_index == k - 1).numpy() & (p.atom_names == "C"))[0][0]
-        n = np.nonzero((p.residue_index == k).numpy() & (p.atom_names == "N"))[0][0]
-        assert (min(c, n), max(c, n)) not in bonds
-
-
 def test_bonds_radii_exclusions():
     p = zp.from_pdb(DATA / "1aki.pdb")
     assert p.radii.shape == (p.n_atoms,)
@@ -184,16 +122,57 @@ def _n_rings(p):
     return sum(len(zp.RESIDUES[r].ring_bonds) for r in p.res_names)
 
 
-@pytest.mark.parametrize("suffix", [".pdb", ".cif"])
-def test_to_pdb_round_trip(tmp_path, suffix):
-    p = zp.from_pdb(DATA / "7pfl.pdb")
-    out = tmp_path / f"out{suffix}"
-    x = zmat.to_xyz(p.ideal_internal(), p.table)
-    p.to_pdb(out, xyz=x)
-    q = zp.from_pdb(out)
-    assert q.sequence == p.sequence and (q.atom_names == p.atom_names).all()
-    assert torch.allclose(q.xyz, x, atol=1e-3)
-    assert q.table == p.table
-    arr = pdb.PDBFile.read(out).get_structure(model=1) if suffix == ".pdb" else None
-    if arr is not None:
-        assert arr.array_length() == p.n_atoms
+def _package_imports():
+    """Per module of zmat/protein: the sibling modules it imports at module
+    level, and the imports made inside functions."""
+    graph, lazy = {}, []
+    for f in sorted(Path(zp.__file__).parent.glob("*.py")):
+        tree = ast.parse(f.read_text())
+        graph[f.stem] = {
+            name
+            for node in tree.body
+            if isinstance(node, ast.ImportFrom) and node.level == 1
+            for name in ([node.module.split(".")[0]] if node.module else [a.name for a in node.names])
+        }
+        for fn in ast.walk(tree):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                imports = [n for n in ast.walk(fn) if isinstance(n, (ast.Import, ast.ImportFrom))]
+                lazy += [(f.stem, fn.name, n) for n in imports]
+    return graph, lazy
+
+
+def test_package_imports_form_no_circle():
+    """zmat.protein's modules import each other without a circle, and nothing of
+    zmat is imported lazily (only the optional extra biotite is)."""
+    graph, lazy = _package_imports()
+    assert graph["structure"] >= {"build", "io", "layout"} and "structure" not in graph["build"]
+    done: list[str] = []
+
+    def visit(mod, path):
+        assert mod not in path, f"import circle {' -> '.join([*path, mod])}"
+        if mod not in done:
+            for dep in sorted(graph.get(mod, ())):
+                visit(dep, [*path, mod])
+            done.append(mod)
+
+    for mod in graph:
+        visit(mod, [])
+    for mod, fn, node in lazy:
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+        assert getattr(node, "level", 0) == 0 and all(n.startswith("biotite") for n in names), (
+            f"{mod}.{fn}: lazy {ast.unparse(node)}"
+        )
+
+
+def test_from_batch_writes_samples(tmp_path):
+    batch = zp.ProteinBatch(["MKV", "ACDEFG"])
+    g = torch.Generator().manual_seed(0)
+    xyz = batch.to_xyz((torch.rand(2, batch.L_max, 7, generator=g, dtype=torch.float64) * 2 - 1) * 3.14)
+    p = zp.Protein.from_batch(batch, 1, xyz[1])
+    assert p.layout is batch.layouts[1] and torch.equal(p.xyz, xyz[1, : p.n_atoms])
+    p.to_pdb(tmp_path / "s.pdb")
+    q = zp.from_pdb(tmp_path / "s.pdb")
+    assert q.sequence == "ACDEFG" and torch.allclose(q.xyz, xyz[1, : q.n_atoms], atol=1e-3)
+    default = zp.Protein.from_batch(batch, 0)
+    assert default.sequence == "MKV"
+    assert torch.equal(default.xyz, zp.Protein.from_sequence("MKV").xyz)

@@ -4,6 +4,8 @@
   atoms of the standard residues, a construction table over them, internal
   coordinates, torsions, radii and covalent bonds for clash losses) that
   ``.to_pdb`` writes back.
+* :func:`layout_of` / :func:`protein_layout`: the :class:`Layout` (atoms,
+  construction rows, torsion bookkeeping) of residues or of a sequence.
 * :func:`internal_from_torsions`, :func:`to_xyz_from_torsions` and
   :class:`ProteinBatch` turn torsions (phi, psi, omega, chi1..chi4) and ideal
   geometry into coordinates, differentiably, for one sequence or a padded
@@ -14,6 +16,12 @@
 Conventions: Angstrom, radians, IUPAC dihedral signs; torsion columns in
 ``TORSION_NAMES`` order; templates and ideal geometry in
 :mod:`zmat.protein.topology`.
+
+Modules, each importing only those above it: ``topology`` (residue
+templates) <- ``layout`` (atoms and rows of a chain) <- ``build`` (torsions
+-> coordinates, ``ProteinBatch``) <- ``structure`` (``Protein``); ``io``
+(PDB / mmCIF files, plain data) sits beside ``build`` and is used by
+``structure``.
 """
 
 from ..transform import dihedrals
@@ -30,7 +38,7 @@ from .build import (
     six_angles_from_backbone,
     to_xyz_from_torsions,
 )
-from .layout import Layout, layout
+from .layout import Layout, layout_of
 from .structure import Protein, from_pdb, from_structure
 from .topology import CHI_ATOMS, RESIDUES, TORSION_NAMES, ResidueTemplate, one_to_three
 
@@ -52,7 +60,7 @@ __all__ = [
     "from_structure",
     "internal_from_six_angles",
     "internal_from_torsions",
-    "layout",
+    "layout_of",
     "one_to_three",
     "protein_layout",
     "six_angles_from_backbone",

@@ -36,9 +36,17 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from ..clash import alphafold_radii, candidate_pairs, exclusions_from_bonds
 from ..table import ConstructionTable
-from ..transform import to_xyz
-from .layout import N_TORSIONS, Layout, layout_from_types, residue_types, sequence_types
+from ..transform import to_internal, to_xyz
+from .layout import (
+    N_TORSIONS,
+    Layout,
+    SharedTensors,
+    layout_from_types,
+    residue_types,
+    sequence_types,
+)
 from .topology import TORSION_NAMES, one_to_three
 
 __all__ = [
@@ -98,8 +106,9 @@ def fill_internal(lay: Layout, torsions, base: torch.Tensor | None = None) -> to
     """Ideal internal coordinates of ``lay`` with ``torsions`` in their rows.
 
     Args:
-        lay: a :class:`~zmat.protein.layout.Layout` (or anything with
-            ``ideal``, ``ideal_mask``, ``torsion_slot``, ``n_residues``).
+        lay: a :class:`~zmat.protein.layout.Layout` (or any
+            ``SharedTensors`` with ``ideal``, ``ideal_mask``, ``torsion_slot``,
+            ``n_residues``).
         torsions: ``(..., L, 7)`` tensor or dict (see the module doc).
         base: optional ``(..., N, 3)`` values for the non-chemical columns and
             for NaN torsions (a structure's measured internal coordinates);
@@ -110,9 +119,9 @@ def fill_internal(lay: Layout, torsions, base: torch.Tensor | None = None) -> to
     """
     t = as_torsion_tensor(torsions, lay.n_residues)
     dtype, device = t.dtype, t.device
-    ideal = torch.as_tensor(lay.ideal, dtype=dtype, device=device)
-    mask = torch.as_tensor(lay.ideal_mask, device=device)
-    slot = torch.as_tensor(lay.torsion_slot, device=device)
+    ideal = lay.tensor("ideal", device).to(dtype)
+    mask = lay.tensor("ideal_mask", device)
+    slot = lay.tensor("torsion_slot", device)
     has = slot >= 0
     flat = t.flatten(-2).index_select(-1, slot.clamp_min(0))  # (..., N)
     if base is None:
@@ -150,6 +159,7 @@ def internal_from_torsions(torsions, sequence: str) -> torch.Tensor:
         ``(..., N, 3)`` for ``protein_layout(sequence).table``; differentiable.
 
     Example:
+        >>> import zmat
         >>> t = torch.zeros(5, 7, dtype=torch.float64)
         >>> C = internal_from_torsions(t, "ACDEF")
         >>> xyz = zmat.to_xyz(C, protein_layout("ACDEF").table)
@@ -178,6 +188,8 @@ class ProteinBatch:
         atom_names, elements: ``(B, N_max)`` string arrays (``""`` on padding).
         residue_index: ``(B, N_max)`` int64 (-1 on padding).
         radii: ``(B, N_max)`` float64 AlphaFold radii (0 on padding).
+
+    A sample is written with ``Protein.from_batch(batch, b, xyz[b]).to_pdb(path)``.
 
     Example:
         >>> batch = ProteinBatch(["MKV", "ACDEFG"])
@@ -264,14 +276,8 @@ class ProteinBatch:
         xyz = to_xyz(self.internal_from_torsions(torsions), self.table, method=method)
         return xyz.unflatten(-2, (len(self), self.N_max))
 
-    def unpad(self, x: torch.Tensor) -> list[torch.Tensor]:
-        """``(..., B, N_max, *)`` -> list of ``(..., n_b, *)`` (real atoms only)."""
-        return [x[..., b, : lay.n_atoms, :] for b, lay in enumerate(self.layouts)]
-
     @functools.cached_property
     def radii(self) -> torch.Tensor:
-        from ..clash import alphafold_radii
-
         out = torch.zeros(len(self), self.N_max, dtype=torch.float64)
         for b, lay in enumerate(self.layouts):
             out[b, : lay.n_atoms] = alphafold_radii(lay.elements.tolist(), dtype=torch.float64)
@@ -279,11 +285,9 @@ class ProteinBatch:
 
     @functools.cached_property
     def _exclusion_keys(self) -> torch.Tensor:
-        from ..clash import exclusions_from_bonds
-
         keys = []
         for b, lay in enumerate(self.layouts):
-            e = exclusions_from_bonds(lay.bonds, lay.n_atoms, depth=3) + b * self.N_max
+            e = exclusions_from_bonds(lay.tensor("bonds"), lay.n_atoms, depth=3) + b * self.N_max
             keys.append(e[:, 0] * (len(self) * self.N_max) + e[:, 1])
         return torch.sort(torch.cat(keys)).values
 
@@ -300,8 +304,6 @@ class ProteinBatch:
                 move less than ``skin / 2``.
             kwargs: passed to ``candidate_pairs`` (``tolerance``, ``kind``, ...).
         """
-        from ..clash import candidate_pairs
-
         with torch.no_grad():
             pairs = candidate_pairs(
                 xyz.detach(), self.radii.to(xyz), mask=self.atom_mask.to(xyz.device), skin=skin, **kwargs
@@ -313,16 +315,6 @@ class ProteinBatch:
         pos = torch.searchsorted(ex, key).clamp_max(max(len(ex) - 1, 0))
         excluded = (ex[pos] == key) if len(ex) else torch.zeros_like(key, dtype=torch.bool)
         return pairs[~excluded]
-
-    def protein(self, b: int, xyz: torch.Tensor | None = None):
-        """Protein ``b`` as a :class:`~zmat.protein.Protein` (e.g. to write a
-        sample with ``.to_pdb``); ``xyz`` is ``(N_max, 3)`` or ``(n_b, 3)``."""
-        from .structure import Protein
-
-        lay = self.layouts[b]
-        if xyz is None:
-            return Protein.from_sequence(self.sequences[b])
-        return Protein(lay, torch.as_tensor(xyz).detach()[: lay.n_atoms].to(torch.float64))
 
 
 def _sequence_types(sequence: str) -> np.ndarray:
@@ -352,7 +344,7 @@ def _cut(big: Layout, r0: int, n_res: int, a0: int, n_atoms: int, e0: int, e1: i
     )
 
 
-class _Arrays:
+class _Arrays(SharedTensors):
     """The arrays :func:`fill_internal` reads, for a padded batch."""
 
     def __init__(self, ideal, ideal_mask, torsion_slot, n_residues):
@@ -429,8 +421,6 @@ def six_angles_from_backbone(xyz: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     """The inverse: ``(..., 3 L, 3)`` N, CA, C coordinates -> FoldingDiff's
     ``(..., L, 6)`` angles and ``(..., L, 3)`` step lengths (NaN where
     FoldingDiff has NaN / padding). Differentiable."""
-    from ..transform import to_internal
-
     L = xyz.shape[-2] // 3
     C = to_internal(xyz, backbone_table(L))[..., 3:, :].unflatten(-2, (L - 1, 3))  # (..., L-1, 3, 3)
     nan = torch.full_like(C[..., :1, 0, 0], torch.nan)

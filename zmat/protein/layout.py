@@ -1,6 +1,6 @@
 """Atom layout of a protein: which atoms, in which order, with which construction rows.
 
-:func:`layout` turns a list of residues (names, the atoms each has, and which
+:func:`layout_of` turns a list of residues (names, the atoms each has, and which
 consecutive residues are joined by a peptide bond) into one construction table
 and everything needed to read torsions off coordinates or to write torsions
 into internal coordinates.
@@ -36,20 +36,71 @@ go through the per-atom fallback above.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 
 import numpy as np
+import torch
 
 from ..table import ConstructionTable
 from .topology import AA3, CHI_ATOMS, OMEGA, PHI, PSI, RESIDUES, TORSION_NAMES
 
-__all__ = ["Layout", "layout"]
+__all__ = ["Layout", "layout_of"]
 
 N_TORSIONS = len(TORSION_NAMES)
 
-
 # ------------------------------------------------ templates compiled to slots
+#: Residue templates in ``AA3`` order; a residue's *type* is its index here.
+TYPES = tuple(RESIDUES[name] for name in AA3)
+#: Most atoms in a template. A residue's atoms are its *slots* ``0 .. N_SLOTS - 1``
+#: (template order).
+N_SLOTS = max(len(t.atoms) for t in TYPES)
+#: Stride of the per-residue slot maps: one slot more, ``EMPTY_SLOT``, that never
+#: holds an atom, so a missing reference indexes it instead of branching.
+SLOTS_PER_RESIDUE = N_SLOTS + 1
+EMPTY_SLOT = N_SLOTS
+#: Slots of the backbone atoms: every template starts ``N, CA, C, O``.
+SLOT_N, SLOT_CA, SLOT_C, SLOT_O = 0, 1, 2, 3
+assert all(t.atoms[:4] == ("N", "CA", "C", "O") and t.atoms[-1] == "OXT" for t in TYPES)
+
+
+@dataclass(frozen=True)
+class TemplateArrays:
+    """The 20 templates as arrays over slots, compiled once at import.
+
+    Per *template slot* ``type * SLOTS_PER_RESIDUE + slot`` (flat, ``(20 W, ...)``):
+    ``atom_name``, ``element``, ``ideal`` ``(r, theta, phi)`` of the canonical
+    row; the canonical row itself as ``ref_offset`` (the residue offset of each
+    reference plus one: 0 previous residue, 1 same, 2 next) and ``ref_slot``;
+    ``torsion_code`` ``(offset + 1) * 7 + torsion`` of the torsion that is the
+    atom's dihedral (-1: none); ``sibling_dihedral``, True where the canonical
+    dihedral reference is a sibling (an ``OFFSET`` row).
+
+    Per type: ``has_slot`` ``(20, W)``; ``oxt_slot`` ``(20,)``; ``chi_slots``
+    ``(20, 4, 4)`` (``EMPTY_SLOT`` where the residue has no such chi);
+    ``bond_offset``, ``bond_slot`` ``(20, B, 2)``: the intra-residue bonds, then
+    the peptide bond to the previous residue; ``slot_of`` name -> slot;
+    ``neighbors`` per slot, the bonded atoms as ``(offset, slot)`` (fallback
+    bond references).
+    """
+
+    has_slot: np.ndarray
+    oxt_slot: np.ndarray
+    atom_name: np.ndarray
+    element: np.ndarray
+    ideal: np.ndarray
+    ref_offset: np.ndarray
+    ref_slot: np.ndarray
+    torsion_code: np.ndarray
+    sibling_dihedral: np.ndarray
+    chi_slots: np.ndarray
+    bond_offset: np.ndarray
+    bond_slot: np.ndarray
+    slot_of: tuple[dict[str, int], ...]
+    neighbors: tuple[list[list[tuple[int, int]]], ...]
+
+
 def _sibling_type(template) -> set[str]:
     """Atoms whose canonical dihedral reference is a sibling (OFFSET rows)."""
     rows = dict(zip(template.atoms, template.rows, strict=True))
@@ -62,86 +113,121 @@ def _sibling_type(template) -> set[str]:
     return out
 
 
-#: Residue types in ``AA3`` order; ``_TYPE`` maps a three-letter name to its type.
-_TYPES = tuple(RESIDUES[name] for name in AA3)
-_TYPE = {t.name: i for i, t in enumerate(_TYPES)}
-_N_TYPES = len(_TYPES)
-_N_SLOTS = max(len(t.atoms) for t in _TYPES)
-#: Slots per residue in the atom maps: one more, ``_NONE``, that never holds an atom.
-_W = _N_SLOTS + 1
-_NONE = _N_SLOTS
-_SN, _SCA, _SC, _SO = 0, 1, 2, 3  # every template starts N, CA, C, O
-assert all(t.atoms[:4] == ("N", "CA", "C", "O") and t.atoms[-1] == "OXT" for t in _TYPES)
-
-_RES_NAMES = np.array(AA3, dtype="U3")
-_OXT = np.array([len(t.atoms) - 1 for t in _TYPES], np.int64)  # slot of OXT
-_HAS = np.zeros((_N_TYPES, _W), bool)  # slot exists in the template
-# Per template slot, flat index ``type * _W + slot``:
-_NAMES = np.full(_N_TYPES * _W, "", "U4")
-_ELEMENTS = np.full(_N_TYPES * _W, "", "U2")
-_OFF1 = np.ones((_N_TYPES * _W, 3), np.int64)  # canonical row: residue offset + 1
-_SL = np.full((_N_TYPES * _W, 3), _NONE, np.int64)  # ... and slot
-_IDEAL = np.full((_N_TYPES * _W, 3), np.nan)
-_TORS = np.full(_N_TYPES * _W, -1, np.int64)  # (offset + 1) * 7 + torsion of the dihedral, -1: none
-_SIB = np.zeros(_N_TYPES * _W, bool)  # canonical dihedral reference is a sibling
-_CHI = np.full((_N_TYPES, 4, 4), _NONE, np.int64)  # slots of chi1..chi4
-# intra-residue bonds, then the peptide bond to the previous residue, as (offset + 1, slot)
-_N_BONDS = max(len(t.bonds) for t in _TYPES) + 1
-_BOND_OFF1 = np.ones((_N_TYPES, _N_BONDS, 2), np.int64)
-_BOND_SL = np.full((_N_TYPES, _N_BONDS, 2), _NONE, np.int64)
-_SLOT: list[dict[str, int]] = []  # name -> slot, per type
-#: Fallback bond references (other bonded atoms) as (offset, slot), per type and slot.
-_NEIGHBORS: list[list[list[tuple[int, int]]]] = []
-
-
 def _spec(t, spec: str) -> tuple[int, int]:
-    """``"-C"`` -> ``(-1, slot of C)``; ``""`` -> ``(0, _NONE)``."""
+    """``"-C"`` -> ``(-1, slot of C)``; ``""`` -> ``(0, EMPTY_SLOT)``."""
     if not spec:
-        return 0, _NONE
+        return 0, EMPTY_SLOT
     off = {"-": -1, "+": 1}.get(spec[0], 0)
     return off, t.index(spec[1:] if off else spec)
 
 
-for _i, _t in enumerate(_TYPES):
-    _n, _f = len(_t.atoms), _i * _W
-    _SLOT.append({a: j for j, a in enumerate(_t.atoms)})
-    _NAMES[_f : _f + _n] = _t.atoms
-    _ELEMENTS[_f : _f + _n] = _t.elements
-    _HAS[_i, :_n] = True
-    _IDEAL[_f : _f + _n] = _t.ideal
-    _sib = _sibling_type(_t)
-    for _j, _a in enumerate(_t.atoms):
-        for _c, _s in enumerate(_t.rows[_j]):
-            _o, _SL[_f + _j, _c] = _spec(_t, _s)
-            _OFF1[_f + _j, _c] = _o + 1
-        if _t.torsion[_j] is not None:
-            _TORS[_f + _j] = (_t.torsion[_j][1] + 1) * N_TORSIONS + _t.torsion[_j][0]
-        _SIB[_f + _j] = _a in _sib
-    for _c, _quad in enumerate(CHI_ATOMS[_t.name]):
-        _CHI[_i, _c] = [_t.index(x) for x in _quad]
-    for _j, (_x, _y) in enumerate(_t.bonds):
-        _BOND_SL[_i, _j] = (_t.index(_x), _t.index(_y))
-    _BOND_OFF1[_i, -1], _BOND_SL[_i, -1] = (0, 1), (_SC, _SN)  # -C, N
-    _nb: dict[str, list[str]] = {a: [] for a in _t.atoms}
-    for _x, _y in _t.bonds:
-        _nb[_x].append(_y)
-        _nb[_y].append(_x)
-    _nb["N"].insert(0, "-C")
-    _nb["C"].append("+N")
-    _NEIGHBORS.append([[_spec(_t, s) for s in _nb[a]] for a in _t.atoms])
-
-_ALL_NAMES = np.array(sorted({a for t in _TYPES for a in t.atoms}), dtype="U4")
-#: Slot of each name of ``_ALL_NAMES`` in each type, -1 where the type has no such atom.
-_SLOT_OF_NAME = np.array([[_SLOT[i].get(str(a), -1) for a in _ALL_NAMES] for i in range(_N_TYPES)], np.int64)
-_SEQ_TYPE = np.full(256, -1, np.int64)  # ASCII one-letter code -> type
-_LETTERS = np.frombuffer("".join(t.letter for t in _TYPES).encode("ascii"), np.uint8)  # type -> code
-for _i, _t in enumerate(_TYPES):
-    _SEQ_TYPE[ord(_t.letter)] = _SEQ_TYPE[ord(_t.letter.lower())] = _i
+def _neighbors(t) -> list[list[tuple[int, int]]]:
+    """Per slot of template ``t``, its bonded atoms as ``(offset, slot)``, the
+    peptide bond included (``N`` first tries the previous ``C``)."""
+    nb: dict[str, list[str]] = {a: [] for a in t.atoms}
+    for x, y in t.bonds:
+        nb[x].append(y)
+        nb[y].append(x)
+    nb["N"].insert(0, "-C")
+    nb["C"].append("+N")
+    return [[_spec(t, s) for s in nb[a]] for a in t.atoms]
 
 
-@dataclass
-class Layout:
+def _compile_templates() -> TemplateArrays:
+    n_types, flat = len(TYPES), len(TYPES) * SLOTS_PER_RESIDUE
+    n_bonds = max(len(t.bonds) for t in TYPES) + 1  # + the peptide bond
+    out = TemplateArrays(
+        has_slot=np.zeros((n_types, SLOTS_PER_RESIDUE), bool),
+        oxt_slot=np.array([len(t.atoms) - 1 for t in TYPES], np.int64),
+        atom_name=np.full(flat, "", "U4"),
+        element=np.full(flat, "", "U2"),
+        ideal=np.full((flat, 3), np.nan),
+        ref_offset=np.ones((flat, 3), np.int64),
+        ref_slot=np.full((flat, 3), EMPTY_SLOT, np.int64),
+        torsion_code=np.full(flat, -1, np.int64),
+        sibling_dihedral=np.zeros(flat, bool),
+        chi_slots=np.full((n_types, 4, 4), EMPTY_SLOT, np.int64),
+        bond_offset=np.ones((n_types, n_bonds, 2), np.int64),
+        bond_slot=np.full((n_types, n_bonds, 2), EMPTY_SLOT, np.int64),
+        slot_of=tuple({a: j for j, a in enumerate(t.atoms)} for t in TYPES),
+        neighbors=tuple(_neighbors(t) for t in TYPES),
+    )
+    for i, t in enumerate(TYPES):
+        _compile_type(out, i, t)
+    for f in fields(out):
+        if isinstance(value := getattr(out, f.name), np.ndarray):
+            value.flags.writeable = False
+    return out
+
+
+def _compile_type(out: TemplateArrays, i: int, t) -> None:
+    """Fill the entries of type ``i`` (template ``t``) in ``out``."""
+    n, f = len(t.atoms), i * SLOTS_PER_RESIDUE
+    out.has_slot[i, :n] = True
+    out.atom_name[f : f + n] = t.atoms
+    out.element[f : f + n] = t.elements
+    out.ideal[f : f + n] = t.ideal
+    siblings = _sibling_type(t)
+    for j, atom in enumerate(t.atoms):
+        for c, spec in enumerate(t.rows[j]):
+            off, out.ref_slot[f + j, c] = _spec(t, spec)
+            out.ref_offset[f + j, c] = off + 1
+        if t.torsion[j] is not None:
+            torsion, off = t.torsion[j]
+            out.torsion_code[f + j] = (off + 1) * N_TORSIONS + torsion
+        out.sibling_dihedral[f + j] = atom in siblings
+    for c, quad in enumerate(CHI_ATOMS[t.name]):
+        out.chi_slots[i, c] = [t.index(x) for x in quad]
+    for j, (x, y) in enumerate(t.bonds):
+        out.bond_slot[i, j] = (t.index(x), t.index(y))
+    out.bond_offset[i, -1], out.bond_slot[i, -1] = (0, 1), (SLOT_C, SLOT_N)  # -C, N
+
+
+_TEMPLATES = _compile_templates()
+_RESIDUE_NAMES = np.array(AA3, dtype="U3")  # type -> three-letter name
+_TYPE_OF_NAME = {t.name: i for i, t in enumerate(TYPES)}
+_LETTERS = np.frombuffer("".join(t.letter for t in TYPES).encode("ascii"), np.uint8)  # type -> code
+
+
+def _type_of_code() -> np.ndarray:
+    """``(256,)`` residue type of each ASCII one-letter code (either case), -1: none."""
+    out = np.full(256, -1, np.int64)
+    for i, t in enumerate(TYPES):
+        out[ord(t.letter)] = out[ord(t.letter.lower())] = i
+    return out
+
+
+_TYPE_OF_CODE = _type_of_code()
+_ALL_NAMES = np.array(sorted({a for t in TYPES for a in t.atoms}), dtype="U4")  # every atom name
+# slot of each name of _ALL_NAMES in each type, -1 where the type has no such atom
+_SLOT_OF_NAME = np.array(
+    [[_TEMPLATES.slot_of[i].get(str(a), -1) for a in _ALL_NAMES] for i in range(len(TYPES))], np.int64
+)
+
+
+# ------------------------------------------------------------------ Layout
+class SharedTensors:
+    """Mixin: :meth:`tensor` turns a numpy field into a tensor once per device."""
+
+    def tensor(self, name: str, device: torch.device | str | None = None) -> torch.Tensor:
+        """Field ``name`` as a tensor on ``device`` (default CPU), made on the
+        first call and then shared by every caller: read it, never write into it."""
+        device = torch.device("cpu") if device is None else torch.device(device)
+        cache = self.__dict__.setdefault("_tensors", {})  # not a field: frozen dataclasses allow this
+        t = cache.get((name, device))
+        if t is None:
+            t = cache[name, device] = torch.tensor(getattr(self, name), device=device)
+        return t
+
+
+@dataclass(frozen=True, eq=False)
+class Layout(SharedTensors):
     """Atoms, construction table and torsion bookkeeping of a protein.
+
+    Immutable: layouts are cached and shared (``protein_layout``), so the
+    fields cannot be reassigned, their numpy arrays are read-only, and the
+    tensors of :meth:`tensor` are shared (do not write into them). Use
+    ``dataclasses.replace`` for a changed copy.
 
     Attributes (N atoms, L residues):
         res_names: ``(L,)`` three-letter residue names.
@@ -174,7 +260,10 @@ class Layout:
     torsion_slot: np.ndarray
     torsion_atoms: np.ndarray
     bonded: np.ndarray
-    _table: ConstructionTable | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            getattr(self, f.name).flags.writeable = False
 
     @property
     def n_atoms(self) -> int:
@@ -184,14 +273,50 @@ class Layout:
     def n_residues(self) -> int:
         return len(self.res_names)
 
-    @property
+    @functools.cached_property
     def table(self) -> ConstructionTable:
-        if self._table is None:
-            self._table = ConstructionTable(self.refs)
-        return self._table
+        return ConstructionTable(self.refs)
 
 
-def layout(
+# ------------------------------------------------------- residue names, codes
+def residue_types(res_names: Sequence[str]) -> np.ndarray:
+    """``(L,)`` int64 residue types (``AA3`` indices) of three-letter names.
+
+    Raises:
+        ValueError: for an unknown residue name.
+    """
+    types = np.fromiter((_TYPE_OF_NAME.get(r, -1) for r in res_names), np.int64, len(res_names))
+    if (types < 0).any():
+        k = int(np.argmax(types < 0))
+        raise ValueError(f"residue {k}: {res_names[k]!r} is not one of the 20 standard amino acids")
+    return types
+
+
+def sequence_types(sequence: str) -> np.ndarray | None:
+    """``(L,)`` residue types of a one-letter sequence, None if it has a letter
+    that is not one of the 20 standard amino acids (or is not ASCII)."""
+    try:
+        codes = np.frombuffer(sequence.encode("ascii"), np.uint8)
+    except UnicodeEncodeError:
+        return None
+    types = _TYPE_OF_CODE[codes]
+    return None if (types < 0).any() else types
+
+
+def sequence_of(types: np.ndarray) -> str:
+    """The one-letter sequence (upper case) of residue types."""
+    return _LETTERS[types].tobytes().decode("ascii")
+
+
+def template_slots(types: np.ndarray, names: np.ndarray) -> np.ndarray:
+    """``(n,)`` slot of each atom name in its residue's template (``types``:
+    the residue type of each atom), -1 where the template has no such atom."""
+    nid = np.minimum(np.searchsorted(_ALL_NAMES, names), len(_ALL_NAMES) - 1)
+    return np.where(_ALL_NAMES[nid] == names, _SLOT_OF_NAME[types, nid], -1)
+
+
+# ------------------------------------------------------------------ layouts
+def layout_of(
     res_names: Sequence[str],
     present: Sequence[Sequence[str]] | None = None,
     bonded: Sequence[bool] | None = None,
@@ -215,41 +340,22 @@ def layout(
 
     Raises:
         ValueError: for an unknown residue name.
+
+    Example:
+        >>> lay = layout_of(["GLY", "ALA"])
+        >>> lay.atom_names.tolist()
+        ['N', 'CA', 'C', 'O', 'N', 'CA', 'C', 'O', 'CB', 'OXT']
     """
     types = residue_types(res_names)
     have = None
     if present is not None:
         if len(present) != len(types):
             raise ValueError(f"present has {len(present)} entries for {len(types)} residues")
-        have = np.zeros((len(types), _N_SLOTS), bool)
+        have = np.zeros((len(types), N_SLOTS), bool)
         for k, names in enumerate(present):
-            slots = _SLOT[types[k]]
+            slots = _TEMPLATES.slot_of[types[k]]
             have[k, [slots[x] for x in names if x in slots]] = True
     return layout_from_types(types, have, bonded, linked, extra_bonds)
-
-
-def residue_types(res_names: Sequence[str]) -> np.ndarray:
-    """``(L,)`` int64 residue types (``AA3`` indices) of three-letter names.
-
-    Raises:
-        ValueError: for an unknown residue name.
-    """
-    types = np.fromiter((_TYPE.get(r, -1) for r in res_names), np.int64, len(res_names))
-    if (types < 0).any():
-        k = int(np.argmax(types < 0))
-        raise ValueError(f"residue {k}: {res_names[k]!r} is not one of the 20 standard amino acids")
-    return types
-
-
-def sequence_types(sequence: str) -> np.ndarray | None:
-    """``(L,)`` residue types of a one-letter sequence, None if it has a letter
-    that is not one of the 20 standard amino acids (or is not ASCII)."""
-    try:
-        codes = np.frombuffer(sequence.encode("ascii"), np.uint8)
-    except UnicodeEncodeError:
-        return None
-    types = _SEQ_TYPE[codes]
-    return None if (types < 0).any() else types
 
 
 def layout_from_types(
@@ -259,140 +365,133 @@ def layout_from_types(
     linked: Sequence[bool] | None = None,
     extra_bonds: np.ndarray | None = None,
 ) -> Layout:
-    """:func:`layout` of residue types (:func:`residue_types`), with ``present``
+    """:func:`layout_of` of residue types (:func:`residue_types`), with ``present``
     an optional ``(L, slots)`` bool array over template slots (atoms in
     template order)."""
     types = np.asarray(types, np.int64)
-    L = len(types)
-    ar_L = np.arange(L)
-    bonded_ = np.ones(L, bool) if bonded is None else np.asarray(bonded, bool).copy()
-    linked_ = np.ones(L, bool) if linked is None else np.asarray(linked, bool).copy()
-    if L:
-        bonded_[0] = False
-        linked_[0] = False
-    bonded_ &= linked_  # a peptide bond implies the same tree
-    nxt_bonded = np.append(bonded_[1:], False)  # residue k + 1 bonded to k
-    nxt_linked = np.append(linked_[1:], False)
-
-    # ---- atoms, in template order: amap[k * _W + slot] is the atom index or -1
-    have = np.take(_HAS, types, 0)
-    if present is None:
-        have[ar_L, _OXT[types]] = ~nxt_bonded
-    else:
-        have[:, :_N_SLOTS] &= np.asarray(present, bool)[:, :_N_SLOTS]
-    flat = np.flatnonzero(have)  # residues in order, template order within
-    n = len(flat)
-    res_of = flat // _W
-    slot = flat - res_of * _W
-    ts = flat + ((types - ar_L) * _W)[res_of]  # template slot: type * _W + slot
-    amap = np.full((L + 1) * _W, -1, np.int64)  # residue L: none
-    amap[flat] = np.arange(n)
-    res3 = res_of * 3
-
-    def rows(link: np.ndarray, nxt: np.ndarray) -> np.ndarray:
-        """``[k * 3 + offset + 1]``: where the slots of the residue at ``offset``
-        from ``k`` start in ``amap`` (residue L's, none, if not linked)."""
-        r = np.empty((L, 3), np.int64)
-        r[:, 0] = np.where(link, ar_L - 1, L)
-        r[:, 1] = ar_L
-        r[:, 2] = np.where(nxt, ar_L + 1, L)
-        return r.ravel() * _W
-
-    rows_link = rows(linked_, nxt_linked)
-    same = bool((bonded_ == linked_).all())
-    rows_bond = rows_link if same else rows(bonded_, nxt_bonded)
-    # canonical rows as (offset + 1, slot) -> their atoms, resolved over linked
-    # residues (``ref``) and over peptide-bonded ones (``can``)
-    at_row = np.take(_OFF1, ts, 0) + res3[:, None]
-    sl = np.take(_SL, ts, 0)
-    ref = amap[rows_link[at_row] + sl]
-    can = ref.copy() if same else amap[rows_bond[at_row] + sl]
-
-    # ---- tree parents (every parent precedes its child)
-    parent = ref[:, 0].copy()
-    orphans = np.flatnonzero(parent < 0)
-    if len(orphans) > 1 or len(orphans) == 1 and orphans[0] > 0:
-        counts = have.sum(1)
-        first = np.cumsum(counts) - counts
-        group_start = np.maximum.accumulate(np.where(~linked_ & (counts > 0), first, 0))
-        _fallback_parents(orphans, parent, res_of, ts, amap, linked_, nxt_linked, group_start, L)
-
-    # ---- rows
-    par = np.append(parent, -1)  # par[-1] == -1
-    grand = par[parent]
-    great = par[grand]
-    depth = (parent >= 0).astype(np.int64) + (grand >= 0) + (great >= 0)  # capped at 3
-    d = great.copy()
-    # depth 2: one PLANAR child, its siblings OFFSET on it
-    two = np.flatnonzero((grand >= 0) & (great < 0))
-    planar_child = np.full(n, -1, np.int64)
-    firsts, at = np.unique(parent[two], return_index=True)
-    planar_child[firsts] = two[at]
-    pc = planar_child[parent[two]]
-    d[two] = np.where(pc == two, -1, pc)
-    # OFFSET on the template's sibling when usable (O: on OXT when present)
-    o = np.flatnonzero(slot == _SO)
-    oxt = amap[res_of[o] * _W + _OXT[types[res_of[o]]]]
-    o, oxt = o[oxt >= 0], oxt[oxt >= 0]
-    oxt_of = np.full(n, -1, np.int64)
-    oxt_of[o] = oxt
-    cand = np.flatnonzero(_SIB[ts] & (great >= 0))
-    s = ref[cand, 2]
-    s = np.where(oxt_of[cand] >= 0, oxt_of[cand], s)
-    p = parent[cand]
-    ok = (s >= 0) & (par[s] == p) & ~_SIB[ts[s]] & ((depth[s] >= 3) | (planar_child[p] == s))
-    d[cand[ok]] = s[ok]
-    refs = np.column_stack([parent, grand, d])
-
-    # ---- canonical rows, ideal values, torsion slots
+    bonded, linked = _links(len(types), bonded, linked)
+    next_bonded, next_linked = np.append(bonded[1:], False), np.append(linked[1:], False)
+    atoms = _place_atoms(types, present, next_bonded)
+    starts_linked = _neighbor_starts(linked, next_linked)
+    same = bool((bonded == linked).all())
+    starts_bonded = starts_linked if same else _neighbor_starts(bonded, next_bonded)
+    # canonical rows resolved over linked residues (the tree) and over
+    # peptide-bonded ones (the chemistry)
+    ref = _resolve_rows(atoms, starts_linked)
+    can = ref.copy() if same else _resolve_rows(atoms, starts_bonded)
+    parent = _tree_parents(atoms, ref[:, 0], linked, next_linked)
+    o, oxt = _o_with_oxt(atoms)
+    refs = _construction_rows(atoms, parent, ref, o, oxt)
     can[o, 2] = oxt
-    ideal_mask = (can >= 0) & (refs == can)
-    ideal_mask[:, 1] &= ideal_mask[:, 0]
-    ideal_mask[:, 2] &= ideal_mask[:, 1]
-    tors = _TORS[ts]
-    torsion_slot = np.where((tors >= 0) & ideal_mask[:, 2], (res_of - 1) * N_TORSIONS + tors, -1)
-
-    # ---- torsion atoms
-    A = amap.reshape(L + 1, _W)
-    prv = rows_bond[0::3] // _W  # previous residue if peptide-bonded, else L
-    nx = rows_bond[2::3] // _W
-    tat = np.empty((L, N_TORSIONS, 4), np.int64)
-    tat[:, PHI, 0] = A[prv, _SC]
-    tat[:, PHI, 1:] = tat[:, PSI, :3] = A[:L, :3]
-    tat[:, PSI, 3] = tat[:, OMEGA, 2] = A[nx, _SN]
-    tat[:, OMEGA, :2] = A[:L, 1:3]
-    tat[:, OMEGA, 3] = A[nx, _SCA]
-    tat[:, 3:] = amap[(ar_L * _W)[:, None, None] + np.take(_CHI, types, 0)]
-    undefined = (tat[..., 0] | tat[..., 1] | tat[..., 2] | tat[..., 3]) < 0  # some atom is -1
-    tat[undefined] = -1
-
-    # ---- bonds: per residue, the template's (both atoms present), then the peptide bond
-    at3 = (ar_L * 3)[:, None, None]
-    pairs = amap[rows_bond[at3 + np.take(_BOND_OFF1, types, 0)] + np.take(_BOND_SL, types, 0)]
-    pairs = pairs.reshape(-1, 2)
-    bonds_arr = np.compress((pairs[:, 0] >= 0) & (pairs[:, 1] >= 0), pairs, axis=0)
-    if extra_bonds is not None and len(extra_bonds):
-        bonds_arr = np.concatenate([bonds_arr, np.asarray(extra_bonds, np.int64).reshape(-1, 2)])
-
+    ideal_mask, torsion_slot = _canonical_columns(atoms, refs, can)
     return Layout(
-        res_names=_RES_NAMES[types],
-        atom_names=np.take(_NAMES, ts),
-        elements=np.take(_ELEMENTS, ts),
-        residue_index=res_of,
+        res_names=_RESIDUE_NAMES[types],
+        atom_names=np.take(_TEMPLATES.atom_name, atoms.tslot),
+        elements=np.take(_TEMPLATES.element, atoms.tslot),
+        residue_index=atoms.res_of,
         refs=refs,
-        bonds=bonds_arr,
-        ideal=np.take(_IDEAL, ts, 0),
+        bonds=_bonds(atoms, starts_bonded, extra_bonds),
+        ideal=np.take(_TEMPLATES.ideal, atoms.tslot, 0),
         ideal_mask=ideal_mask,
         torsion_slot=torsion_slot,
-        torsion_atoms=tat,
-        bonded=bonded_,
+        torsion_atoms=_torsion_atoms(atoms, starts_bonded),
+        bonded=bonded,
     )
 
 
-def _fallback_parents(orphans, parent, res_of, ts, amap, linked, nxt_linked, group_start, L) -> None:
+@dataclass(frozen=True)
+class _Atoms:
+    """Which slots of a chain of residue ``types`` hold atoms.
+
+    ``have`` ``(L, W)`` bool; ``amap`` ``((L + 1) W,)``: entry ``k * W + slot``
+    is the atom index of residue ``k``'s slot, -1 for none (residue ``L`` is a
+    residue that never has atoms); per atom, its residue ``res_of``, ``slot``
+    and template slot ``tslot = type * W + slot``.
+    """
+
+    types: np.ndarray
+    have: np.ndarray
+    amap: np.ndarray
+    res_of: np.ndarray
+    slot: np.ndarray
+    tslot: np.ndarray
+
+    @property
+    def n(self) -> int:
+        return len(self.res_of)
+
+    @property
+    def L(self) -> int:
+        return len(self.types)
+
+
+def _links(L: int, bonded, linked) -> tuple[np.ndarray, np.ndarray]:
+    """``(L,)`` peptide-bonded and linked flags (defaults: all True); residue 0
+    is neither, and a peptide bond implies the same tree."""
+    bonded = np.ones(L, bool) if bonded is None else np.asarray(bonded, bool).copy()
+    linked = np.ones(L, bool) if linked is None else np.asarray(linked, bool).copy()
+    if L:
+        bonded[0] = False
+        linked[0] = False
+    bonded &= linked
+    return bonded, linked
+
+
+def _place_atoms(types: np.ndarray, present, next_bonded: np.ndarray) -> _Atoms:
+    """Atoms in template order within each residue; default: every template
+    atom, ``OXT`` only where no peptide bond follows."""
+    L, W = len(types), SLOTS_PER_RESIDUE
+    have = np.take(_TEMPLATES.has_slot, types, 0)
+    if present is None:
+        have[np.arange(L), _TEMPLATES.oxt_slot[types]] = ~next_bonded
+    else:
+        have[:, :N_SLOTS] &= np.asarray(present, bool)[:, :N_SLOTS]
+    flat = np.flatnonzero(have)  # residues in order, template order within
+    res_of = flat // W
+    tslot = flat + ((types - np.arange(L)) * W)[res_of]
+    amap = np.full((L + 1) * W, -1, np.int64)
+    amap[flat] = np.arange(len(flat))
+    return _Atoms(types, have, amap, res_of, flat - res_of * W, tslot)
+
+
+def _neighbor_starts(link: np.ndarray, next_link: np.ndarray) -> np.ndarray:
+    """``(3 L,)``: entry ``k * 3 + offset + 1`` is where the slots of the residue
+    at ``offset`` (-1, 0, +1) from ``k`` start in the atom map, residue ``L``'s
+    (no atoms) where that neighbour is not joined to ``k``."""
+    L = len(link)
+    ar = np.arange(L)
+    r = np.empty((L, 3), np.int64)
+    r[:, 0] = np.where(link, ar - 1, L)
+    r[:, 1] = ar
+    r[:, 2] = np.where(next_link, ar + 1, L)
+    return r.ravel() * SLOTS_PER_RESIDUE
+
+
+def _resolve_rows(atoms: _Atoms, starts: np.ndarray) -> np.ndarray:
+    """``(n, 3)`` atoms of every atom's canonical row, -1 where absent or in a
+    residue not joined (``starts``: :func:`_neighbor_starts`)."""
+    at_row = np.take(_TEMPLATES.ref_offset, atoms.tslot, 0) + (atoms.res_of * 3)[:, None]
+    return atoms.amap[starts[at_row] + np.take(_TEMPLATES.ref_slot, atoms.tslot, 0)]
+
+
+def _tree_parents(atoms: _Atoms, template_parent: np.ndarray, linked, next_linked) -> np.ndarray:
+    """``(n,)`` bond reference of every atom: the template's when present, else
+    the fallback of the module docstring (every parent precedes its child)."""
+    parent = template_parent.copy()
+    orphans = np.flatnonzero(parent < 0)
+    if len(orphans) > 1 or len(orphans) == 1 and orphans[0] > 0:
+        counts = atoms.have.sum(1)
+        first = np.cumsum(counts) - counts
+        group_start = np.maximum.accumulate(np.where(~linked & (counts > 0), first, 0))
+        _fallback_parents(orphans, parent, atoms, linked, next_linked, group_start)
+    return parent
+
+
+def _fallback_parents(orphans, parent, atoms: _Atoms, linked, next_linked, group_start) -> None:
     """Bond references of the atoms whose template reference is missing, in
     atom order (``parent`` is updated in place): another bonded atom placed
     earlier, else a virtual link (see the module docstring)."""
+    L, W = atoms.L, SLOTS_PER_RESIDUE
 
     def depth(q: int) -> int:  # capped at 2, all the virtual links need
         d = 0
@@ -401,23 +500,23 @@ def _fallback_parents(orphans, parent, res_of, ts, amap, linked, nxt_linked, gro
         return d
 
     def at(k: int, off: int, sl: int) -> int:
-        if off < 0 and not linked[k] or off > 0 and not nxt_linked[k]:
+        if off < 0 and not linked[k] or off > 0 and not next_linked[k]:
             return -1
-        return int(amap[(k + off) * _W + sl]) if 0 <= k + off < L else -1
+        return int(atoms.amap[(k + off) * W + sl]) if 0 <= k + off < L else -1
 
     for v in orphans.tolist():
-        k, (t, j) = int(res_of[v]), divmod(int(ts[v]), _W)
+        k, (t, j) = int(atoms.res_of[v]), divmod(int(atoms.tslot[v]), W)
         p = -1
-        for off, sl in _NEIGHBORS[t][j]:
+        for off, sl in _TEMPLATES.neighbors[t][j]:
             q = at(k, off, sl)
             if 0 <= q < v:
                 p = q
                 break
         gs = int(group_start[k])
         if p < 0 and v > gs:
-            cands = [at(k, 0, x) for x in (_SC, _SCA, _SN)]
+            cands = [at(k, 0, x) for x in (SLOT_C, SLOT_CA, SLOT_N)]
             if k > 0 and linked[k]:
-                cands += [at(k, -1, x) for x in (_SC, _SCA, _SN)]
+                cands += [at(k, -1, x) for x in (SLOT_C, SLOT_CA, SLOT_N)]
             for q in cands:
                 if gs <= q < v and depth(q) >= 2:
                     p = q
@@ -430,3 +529,82 @@ def _fallback_parents(orphans, parent, res_of, ts, amap, linked, nxt_linked, gro
                 else:
                     p = v - 1
         parent[v] = p
+
+
+def _o_with_oxt(atoms: _Atoms) -> tuple[np.ndarray, np.ndarray]:
+    """The ``O`` atoms whose residue has ``OXT``, and those ``OXT`` (the
+    dihedral reference of such an ``O``)."""
+    o = np.flatnonzero(atoms.slot == SLOT_O)
+    k = atoms.res_of[o]
+    oxt = atoms.amap[k * SLOTS_PER_RESIDUE + _TEMPLATES.oxt_slot[atoms.types[k]]]
+    return o[oxt >= 0], oxt[oxt >= 0]
+
+
+def _construction_rows(atoms: _Atoms, parent, ref, o, oxt) -> np.ndarray:
+    """``(n, 3)`` rows: parent, grandparent and dihedral reference, the
+    parent's grandparent (PROPER) or a usable sibling (OFFSET)."""
+    par = np.append(parent, -1)  # par[-1] == -1
+    grand = par[parent]
+    great = par[grand]
+    depth = (parent >= 0).astype(np.int64) + (grand >= 0) + (great >= 0)  # capped at 3
+    d = great.copy()
+    # depth 2: one PLANAR child, its siblings OFFSET on it
+    two = np.flatnonzero((grand >= 0) & (great < 0))
+    planar_child = np.full(atoms.n, -1, np.int64)
+    firsts, at = np.unique(parent[two], return_index=True)
+    planar_child[firsts] = two[at]
+    pc = planar_child[parent[two]]
+    d[two] = np.where(pc == two, -1, pc)
+    # OFFSET on the template's sibling when usable (O: on OXT when present)
+    oxt_of = np.full(atoms.n, -1, np.int64)
+    oxt_of[o] = oxt
+    sibling = _TEMPLATES.sibling_dihedral[atoms.tslot]
+    cand = np.flatnonzero(sibling & (great >= 0))
+    s = np.where(oxt_of[cand] >= 0, oxt_of[cand], ref[cand, 2])
+    p = parent[cand]
+    ok = (s >= 0) & (par[s] == p) & ~sibling[s] & ((depth[s] >= 3) | (planar_child[p] == s))
+    d[cand[ok]] = s[ok]
+    return np.column_stack([parent, grand, d])
+
+
+def _canonical_columns(atoms: _Atoms, refs, can) -> tuple[np.ndarray, np.ndarray]:
+    """``ideal_mask`` (the row's columns that are the canonical ones) and
+    ``torsion_slot`` (see :class:`Layout`)."""
+    ideal_mask = (can >= 0) & (refs == can)
+    ideal_mask[:, 1] &= ideal_mask[:, 0]
+    ideal_mask[:, 2] &= ideal_mask[:, 1]
+    tors = _TEMPLATES.torsion_code[atoms.tslot]
+    torsion_slot = np.where((tors >= 0) & ideal_mask[:, 2], (atoms.res_of - 1) * N_TORSIONS + tors, -1)
+    return ideal_mask, torsion_slot
+
+
+def _torsion_atoms(atoms: _Atoms, starts_bonded: np.ndarray) -> np.ndarray:
+    """``(L, 7, 4)`` atoms of each torsion, -1 where some atom is missing or the
+    residues are not peptide-bonded."""
+    L, W = atoms.L, SLOTS_PER_RESIDUE
+    A = atoms.amap.reshape(L + 1, W)
+    prv = starts_bonded[0::3] // W  # previous residue if peptide-bonded, else L
+    nx = starts_bonded[2::3] // W
+    tat = np.empty((L, N_TORSIONS, 4), np.int64)
+    tat[:, PHI, 0] = A[prv, SLOT_C]
+    tat[:, PHI, 1:] = tat[:, PSI, :3] = A[:L, SLOT_N : SLOT_C + 1]
+    tat[:, PSI, 3] = tat[:, OMEGA, 2] = A[nx, SLOT_N]
+    tat[:, OMEGA, :2] = A[:L, SLOT_CA : SLOT_C + 1]
+    tat[:, OMEGA, 3] = A[nx, SLOT_CA]
+    tat[:, 3:] = atoms.amap[(np.arange(L) * W)[:, None, None] + np.take(_TEMPLATES.chi_slots, atoms.types, 0)]
+    undefined = (tat[..., 0] | tat[..., 1] | tat[..., 2] | tat[..., 3]) < 0  # some atom is -1
+    tat[undefined] = -1
+    return tat
+
+
+def _bonds(atoms: _Atoms, starts_bonded: np.ndarray, extra_bonds) -> np.ndarray:
+    """``(E, 2)`` per residue the template's bonds (both atoms present), then
+    the peptide bond; then ``extra_bonds``."""
+    at3 = (np.arange(atoms.L) * 3)[:, None, None]
+    off = np.take(_TEMPLATES.bond_offset, atoms.types, 0)
+    pairs = atoms.amap[starts_bonded[at3 + off] + np.take(_TEMPLATES.bond_slot, atoms.types, 0)]
+    pairs = pairs.reshape(-1, 2)
+    bonds = np.compress((pairs[:, 0] >= 0) & (pairs[:, 1] >= 0), pairs, axis=0)
+    if extra_bonds is not None and len(extra_bonds):
+        bonds = np.concatenate([bonds, np.asarray(extra_bonds, np.int64).reshape(-1, 2)])
+    return bonds

@@ -58,6 +58,9 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import torch
+
+from .._geometry import dihedral_from_bonds
 
 __all__ = [
     "AA1",
@@ -316,14 +319,6 @@ class ResidueTemplate:
         return self.atoms.index(name)
 
 
-def _dihedral(p0, p1, p2, p3) -> float:
-    b0, b1, b2 = p0 - p1, p2 - p1, p3 - p2
-    b1 = b1 / np.linalg.norm(b1)
-    v = b0 - (b0 @ b1) * b1
-    w = b2 - (b2 @ b1) * b1
-    return math.atan2(np.cross(b1, v) @ w, v @ w)
-
-
 def _improper_cb() -> float:
     """Dihedral C-N-CA-CB from the three bond angles at CA, L-chirality (negative)."""
     t_nc, t_ncb, t_ccb = (math.radians(_EH[k]) for k in ("N-CA-C", "N-CA-CB", "C-CA-CB"))
@@ -333,7 +328,8 @@ def _improper_cb() -> float:
     x = math.cos(t_ncb)
     y = (math.cos(t_ccb) - x * c[0]) / c[1]
     cb = np.array([x, y, math.sqrt(max(1.0 - x * x - y * y, 0.0))])
-    return -abs(_dihedral(c, n, ca, cb))
+    bonds = torch.from_numpy(np.stack([n - c, ca - n, cb - ca]))  # path C -> N -> CA -> CB
+    return -abs(float(dihedral_from_bonds(*bonds)))
 
 
 def _build_template(name: str) -> ResidueTemplate:

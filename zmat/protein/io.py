@@ -1,0 +1,201 @@
+"""PDB / mmCIF files in and out (through biotite), as plain data.
+
+Reading: :func:`read_atoms` loads a file into a ``biotite.structure.AtomArray``
+and :func:`parse_atoms` turns one into the pieces of a
+:class:`~zmat.protein.Protein` (:class:`ParsedAtoms`): the heavy atoms of the
+20 standard residues (hydrogens, waters, ligands and non-standard residues
+are skipped), their layout (peptide bonds where ``C(i)-N(i+1)`` is short,
+disulfides from :func:`disulfide_bonds`) and coordinates in layout order.
+Writing: :func:`atom_array` and :func:`write_atoms`. This module never
+builds a ``Protein`` (``zmat.protein.from_pdb`` / ``Protein.to_pdb`` do), so
+``structure.py`` can use it without an import circle.
+
+biotite is the optional extra ``protein``: it is imported inside the
+functions that need it, so ``import zmat.protein`` works without it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import NamedTuple
+
+import numpy as np
+from scipy.spatial import cKDTree
+
+from .layout import (
+    N_SLOTS,
+    SLOT_C,
+    SLOT_N,
+    Layout,
+    layout_from_types,
+    residue_types,
+    template_slots,
+)
+from .topology import RESIDUES
+
+__all__ = ["ParsedAtoms", "atom_array", "disulfide_bonds", "parse_atoms", "read_atoms", "write_atoms"]
+
+#: C(i)-N(i+1) distances above this (Angstrom) are chain breaks.
+PEPTIDE_BOND_MAX = 2.0
+#: SG-SG distances below this (Angstrom) are disulfide bonds.
+DISULFIDE_MAX = 2.5
+
+
+class ParsedAtoms(NamedTuple):
+    """A structure's standard heavy atoms (N atoms, L residues)."""
+
+    layout: Layout  #: with the disulfides in ``bonds``
+    xyz: np.ndarray  #: ``(N, 3)`` float64, layout order
+    res_ids: np.ndarray  #: ``(L,)`` residue numbers as in the file
+    ins_codes: np.ndarray  #: ``(L,)`` insertion codes
+    res_chain_ids: np.ndarray  #: ``(L,)`` chain of each residue
+
+
+def read_atoms(path, model: int | None = None, altloc: str = "first"):
+    """A ``biotite.structure.AtomArray`` of one model of a PDB or mmCIF file.
+
+    Args:
+        path: ``.pdb`` / ``.ent`` (PDB format) or ``.cif`` / ``.mmcif`` / ``.bcif``.
+        model: model number, 1-based as in the file (``MODEL 1``); default 1.
+        altloc: biotite's altloc choice (``"first"``, ``"occupancy"``, or a letter).
+    """
+    path = os.fspath(path)
+    model = 1 if model is None else int(model)
+    low = path.lower()
+    if low.endswith((".cif", ".mmcif", ".bcif")):
+        from biotite.structure.io import pdbx
+
+        f = pdbx.BinaryCIFFile.read(path) if low.endswith(".bcif") else pdbx.CIFFile.read(path)
+        return pdbx.get_structure(f, model=model, altloc=altloc)
+    from biotite.structure.io import pdb
+
+    return pdb.PDBFile.read(path).get_structure(model=model, altloc=altloc)
+
+
+def parse_atoms(atoms, chain=None) -> ParsedAtoms:
+    """The standard heavy atoms of an ``AtomArray``, on their layout.
+
+    Atoms are in template order within each residue (the first atom of a name
+    in a residue wins), residues in file order; consecutive residues of one
+    chain are peptide-bonded when their ``C-N`` distance is at most
+    ``PEPTIDE_BOND_MAX``.
+
+    Args:
+        atoms: ``biotite.structure.AtomArray``.
+        chain: a chain ID or a list of them; default all chains.
+
+    Raises:
+        ValueError: no standard residue left after filtering; unknown chain.
+    """
+    import biotite.structure as struc
+
+    atoms = _standard_heavy_atoms(atoms, chain)
+    starts = struc.get_residue_starts(atoms, add_exclusive_stop=True)
+    L = len(starts) - 1
+    types = residue_types(atoms.res_name[starts[:-1]].tolist())
+    coord = atoms.coord.astype(np.float64)
+    res_of = np.repeat(np.arange(L), np.diff(starts))  # residue of each file atom
+    where = _slot_map(res_of, template_slots(types[res_of], np.asarray(atoms.atom_name)), L)
+    chain_ids = atoms.chain_id[starts[:-1]]
+    bonded = _peptide_bonds(coord, where, chain_ids)
+    lay = layout_from_types(types, present=where[:L] >= 0, bonded=bonded)
+    # file index of every layout atom (atoms in residue order, template order within)
+    xyz = coord[where[:L][where[:L] >= 0]]
+    lay = dataclasses.replace(lay, bonds=np.concatenate([lay.bonds, disulfide_bonds(xyz, lay)]))
+    return ParsedAtoms(lay, xyz, atoms.res_id[starts[:-1]], atoms.ins_code[starts[:-1]], chain_ids)
+
+
+def _standard_heavy_atoms(atoms, chain):
+    """The atoms of standard residues, no hydrogens, of ``chain`` (default all)."""
+    keep = np.isin(atoms.res_name, list(RESIDUES)) & ~np.isin(np.char.upper(atoms.element), ["H", "D"])
+    if chain is not None:
+        chains = [chain] if isinstance(chain, str) else list(chain)
+        missing = set(chains) - set(atoms.chain_id.tolist())
+        if missing:
+            raise ValueError(
+                f"chain(s) {sorted(missing)} not in the structure (it has {sorted(set(atoms.chain_id))})"
+            )
+        keep &= np.isin(atoms.chain_id, chains)
+    atoms = atoms[keep]
+    if atoms.array_length() == 0:
+        raise ValueError("no standard amino-acid residue in the structure")
+    return atoms
+
+
+def _slot_map(res_of: np.ndarray, slot: np.ndarray, L: int) -> np.ndarray:
+    """``(L + 1, N_SLOTS)`` file index of each residue's template slot, -1 where
+    absent (row ``L``: a residue without atoms); the first atom of a name wins."""
+    sel = np.nonzero(slot >= 0)[0]
+    _, first = np.unique(res_of[sel] * N_SLOTS + slot[sel], return_index=True)
+    sel = sel[first]
+    where = np.full((L + 1, N_SLOTS), -1, np.int64)
+    where[res_of[sel], slot[sel]] = sel
+    return where
+
+
+def _peptide_bonds(coord: np.ndarray, where: np.ndarray, chain_ids: np.ndarray) -> np.ndarray:
+    """``(L,)`` residue ``k`` peptide-bonded to ``k - 1``: same chain, ``C`` and
+    ``N`` present, at most ``PEPTIDE_BOND_MAX`` apart."""
+    c, n = where[:-2, SLOT_C], where[1:-1, SLOT_N]
+    ok = (chain_ids[1:] == chain_ids[:-1]) & (c >= 0) & (n >= 0)
+    dist = np.linalg.norm(coord[np.maximum(c, 0)] - coord[np.maximum(n, 0)], axis=-1)
+    return np.concatenate([[False], ok & (dist <= PEPTIDE_BOND_MAX)])
+
+
+def disulfide_bonds(xyz: np.ndarray, lay: Layout) -> np.ndarray:
+    """``(E, 2)`` int64 SG-SG pairs of cysteines closer than ``DISULFIDE_MAX``,
+    ``i < j``, in row-major order.
+
+    Args:
+        xyz: ``(N, 3)`` coordinates of the layout's atoms.
+        lay: the :class:`~zmat.protein.layout.Layout`.
+    """
+    sg = np.nonzero((lay.atom_names == "SG") & (lay.res_names[lay.residue_index] == "CYS"))[0]
+    if len(sg) < 2:
+        return np.zeros((0, 2), np.int64)
+    p = xyz[sg]
+    ij = cKDTree(p).query_pairs(DISULFIDE_MAX, output_type="ndarray").reshape(-1, 2)
+    ij = np.sort(ij, axis=1)
+    ij = ij[np.linalg.norm(p[ij[:, 0]] - p[ij[:, 1]], axis=-1) < DISULFIDE_MAX]  # strictly closer
+    ij = ij[np.lexsort((ij[:, 1], ij[:, 0]))]
+    return np.stack([sg[ij[:, 0]], sg[ij[:, 1]]], 1).astype(np.int64)
+
+
+def atom_array(lay: Layout, xyz: np.ndarray, res_ids, ins_codes, res_chain_ids):
+    """A ``biotite.structure.AtomArray`` of a layout's atoms.
+
+    Args:
+        lay: the :class:`~zmat.protein.layout.Layout` (N atoms, L residues).
+        xyz: ``(N, 3)`` coordinates.
+        res_ids, ins_codes, res_chain_ids: ``(L,)`` residue annotations.
+    """
+    import biotite.structure as struc
+
+    arr = struc.AtomArray(lay.n_atoms)
+    arr.coord = np.asarray(xyz).astype(np.float32)
+    ri = lay.residue_index
+    arr.chain_id = res_chain_ids[ri]
+    arr.res_id = res_ids[ri]
+    arr.ins_code = ins_codes[ri]
+    arr.res_name = lay.res_names[ri]
+    arr.atom_name = lay.atom_names.copy()  # the layout's arrays are read-only and shared
+    arr.element = lay.elements.copy()
+    arr.hetero = np.zeros(lay.n_atoms, bool)
+    return arr
+
+
+def write_atoms(arr, path) -> None:
+    """Write an ``AtomArray`` as PDB, or mmCIF if ``path`` ends in ``.cif`` / ``.mmcif``."""
+    if str(path).lower().endswith((".cif", ".mmcif")):
+        from biotite.structure.io import pdbx
+
+        f = pdbx.CIFFile()
+        pdbx.set_structure(f, arr)
+        f.write(str(path))
+    else:
+        from biotite.structure.io import pdb
+
+        f = pdb.PDBFile()
+        f.set_structure(arr)
+        f.write(str(path))
