@@ -262,6 +262,13 @@ class ZMatrix:
         """
         return _format(self, variables)
 
+    @classmethod
+    def from_rdkit(cls, mol, conf_id: int = -1) -> ZMatrix:
+        """An RDKit Mol's conformer, rows in the Mol's atom order; see :func:`zmat.rdkit.zmatrix_from_mol`."""
+        from .rdkit import zmatrix_from_mol  # RDKit is an optional dependency
+
+        return zmatrix_from_mol(mol, conf_id)
+
 
 # ======================================================================= write
 def _gaussian_order(refs: np.ndarray) -> list[int]:
