@@ -182,8 +182,8 @@ def test_invariants_under_random_torsions(mols):
             ]
         )
 
-        u, v = [[p[..., angles[:, k], :] - p[..., angles[:, 1], :] for k in (0, 2)] for p in (x, x0)]
-        cos = [(a * b).sum(-1) / (a.norm(dim=-1) * b.norm(dim=-1)) for a, b in (u, v)]
+        arms = [[p[..., angles[:, k], :] - p[..., angles[:, 1], :] for k in (0, 2)] for p in (x, x0)]
+        cos = [(a * b).sum(-1) / (a.norm(dim=-1) * b.norm(dim=-1)) for a, b in arms]
         assert (cos[0] - cos[1]).abs().max() < 1e-10, name
         chiral = [a.GetIdx() for a in mol.GetAtoms() if a.GetChiralTag() != Chem.ChiralType.CHI_UNSPECIFIED]
         for c in chiral:
@@ -291,6 +291,11 @@ def test_bad_input_raises(mols):
     AllChem.EmbedMolecule(dummy, randomSeed=1)
     with pytest.raises(ValueError, match=r"dummy atoms .* indices \[0\]"):
         TorsionSpace.from_mol(dummy)
+    overlapping = embed("O.O.O", seed=3)  # ETKDG puts the three waters on top of each other
+    with pytest.raises(ValueError, match="cannot be rebuilt"):
+        TorsionSpace.from_mol(overlapping)
+    with pytest.raises(ValueError, match="cannot be rebuilt"):
+        zmat.ZMatrix.from_rdkit(overlapping)
     ts = TorsionSpace.from_mol(mols["ibuprofen"])
     with pytest.raises(ValueError, match=r"shape \(\.\.\., 4\)"):
         ts.to_xyz(torch.zeros(3, dtype=torch.float64))

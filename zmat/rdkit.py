@@ -15,8 +15,9 @@ order) is built so that each rotatable bond is exactly one dihedral:
   degree 1 (else its lowest-index atom). Ring closures are the bonds the
   tree leaves out; they stay closed because nothing inside a ring moves.
   Further fragments (salts, solvent) are attached by a virtual edge from
-  their atom nearest to the fixed part (the rigid groups of the root and of
-  earlier attachment points), so nothing moves between fragments.
+  their atom nearest to the root's rigid group, to that group, so nothing
+  moves between fragments (ETKDG may place counter-ions on top of each
+  other; attaching to the root's group keeps them apart in the table).
 * Atom ``i`` with tree parent ``p`` is placed from ``p`` and ``p``'s own
   references: the first child of ``p`` by ``(p, b_p, a_p)`` (a *proper* row of
   :mod:`zmat.table`), every other child by ``(p, b_p, first child)`` (an
@@ -72,7 +73,7 @@ except ImportError as err:  # pragma: no cover - exercised only without RDKit
         "zmat.rdkit needs RDKit: install it with `pip install 'zmat[rdkit]'` (or `pip install rdkit`)"
     ) from err
 
-from ._align import _rotation
+from ._align import _rotation, superpose
 from .batch import Ragged, concatenate_tables
 from .table import ConstructionTable, index_tensor
 from .transform import dihedrals, to_internal, to_xyz
@@ -215,9 +216,10 @@ def _spanning_tree(pos: np.ndarray, edges: np.ndarray, rot: np.ndarray):
         # next fragment: its atom nearest to the fixed part (ties: lowest indices)
         todo, anchor = np.nonzero(~built)[0], np.nonzero(fixed)[0]
         dist = np.linalg.norm(pos[todo][:, None] - pos[anchor][None], axis=-1)
+        # ETKDG may embed fragments on top of each other: never hang an atom on one it coincides with
+        dist[dist < 1e-4] = np.inf if (dist >= 1e-4).any() else 0.0
         t, a = np.unravel_index(np.argmin(dist), dist.shape)
         start, par = int(todo[t]), int(anchor[a])
-        fixed |= group == group[start]
 
 
 def torsion_table(mol, rotatable=None, conf_id: int = -1):
@@ -263,6 +265,18 @@ def torsion_table(mol, rotatable=None, conf_id: int = -1):
     return refs, np.array(quads, np.int64).reshape(-1, 4), np.array(dof, np.int64)
 
 
+def _check_rebuilt(rebuilt: torch.Tensor, pos: torch.Tensor) -> None:
+    """The table must rebuild the conformer; it cannot where reference atoms coincide."""
+    err = (rebuilt - pos).norm(dim=-1)
+    if err.max() > 1e-6:
+        i = int(err.argmax())
+        raise ValueError(
+            f"the conformer cannot be rebuilt from its internal coordinates (atom {i} off by "
+            f"{float(err[i]):.2g} A): atoms coincide or references are collinear, e.g. fragments "
+            "embedded on top of each other; embed the fragments apart"
+        )
+
+
 def _heaviest(mol, b: int, c: int) -> int:
     """The neighbour of ``b`` other than ``c`` with the highest atomic number (lowest index on ties)."""
     cands = [(-x.GetAtomicNum(), x.GetIdx()) for x in mol.GetAtomWithIdx(b).GetNeighbors() if x.GetIdx() != c]
@@ -280,9 +294,12 @@ def zmatrix_from_mol(mol, conf_id: int = -1):
     refs, _, _ = torsion_table(mol, None, conf_id)
     table = ConstructionTable(refs)
     pos = torch.as_tensor(_positions(mol, conf_id))
+    internal = to_internal(pos, table)
+    rebuilt = to_xyz(internal, table)
+    _check_rebuilt(superpose(rebuilt, pos), pos)
     symbols = [a.GetSymbol() for a in mol.GetAtoms()]
     title = mol.GetProp("_Name") if mol.HasProp("_Name") else ""
-    return ZMatrix(symbols, to_internal(pos, table), table, title=title, charge=Chem.GetFormalCharge(mol))
+    return ZMatrix(symbols, internal, table, title=title, charge=Chem.GetFormalCharge(mol))
 
 
 # ------------------------------------------------------------ the space
@@ -355,6 +372,7 @@ class TorsionSpace:
         p, q = canonical - canonical.mean(0), pos - pos.mean(0)
         rot = _rotation(p, q)
         shift = pos.mean(0) - canonical.mean(0) @ rot.T
+        _check_rebuilt(canonical @ rot.T + shift, pos)
         copy = Chem.Mol(mol, confId=mol.GetConformer(conf_id).GetId())
         n, k = len(pos), len(quads)
         return cls([copy], table, internal, quads, dof, rot[None], shift[None], Ragged([n]), Ragged([k]))
