@@ -332,16 +332,32 @@ class TorsionSpace:
         (torch.Size([2, 4]), torch.Size([15, 3]))
     """
 
-    def __init__(self, mols, table, internal, quads, dof, rotation, shift, atoms, torsion_index) -> None:
+    def __init__(
+        self,
+        mols,
+        table,
+        internal,
+        quads,
+        dof,
+        rotation,
+        shift,
+        atoms,
+        torsion_index,
+        torsions=None,
+        delta=None,
+    ) -> None:
         self.mols, self.table, self.atoms, self.torsion_index = mols, table, atoms, torsion_index
         self.internal = internal
         self.quads = torch.as_tensor(quads, dtype=torch.long)
         self.dof = np.asarray(dof, np.int64)
         self.rotation, self.shift = rotation, shift  # (M, 3, 3), (M, 3): canonical -> Mol frame
         self._cache: dict = {}
-        self.torsions = dihedrals(self.place(internal), self.quads)
-        # phi of the dof row = torsion - delta (a constant: both rotate with the moving side)
-        self.delta = self.torsions - internal[self.dof, 2]
+        torsions, delta = known.get("torsions"), known.get("delta")
+        if torsions is None:  # measured once per molecule; batches concatenate them
+            torsions = dihedrals(self.place(internal), self.quads)
+            # phi of the dof row = torsion - delta (a constant: both rotate with the moving side)
+            delta = torsions - internal[self.dof, 2]
+        self.torsions, self.delta = torsions, delta
 
     def __repr__(self) -> str:
         n, k = self.table.n_atoms, len(self.quads)
@@ -400,6 +416,8 @@ class TorsionSpace:
             torch.cat([s.shift for s in spaces]),
             Ragged(np.concatenate([s.atoms.sizes for s in spaces])),
             Ragged(np.concatenate([s.torsion_index.sizes for s in spaces])),
+            torsions=torch.cat([s.torsions for s in spaces]),
+            delta=torch.cat([s.delta for s in spaces]),
         )
 
     # ---------------------------------------------------------- transforms
