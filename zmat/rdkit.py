@@ -332,7 +332,7 @@ class TorsionSpace:
         (torch.Size([2, 4]), torch.Size([15, 3]))
     """
 
-    def __init__(self, mols, table, internal, quads, dof, rotation, shift, atoms, torsion_index, **known) -> None:
+    def __init__(self, mols, table, internal, quads, dof, rotation, shift, atoms, torsion_index, **known):
         self.mols, self.table, self.atoms, self.torsion_index = mols, table, atoms, torsion_index
         self.internal = internal
         self.quads = torch.as_tensor(quads, dtype=torch.long)
