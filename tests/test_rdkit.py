@@ -301,3 +301,32 @@ def test_bad_input_raises(mols):
         ts.to_xyz(torch.zeros(3, dtype=torch.float64))
     with pytest.raises(TypeError, match="float tensor"):
         ts.to_xyz(torch.zeros(4, dtype=torch.long))
+
+
+def test_to_xyz_makes_no_host_sync(mols):
+    from zmat.testing import DispatchAudit
+
+    ts = TorsionSpace.from_mol(mols["valsartan"])
+    t = (ts.torsions + 0.1).expand(3, -1).clone().requires_grad_(True)
+    ts.to_xyz(t)  # plans are built once, outside the audited call
+    with DispatchAudit() as audit:
+        ts.to_xyz(t).square().sum().backward()
+    assert audit.syncs == []
+
+
+@pytest.mark.cuda
+def test_cuda_matches_cpu(mols):
+    ts = TorsionSpace.from_mol(mols["imatinib"])
+    t = ts.torsions + torch.linspace(-1, 1, len(ts.quads), dtype=torch.float64)
+    x = ts.to_xyz(t.cuda())
+    assert x.device.type == "cuda"
+    assert (x.cpu() - ts.to_xyz(t)).abs().max() < 1e-10
+    assert (ts.from_xyz(x).cpu() - ts.from_xyz(ts.to_xyz(t))).abs().max() < 1e-10
+
+
+def test_benchmark_smoke():
+    """``python -m benchmarks.torsions --tiny``: runs, and the two loops agree with zmat."""
+    torsions = pytest.importorskip("benchmarks.torsions")
+    res = torsions.main(["--tiny", "--dtype", "float64"])
+    assert res["max |zmat - rdkit| A"] < 1e-9 and res["max |zmat - td| A"] < 1e-9
+    assert res["zmat fwd"] > 0 and res["ragged build"] > 0
