@@ -196,18 +196,34 @@ def test_invariants_under_random_torsions(mols):
             assert (vol(x) - vol(x0)).abs().max() < 1e-9, name
 
 
-def test_gradcheck_and_gradgradcheck(mols):
+@pytest.mark.parametrize("method", ["rigid", "table"])
+def test_gradcheck_and_gradgradcheck(mols, method):
     ts = TorsionSpace.from_mol(mols["lidocaine"])
     t = (ts.torsions + 0.3).clone().requires_grad_(True)
     w = torch.randn(ts.table.n_atoms, 3, dtype=torch.float64)
 
     def f(t):
-        return (ts.to_xyz(t) * w).sum(-1)
+        return (ts.to_xyz(t, method=method) * w).sum(-1)
 
     assert torch.autograd.gradcheck(f, (t,))
     assert torch.autograd.gradgradcheck(f, (t,))
-    # batched torsions, float32
-    x = ts.to_xyz(ts.torsions.float().expand(3, -1))
+
+
+def test_rigid_and_table_methods_agree(mols):
+    """The rigid-body composition and the z-matrix route are independent; they must agree."""
+    gen = torch.Generator().manual_seed(1)
+    for name in ("imatinib", "valsartan", "ibuprofen_sodium", "cyclododecyl_ether", "verapamil_like"):
+        ts = TorsionSpace.from_mol(mols[name])
+        t = ts.torsions + 3 * torch.randn(3, len(ts.quads), generator=gen, dtype=torch.float64)
+        assert (ts.to_xyz(t) - ts.to_xyz(t, method="table")).abs().max() < 1e-10, name
+    with pytest.raises(ValueError, match="unknown method"):
+        ts.to_xyz(t, method="nerf")
+
+
+@pytest.mark.parametrize("method", ["rigid", "table"])
+def test_float32_batch(mols, method):
+    ts = TorsionSpace.from_mol(mols["lidocaine"])
+    x = ts.to_xyz(ts.torsions.float().expand(3, -1), method=method)
     assert x.shape == (3, ts.table.n_atoms, 3) and x.dtype == torch.float32
     assert (x - positions(mols["lidocaine"]).float()).abs().max() < 1e-4
 
