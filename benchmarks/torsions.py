@@ -6,9 +6,12 @@ heavy atoms, 64 with hydrogens, 9 rotatable bonds; ``--tiny`` for a smoke test).
 Implementations, all given the same conformer and the same ``(B, k)`` target
 torsions, all producing ``(B, N, 3)`` positions:
 
-* ``zmat``: ``TorsionSpace.to_xyz(t)``, one batched call; forward, and forward
-  plus backward (the gradient of a scalar with respect to the torsions,
-  which neither loop has).
+* ``zmat rigid``: ``TorsionSpace.to_xyz(t)`` (default ``method="rigid"``: the
+  rotations of the moving sides composed level by level), one batched call;
+  forward, and forward plus backward (the gradient of a scalar with respect
+  to the torsions, which neither loop has).
+* ``zmat table``: ``TorsionSpace.to_xyz(t, method="table")``: frozen internal
+  coordinates, torsions scattered in, one ``zmat.to_xyz`` call.
 * ``rdkit-loop``: for each conformer, for each rotatable bond,
   ``rdMolTransforms.SetDihedralRad`` (C++; it finds the moving side and
   rotates it on every call).
@@ -135,10 +138,14 @@ def run(batch: int, dtype: torch.dtype, repeat: float, mix: int) -> dict:
         "batch": batch,
     }
     t = target.to(dtype)
-    res["zmat fwd"] = _timeit(lambda: ts.to_xyz(t), repeat)
     tg = t.clone().requires_grad_(True)
-    res["zmat fwd+bwd"] = _timeit(lambda: torch.autograd.grad(ts.to_xyz(tg).square().sum(), tg), repeat)
+    for method in ("rigid", "table"):
+        res[f"zmat {method} fwd"] = _timeit(lambda m=method: ts.to_xyz(t, method=m), repeat)
+        res[f"zmat {method} fwd+bwd"] = _timeit(
+            lambda m=method: torch.autograd.grad(ts.to_xyz(tg, method=m).square().sum(), tg), repeat
+        )
     x_zmat = ts.to_xyz(target).numpy()
+    res["max |rigid - table| A"] = float(np.abs(x_zmat - ts.to_xyz(target, method="table").numpy()).max())
 
     # RDKit: one Mol holding B copies of the conformer, updated in place
     many = Chem.Mol(mol)
@@ -163,7 +170,8 @@ def run(batch: int, dtype: torch.dtype, repeat: float, mix: int) -> dict:
 
 
 def _ragged(batch: int, dtype: torch.dtype, repeat: float, mix: int) -> dict:
-    """Build a batch of B torsion spaces of different molecules, then fwd+bwd on it."""
+    """Build a batch of B torsion spaces of different molecules, then fwd+bwd on it
+    (rigid method: no table needed; the table method also builds the forest table)."""
     from zmat.rdkit import TorsionSpace
 
     spaces = [TorsionSpace.from_mol(_embed(s)) for s in MIX[:mix]]
@@ -171,15 +179,19 @@ def _ragged(batch: int, dtype: torch.dtype, repeat: float, mix: int) -> dict:
     tb = TorsionSpace.batch(items)
     t = (tb.torsions + 0.5).to(dtype).requires_grad_(True)
 
-    def step(space):
-        return torch.autograd.grad(space.to_xyz(t).square().sum(), t)
+    def step(space, method="rigid"):
+        return torch.autograd.grad(space.to_xyz(t, method=method).square().sum(), t)
 
     return {
-        "ragged atoms": tb.table.n_atoms,
+        "ragged atoms": len(tb.positions),
         "ragged torsions": len(tb.quads),
         "ragged build": _timeit(lambda: TorsionSpace.batch(items), repeat),
         "ragged fwd+bwd (fresh batch)": _timeit(lambda: step(TorsionSpace.batch(items)), repeat),
         "ragged fwd+bwd (warm)": _timeit(lambda: step(tb), repeat),
+        "ragged table fwd+bwd (fresh batch)": _timeit(
+            lambda: step(TorsionSpace.batch(items), "table"), repeat
+        ),
+        "ragged table fwd+bwd (warm)": _timeit(lambda: step(tb, "table"), repeat),
     }
 
 
@@ -187,25 +199,26 @@ def report(res: dict) -> str:
     ms = lambda s: f"{s * 1e3:9.3f} ms"  # noqa: E731
     lines = [
         f"{res['batch']} conformers of a {res['heavy_atoms']}-heavy-atom molecule ({res['atoms']} atoms "
-        f"with H), {res['torsions']} rotatable bonds:",
+        f"with H), {res['torsions']} rotatable bonds, {res.get('dtype', '')}:",
     ]
-    for name in ("zmat fwd", "zmat fwd+bwd", "rdkit-loop", "td-loop"):
-        lines.append(f"  {name:14s} {ms(res[name])}")
+    zmat_rows = [f"zmat {m} {mode}" for m in ("rigid", "table") for mode in ("fwd", "fwd+bwd")]
+    for name in (*zmat_rows, "rdkit-loop", "td-loop"):
+        lines.append(f"  {name:20s} {ms(res[name])}")
     for peer in ("rdkit-loop", "td-loop"):
-        lines.append(
-            f"  zmat fwd is {res[peer] / res['zmat fwd']:.1f}x {peer}; "
-            f"zmat fwd+bwd is {res[peer] / res['zmat fwd+bwd']:.1f}x {peer}"
-        )
+        ratios = ", ".join(f"{name} {res[peer] / res[name]:.1f}x" for name in zmat_rows)
+        lines.append(f"  vs {peer}: {ratios}")
     lines.append(
         f"  agreement: max |zmat - rdkit| {res['max |zmat - rdkit| A']:.1e} A, "
-        f"max |zmat - td| {res['max |zmat - td| A']:.1e} A"
+        f"max |zmat - td| {res['max |zmat - td| A']:.1e} A, "
+        f"rigid vs table {res['max |rigid - table| A']:.1e} A"
     )
     lines.append(
         f"ragged batch of {res['batch']} molecules ({res['ragged atoms']} atoms, {res['ragged torsions']} "
-        f"torsions): build {ms(res['ragged build'])}, fwd+bwd on the fresh batch "
-        f"{ms(res['ragged fwd+bwd (fresh batch)'])} (build included), warm fwd+bwd "
-        f"{ms(res['ragged fwd+bwd (warm)'])}; build / warm fwd+bwd = "
-        f"{res['ragged build'] / res['ragged fwd+bwd (warm)']:.2f}"
+        f"torsions): build {ms(res['ragged build'])}; fwd+bwd rigid {ms(res['ragged fwd+bwd (warm)'])} warm, "
+        f"{ms(res['ragged fwd+bwd (fresh batch)'])} build included; build / fwd+bwd = "
+        f"{res['ragged build'] / res['ragged fwd+bwd (warm)']:.2f}; table method "
+        f"{ms(res['ragged table fwd+bwd (warm)'])} warm, {ms(res['ragged table fwd+bwd (fresh batch)'])} "
+        "with building its forest table and plans"
     )
     return "\n".join(lines)
 
@@ -224,8 +237,8 @@ def main(argv=None) -> dict:
         a.batch, a.repeat, a.mix = 4, 0.01, 2
     torch.set_num_threads(a.threads)
     res = run(a.batch, getattr(torch, a.dtype), a.repeat, a.mix)
+    print(report({**res, "dtype": a.dtype}))
     res["dtype"], res["threads"] = a.dtype, a.threads
-    print(report(res))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)

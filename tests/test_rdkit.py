@@ -345,4 +345,5 @@ def test_benchmark_smoke():
     torsions = pytest.importorskip("benchmarks.torsions")
     res = torsions.main(["--tiny", "--dtype", "float64"])
     assert res["max |zmat - rdkit| A"] < 1e-9 and res["max |zmat - td| A"] < 1e-9
-    assert res["zmat fwd"] > 0 and res["ragged build"] > 0
+    assert res["max |rigid - table| A"] < 1e-9
+    assert res["zmat rigid fwd"] > 0 and res["ragged build"] > 0

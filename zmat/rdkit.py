@@ -276,6 +276,11 @@ def _owners(table: ConstructionTable, quads: np.ndarray) -> tuple[np.ndarray, np
     return owner, owner[quads[:, 1]] if len(quads) else np.zeros(0, np.int64)
 
 
+def _apply(rot: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``rot @ v`` for ``(..., 3, 3)`` and ``(..., 3)``, written out (no tiny bmm)."""
+    return (rot * v.unsqueeze(-2)).sum(-1)
+
+
 def _check_rebuilt(rebuilt: torch.Tensor, pos: torch.Tensor) -> None:
     """The table must rebuild the conformer; it cannot where reference atoms coincide."""
     err = (rebuilt - pos).norm(dim=-1)
@@ -521,7 +526,7 @@ class TorsionSpace:
             perm = np.argsort(level, kind="stable")
             slot = np.zeros(k + 1, np.int64)  # slot[-1] = 0: "no torsion", the identity
             slot[perm] = np.arange(1, k + 1)
-            bounds = np.searchsorted(level[perm], np.arange(level.max(initial=-1) + 2)).tolist()
+            sizes = np.bincount(level, minlength=1).tolist() if k else []
             x0 = self.positions.to(device, dtype)
             q = self.quads[perm].to(device)
             axis = x0[q[:, 2]] - x0[q[:, 1]]
@@ -536,35 +541,36 @@ class TorsionSpace:
                 skew @ skew,
                 self.torsions.to(device, dtype)[index_tensor(perm, device)],
                 index_tensor(perm, device),
-                index_tensor(np.where(parent >= 0, slot[np.maximum(parent, 0)], 0)[perm], device),
-                index_tensor(np.where(self.owner >= 0, slot[np.maximum(self.owner, 0)], 0), device),
-                bounds,
+                [index_tensor(p, device) for p in np.split(slot[parent][perm], np.cumsum(sizes)[:-1])],
+                # atom -> its innermost torsion as a one-hot matrix: a matmul gathers (and its
+                # backward sums) without atomics
+                torch.nn.functional.one_hot(index_tensor(slot[self.owner], device), k + 1).to(dtype),
+                sizes,
             )
 
         return self._cached("rigid", dtype, device, build)
 
     def _rigid(self, torsions: torch.Tensor) -> torch.Tensor:
-        x0, point, skew, skew2, t0, perm, parent_slot, atom_slot, bounds = self._rigid_plan(
+        x0, point, skew, skew2, t0, perm, parent_slots, onehot, sizes = self._rigid_plan(
             torsions.dtype, torsions.device
         )
         batch = torsions.shape[:-1]
         delta = torsions.index_select(-1, perm) - t0
         # Rodrigues: rotation by delta about the bond axis b -> c, through b
-        rot = torch.eye(3, dtype=x0.dtype, device=x0.device) + (
-            delta.sin()[..., None, None] * skew + (1 - delta.cos())[..., None, None] * skew2
-        )
-        shift = point - (rot * point[..., None, :]).sum(-1)
-        rots = [torch.eye(3, dtype=x0.dtype, device=x0.device).expand(*batch, 1, 3, 3)]
-        shifts = [torch.zeros_like(x0[:1]).expand(*batch, 1, 3)]
-        for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):  # nesting levels, outermost first
-            ps = parent_slot[lo:hi]
+        eye = torch.eye(3, dtype=x0.dtype, device=x0.device)
+        rot = eye + delta.sin()[..., None, None] * skew + (1 - delta.cos())[..., None, None] * skew2
+        shift = point - _apply(rot, point)
+        # compose outwards, one nesting level at a time (3x3 products written out: tiny bmm is slow)
+        rots, shifts = [eye.expand(*batch, 1, 3, 3)], [torch.zeros_like(x0[:1]).expand(*batch, 1, 3)]
+        for r, t, ps in zip(rot.split(sizes, -3), shift.split(sizes, -2), parent_slots, strict=True):
             pr = torch.cat(rots, -3).index_select(-3, ps)
-            pt = torch.cat(shifts, -2).index_select(-2, ps)
-            rots.append(pr @ rot[..., lo:hi, :, :])
-            shifts.append((pr * shift[..., lo:hi, None, :]).sum(-1) + pt)
-        ra = torch.cat(rots, -3).index_select(-3, atom_slot)
-        ta = torch.cat(shifts, -2).index_select(-2, atom_slot)
-        return (ra * x0[:, None, :]).sum(-1) + ta
+            rots.append((pr.unsqueeze(-1) * r.unsqueeze(-3)).sum(-2))
+            shifts.append(_apply(pr, t) + torch.cat(shifts, -2).index_select(-2, ps))
+        # every atom takes its innermost torsion's motion: one GEMM with the one-hot owner matrix
+        motion = torch.cat([torch.cat(rots, -3).flatten(-2), torch.cat(shifts, -2)], -1)  # (..., S, 12)
+        flat = motion.reshape(-1, *motion.shape[-2:]).transpose(0, 1).reshape(motion.shape[-2], -1)
+        per_atom = (onehot @ flat).reshape(len(x0), -1, 12).transpose(0, 1).reshape(*batch, len(x0), 12)
+        return _apply(per_atom[..., :9].unflatten(-1, (3, 3)), x0) + per_atom[..., 9:]
 
     def from_xyz(self, xyz: torch.Tensor) -> torch.Tensor:
         """``(..., N, 3)`` positions -> ``(..., K)`` torsions (dihedrals of ``quads``)."""
