@@ -527,6 +527,7 @@ class TorsionSpace:
             slot = np.zeros(k + 1, np.int64)  # slot[-1] = 0: "no torsion", the identity
             slot[perm] = np.arange(1, k + 1)
             sizes = np.bincount(level, minlength=1).tolist() if k else []
+            parents = np.split(slot[parent][perm], np.cumsum(sizes)[:-1])[: len(sizes)]  # per level
             x0 = self.positions.to(device, dtype)
             q = self.quads[perm].to(device)
             axis = x0[q[:, 2]] - x0[q[:, 1]]
@@ -541,7 +542,7 @@ class TorsionSpace:
                 skew @ skew,
                 self.torsions.to(device, dtype)[index_tensor(perm, device)],
                 index_tensor(perm, device),
-                [index_tensor(p, device) for p in np.split(slot[parent][perm], np.cumsum(sizes)[:-1])],
+                [index_tensor(p, device) for p in parents],
                 # atom -> its innermost torsion as a one-hot matrix: a matmul gathers (and its
                 # backward sums) without atomics
                 torch.nn.functional.one_hot(index_tensor(slot[self.owner], device), k + 1).to(dtype),
