@@ -47,12 +47,24 @@ the root, which stays fixed in the Mol's frame: exactly the side
 the neighbour of ``b`` (``d`` of ``c``) with the highest atomic number, lowest
 index on ties.
 
-Frame: :meth:`TorsionSpace.to_xyz` returns positions in the conformer's own
-frame: zmat places the molecule in its canonical frame (root at the origin)
-and a fixed rigid motion, fitted once on the conformer, maps it back. The
-root's rigid group never moves, so ``to_xyz(torsions)`` reproduces the
-conformer (float64: ~1e-14 A) and changing torsion ``k`` gives exactly what
-``SetDihedralRad`` gives.
+Two ways to place the atoms, same result (float64: ~1e-13 A apart; tested):
+
+* ``method="rigid"`` (default): the moving side of each rotatable bond is a
+  rigid body. The rotations by ``torsions - self.torsions`` about the
+  conformer's bond axes (Rodrigues) are composed from the root outwards, one
+  vectorised step per nesting level of rotatable bonds (a handful), and every
+  atom takes the motion of its innermost torsion (one GEMM). It needs no
+  construction table, so :meth:`TorsionSpace.batch` of different molecules is
+  a few numpy concatenations.
+* ``method="table"``: the frozen internal coordinates with the torsions
+  scattered into their rows, one :func:`zmat.to_xyz` call on the table above;
+  zmat places the molecule in its canonical frame (root at the origin) and a
+  fixed rigid motion, fitted once on the conformer, maps it back.
+
+Frame: positions come back in the conformer's own frame. The root's rigid
+group never moves, so ``to_xyz(torsions)`` reproduces the conformer (float64:
+~1e-14 A) and changing torsion ``k`` gives exactly what ``SetDihedralRad``
+gives (``tests/test_rdkit.py``: 28 drug-like molecules, 142 bonds, 4e-14 A).
 """
 
 from __future__ import annotations
