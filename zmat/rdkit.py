@@ -555,16 +555,14 @@ class TorsionSpace:
                 self.torsions.to(device, dtype)[index_tensor(perm, device)],
                 index_tensor(perm, device),
                 [index_tensor(p, device) for p in parents],
-                # atom -> its innermost torsion as a one-hot matrix: a matmul gathers (and its
-                # backward sums) without atomics
-                torch.nn.functional.one_hot(index_tensor(slot[self.owner], device), k + 1).to(dtype),
+                index_tensor(slot[self.owner], device),  # atom -> slot of its innermost torsion
                 sizes,
             )
 
         return self._cached("rigid", dtype, device, build)
 
     def _rigid(self, torsions: torch.Tensor) -> torch.Tensor:
-        x0, point, skew, skew2, t0, perm, parent_slots, onehot, sizes = self._rigid_plan(
+        x0, point, skew, skew2, t0, perm, parent_slots, atom_slot, sizes = self._rigid_plan(
             torsions.dtype, torsions.device
         )
         batch = torsions.shape[:-1]
@@ -579,10 +577,9 @@ class TorsionSpace:
             pr = torch.cat(rots, -3).index_select(-3, ps)
             rots.append((pr.unsqueeze(-1) * r.unsqueeze(-3)).sum(-2))
             shifts.append(_apply(pr, t) + torch.cat(shifts, -2).index_select(-2, ps))
-        # every atom takes its innermost torsion's motion: one GEMM with the one-hot owner matrix
+        # every atom takes its innermost torsion's motion: one gather of (rotation, shift) rows
         motion = torch.cat([torch.cat(rots, -3).flatten(-2), torch.cat(shifts, -2)], -1)  # (..., S, 12)
-        flat = motion.reshape(-1, *motion.shape[-2:]).transpose(0, 1).reshape(motion.shape[-2], -1)
-        per_atom = (onehot @ flat).reshape(len(x0), -1, 12).transpose(0, 1).reshape(*batch, len(x0), 12)
+        per_atom = motion.index_select(-2, atom_slot)
         return _apply(per_atom[..., :9].unflatten(-1, (3, 3)), x0) + per_atom[..., 9:]
 
     def from_xyz(self, xyz: torch.Tensor) -> torch.Tensor:
