@@ -271,6 +271,7 @@ def test_batch_of_different_molecules(mols):
     assert batch.atoms.ptr.tolist() == np.cumsum([0] + [s.table.n_atoms for s in spaces]).tolist()
     t = torch.cat([s.torsions + 0.7 for s in spaces])
     x = batch.to_xyz(t)
+    assert (batch.to_xyz(t, method="table") - x).abs().max() < 1e-10  # the forest table route
     parts = batch.atoms.unbatch(x, dim=-2)
     for s, p in zip(spaces, parts, strict=True):
         assert (p - s.to_xyz(s.torsions + 0.7)).abs().max() < 1e-10
