@@ -280,6 +280,11 @@ def test_batch_of_different_molecules(mols):
     assert torch.equal(batch.to_xyz(batch.torsion_index.unpad(padded)), x)
     assert torch.allclose(batch.from_xyz(x), torch.remainder(t + torch.pi, 2 * torch.pi) - torch.pi)
     assert len(batch.to_mols(x)) == 4
+    # a batch of batches is the flat batch
+    nested = TorsionSpace.batch([TorsionSpace.batch(spaces[:2]), TorsionSpace.batch(spaces[2:])])
+    assert nested.atoms.ptr.tolist() == batch.atoms.ptr.tolist()
+    assert (nested.to_xyz(t) - x).abs().max() < 1e-12
+    assert (nested.to_xyz(t, method="table") - x).abs().max() < 1e-10
 
 
 # ------------------------------------------------------------- bad input

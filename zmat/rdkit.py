@@ -360,26 +360,20 @@ class TorsionSpace:
         (torch.Size([2, 4]), torch.Size([15, 3]))
     """
 
-    def __init__(self, mols, table, internal, quads, dof, rotation, shift, atoms, torsion_index, **known):
+    def __init__(self, mols, table, atoms: Ragged, torsion_index: Ragged, **fields) -> None:
+        """Use :meth:`from_mol` or :meth:`batch`; ``fields`` are the attributes below."""
         self.mols, self.atoms, self.torsion_index = mols, atoms, torsion_index
         self._table = table  # a ConstructionTable, or the tables of a batch (concatenated on first use)
-        self.internal = internal
-        self.quads = torch.as_tensor(quads, dtype=torch.long)
-        self.dof = np.asarray(dof, np.int64)
-        self.rotation, self.shift = rotation, shift  # (M, 3, 3), (M, 3): canonical -> Mol frame
+        self.quads = torch.as_tensor(fields["quads"], dtype=torch.long)
+        self.torsions: torch.Tensor = fields["torsions"]  # (K,) float64
+        self.positions: torch.Tensor = fields["positions"]  # (N, 3) float64, the conformers
+        self.internal: torch.Tensor = fields["internal"]  # (N, 3) float64, frozen
+        self.dof = np.asarray(fields["dof"], np.int64)  # (K,) the row whose dihedral is torsion k
+        self.delta: torch.Tensor = fields["delta"]  # (K,) torsion - phi of its row (constant)
+        self.rotation, self.shift = fields["rotation"], fields["shift"]  # (M, 3, 3), (M, 3): canonical -> Mol
+        self.owner = fields["owner"]  # (N,) innermost torsion moving each atom, -1: none
+        self.bond_parent = fields["bond_parent"]  # (K,) innermost torsion moving bond k, -1: none
         self._cache: dict = {}
-        torsions, delta = known.get("torsions"), known.get("delta")
-        if torsions is None:  # measured once per molecule; batches concatenate them
-            torsions = dihedrals(self.place(internal), self.quads)
-            # phi of the dof row = torsion - delta (a constant: both rotate with the moving side)
-            delta = torsions - internal[self.dof, 2]
-        self.torsions, self.delta = torsions, delta
-        self.positions = known.get("positions")
-        if self.positions is None:
-            self.positions = self.place(internal)
-            self.owner, self.bond_parent = _owners(self.table, self.quads.numpy())
-        else:
-            self.owner, self.bond_parent = known["owner"], known["bond_parent"]
 
     @property
     def table(self) -> ConstructionTable:
@@ -419,8 +413,25 @@ class TorsionSpace:
         shift = pos.mean(0) - canonical.mean(0) @ rot.T
         _check_rebuilt(canonical @ rot.T + shift, pos)
         copy = Chem.Mol(mol, confId=mol.GetConformer(conf_id).GetId())
-        n, k = len(pos), len(quads)
-        return cls([copy], table, internal, quads, dof, rot[None], shift[None], Ragged([n]), Ragged([k]))
+        quads_t = torch.as_tensor(quads)
+        torsions = dihedrals(pos, quads_t)
+        owner, bond_parent = _owners(table, quads)
+        return cls(
+            [copy],
+            table,
+            Ragged([len(pos)]),
+            Ragged([len(quads)]),
+            quads=quads_t,
+            torsions=torsions,
+            positions=pos,
+            internal=internal,
+            dof=dof,
+            delta=torsions - internal[dof, 2],
+            rotation=rot[None],
+            shift=shift[None],
+            owner=owner,
+            bond_parent=bond_parent,
+        )
 
     @classmethod
     def batch(cls, spaces: Sequence[TorsionSpace]) -> TorsionSpace:
@@ -430,7 +441,7 @@ class TorsionSpace:
         """
         if len(spaces) == 0:
             raise ValueError("cannot batch an empty list of torsion spaces")
-        atoms = Ragged([len(s.positions) for s in spaces])
+        atoms = Ragged([len(s.positions) for s in spaces])  # per space (a space may be a batch)
         tors = Ragged([len(s.quads) for s in spaces])
         shift_atoms = torch.as_tensor(atoms.ptr[:-1])[tors.index]
         quads = torch.cat([s.quads for s in spaces]) + shift_atoms[:, None]
@@ -443,16 +454,16 @@ class TorsionSpace:
         return cls(
             [m for s in spaces for m in s.mols],
             [s.table for s in spaces],
-            torch.cat([s.internal for s in spaces]),
-            quads,
-            dof,
-            torch.cat([s.rotation for s in spaces]),
-            torch.cat([s.shift for s in spaces]),
-            Ragged(np.concatenate([s.atoms.sizes for s in spaces])),
+            Ragged(np.concatenate([s.atoms.sizes for s in spaces])),  # per molecule
             Ragged(np.concatenate([s.torsion_index.sizes for s in spaces])),
+            quads=quads,
             torsions=torch.cat([s.torsions for s in spaces]),
-            delta=torch.cat([s.delta for s in spaces]),
             positions=torch.cat([s.positions for s in spaces]),
+            internal=torch.cat([s.internal for s in spaces]),
+            dof=dof,
+            delta=torch.cat([s.delta for s in spaces]),
+            rotation=torch.cat([s.rotation for s in spaces]),
+            shift=torch.cat([s.shift for s in spaces]),
             owner=offset("owner", atoms, tors),
             bond_parent=offset("bond_parent", tors, tors),
         )
