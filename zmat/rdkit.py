@@ -588,10 +588,14 @@ class TorsionSpace:
             pr = torch.cat(rots, -3).index_select(-3, ps)
             rots.append((pr.unsqueeze(-1) * r.unsqueeze(-3)).sum(-2))
             shifts.append(_apply(pr, t) + torch.cat(shifts, -2).index_select(-2, ps))
-        # every atom takes its innermost torsion's motion: one gather of (rotation, shift) rows
-        motion = torch.cat([torch.cat(rots, -3).flatten(-2), torch.cat(shifts, -2)], -1)  # (..., S, 12)
-        per_atom = motion.index_select(-2, atom_slot)
-        return _apply(per_atom[..., :9].unflatten(-1, (3, 3)), x0) + per_atom[..., 9:]
+        # every atom takes its innermost torsion's motion: x = R x0 + t, R by columns, each
+        # gathered from the small (..., S, 3) stack (slicing the gathered (..., N, 12) instead
+        # makes the backward fill several (..., N, 12) zero tensors)
+        r_all, t_all = torch.cat(rots, -3), torch.cat(shifts, -2)
+        x = t_all.index_select(-2, atom_slot)
+        for j in range(3):
+            x = x + r_all[..., j].index_select(-2, atom_slot) * x0[:, j : j + 1]
+        return x
 
     def from_xyz(self, xyz: torch.Tensor) -> torch.Tensor:
         """``(..., N, 3)`` positions -> ``(..., K)`` torsions (dihedrals of ``quads``)."""
