@@ -441,8 +441,8 @@ class TorsionSpace:
         """
         if len(spaces) == 0:
             raise ValueError("cannot batch an empty list of torsion spaces")
-        atoms = Ragged([len(s.positions) for s in spaces])  # per space (a space may be a batch)
-        tors = Ragged([len(s.quads) for s in spaces])
+        atoms = Ragged([s.atoms.total for s in spaces])  # per space (a space may be a batch)
+        tors = Ragged([s.torsion_index.total for s in spaces])
         shift_atoms = torch.as_tensor(atoms.ptr[:-1])[tors.index]
         quads = torch.cat([s.quads for s in spaces]) + shift_atoms[:, None]
         dof = np.concatenate([s.dof for s in spaces]) + atoms.ptr[:-1][tors.index]
