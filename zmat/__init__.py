@@ -8,7 +8,7 @@ The public API (stable names, see ``CONTRACT.md``)::
     loss = zmat.clash_loss(xyz, radii, exclude=table)
 """
 
-from . import chemcoord, clash, protein
+from . import batch, chemcoord, clash, protein
 from ._align import rmsd, superpose
 from .clash import alphafold_radii, clash_loss, exclusions_from_bonds, exclusions_from_table, vdw_radii
 from .table import ConstructionTable
@@ -20,6 +20,7 @@ __all__ = [
     "ConstructionTable",
     "ZMatrix",
     "alphafold_radii",
+    "batch",
     "chemcoord",
     "clash",
     "clash_loss",
