@@ -67,3 +67,17 @@ def test_zmatrix_batch_and_collate():
     assert np.array_equal(t.refs[3:], expected) and atoms.ptr.tolist() == [0, 3, 8]
     with pytest.raises(ValueError, match="empty"):
         collate([])
+
+
+def test_zmat_imports_without_rdkit():
+    """``import zmat`` works without RDKit; ``import zmat.rdkit`` names the extra to install."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['rdkit'] = None\n"
+        "import zmat\n"
+        "try:\n    import zmat.rdkit\nexcept ImportError as e:\n    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "pip install 'zmat[rdkit]'" in out
