@@ -74,6 +74,9 @@ TINY = [
     Series("protein", (12,), (1,)),
 ]
 
+#: suites that are scripts of their own (``python -m benchmarks.torsions``); ``__main__`` may dispatch to them
+SCRIPTS = {"torsions": "benchmarks.torsions"}
+
 SUITES = {"quick": QUICK, "methods": METHODS, "targets": TARGETS, "full": FULL, "tiny": TINY}
 #: default seconds per record (cold call + timed calls) before a size is skipped as too slow
 BUDGETS = {"quick": 4.0, "methods": 10.0, "targets": 10.0, "full": 10.0, "tiny": 2.0}

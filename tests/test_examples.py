@@ -96,6 +96,19 @@ def test_distributed_torchrun():
     check_distributed(run([*args, EXAMPLES / "distributed.py", "--epochs", "8"]))
 
 
+def test_conformer_torsions():
+    pytest.importorskip("rdkit")
+    out = run([EXAMPLES / "conformer_torsions.py"])
+    before, after = floats(r"clash loss ([\d.]+) -> ([\d.]+)", out)
+    assert after < 0.5 * before
+    rg0, rg1 = floats(r"radius of gyration\^2 ([\d.]+) -> ([\d.]+)", out)
+    assert rg1 < rg0
+    (bond,) = floats(r"max bond length change ([\d.e+-]+) A", out)
+    assert bond < 1e-9
+    assert "stereo unchanged (RDKit, from 3-D): True" in out
+    assert re.search(r"wrote 24 conformers to ", out)
+
+
 def test_docs_build(tmp_path):
     for module in ("mkdocs", "mkdocstrings", "mkdocstrings_handlers.python"):
         pytest.importorskip(module, reason="the docs need the test extra: pip install -e '.[test]'")

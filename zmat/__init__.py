@@ -11,7 +11,7 @@ The public API (stable names, see ``docs/conventions.md``)::
 (imported on its own) has checks for your own code.
 """
 
-from . import chemcoord, clash, gaussian, protein
+from . import batch, chemcoord, clash, gaussian, protein
 from ._align import rmsd, superpose
 from .clash import alphafold_radii, clash_loss, exclusions_from_bonds, exclusions_from_table, vdw_radii
 from .table import ConstructionTable
@@ -23,6 +23,7 @@ __all__ = [
     "ConstructionTable",
     "ZMatrix",
     "alphafold_radii",
+    "batch",
     "chemcoord",
     "clash",
     "clash_loss",

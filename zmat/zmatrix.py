@@ -220,3 +220,10 @@ class ZMatrix:
             multiplicity=self.multiplicity,
         )
         return gaussian.to_string(data, variables=variables)
+
+    @classmethod
+    def from_rdkit(cls, mol, conf_id: int = -1) -> ZMatrix:
+        """An RDKit Mol's conformer, rows in the Mol's atom order; see :func:`zmat.rdkit.zmatrix_from_mol`."""
+        from .rdkit import zmatrix_from_mol  # RDKit is an optional dependency
+
+        return zmatrix_from_mol(mol, conf_id)

@@ -1,0 +1,632 @@
+"""Molecules in torsion space: RDKit Mols in, rotatable bonds as the degrees of freedom.
+
+``import zmat.rdkit`` needs RDKit (the optional extra ``zmat[rdkit]``);
+``import zmat`` does not.
+
+:class:`TorsionSpace` holds a molecule (one RDKit conformer) whose only
+degrees of freedom are the torsions of its rotatable bonds; every bond
+length, bond angle, ring, stereocentre and double bond stays as in the
+conformer. It is a z-matrix whose construction table (rows in the Mol's atom
+order) is built so that each rotatable bond is exactly one dihedral:
+
+* A spanning tree of the bond graph is walked breadth first (neighbours in
+  increasing index) from a *root*: in the largest fragment, the largest
+  rigid group (atoms joined by non-rotatable bonds), its lowest-index atom of
+  degree 1 (else its lowest-index atom). Ring closures are the bonds the
+  tree leaves out; they stay closed because nothing inside a ring moves.
+  Further fragments (salts, solvent) are attached by a virtual edge from
+  their atom nearest to the root's rigid group, to that group, so nothing
+  moves between fragments (ETKDG may place counter-ions on top of each
+  other; attaching to the root's group keeps them apart in the table).
+* Atom ``i`` with tree parent ``p`` is placed from ``p`` and ``p``'s own
+  references: the first child of ``p`` by ``(p, b_p, a_p)`` (a *proper* row of
+  :mod:`zmat.table`), every other child by ``(p, b_p, first child)`` (an
+  *offset* row: its dihedral is relative to its first sibling). So changing
+  the dihedral of the first child of ``q`` rotates ``q``'s whole subtree
+  rigidly about the bond ``p-q``: for a rotatable bond ``p-q`` that row is its
+  one degree of freedom, and all other internal coordinates are frozen.
+
+Rotatable bonds (``rotatable=``):
+
+* ``None`` (default): RDKit's strict pattern :data:`STRICT_SMARTS` (the SMARTS
+  of ``rdMolDescriptors.CalcNumRotatableBonds`` with
+  ``NumRotatableBondsOptions.Strict``, ``Code/GraphMol/Descriptors/Lipinski.cpp``:
+  single or aromatic acyclic bonds, no triple bonds, no terminal atoms, no
+  CF3/CCl3/CBr3/tBu/CH3 ends, no amide-like C(=X)-N/O/S bonds), and, so that
+  a Mol with explicit hydrogens has the same torsions as without, each end
+  needs a heavy-atom neighbour besides the other end (no OH/NH2/SH rotors);
+* a SMARTS string: the first two atoms of each match; matches on ring bonds
+  are ignored;
+* a sequence of ``(b, c)`` atom index pairs, used as given (any bond order);
+  a pair that is not a bond, or a bond in a ring, raises ``ValueError``.
+
+Quads: torsion ``k`` is the dihedral ``(a, b, c, d)`` of :attr:`TorsionSpace.quads`;
+``b-c`` is the bond oriented so that ``c``'s side moves (the side away from
+the root, which stays fixed in the Mol's frame: exactly the side
+``rdMolTransforms.SetDihedralRad(conf, a, b, c, d, value)`` moves). ``a`` is
+the neighbour of ``b`` (``d`` of ``c``) with the highest atomic number, lowest
+index on ties.
+
+Two ways to place the atoms, same result (float64: ~1e-13 A apart; tested):
+
+* ``method="rigid"`` (default): the moving side of each rotatable bond is a
+  rigid body. The rotations by ``torsions - self.torsions`` about the
+  conformer's bond axes (Rodrigues) are composed from the root outwards, one
+  vectorised step per nesting level of rotatable bonds (a handful), and every
+  atom takes the motion of its innermost torsion (one GEMM). It needs no
+  construction table, so :meth:`TorsionSpace.batch` of different molecules is
+  a few numpy concatenations.
+* ``method="table"``: the frozen internal coordinates with the torsions
+  scattered into their rows, one :func:`zmat.to_xyz` call on the table above;
+  zmat places the molecule in its canonical frame (root at the origin) and a
+  fixed rigid motion, fitted once on the conformer, maps it back.
+
+Frame: positions come back in the conformer's own frame. The root's rigid
+group never moves, so ``to_xyz(torsions)`` reproduces the conformer (float64:
+~1e-14 A) and changing torsion ``k`` gives exactly what ``SetDihedralRad``
+gives (``tests/test_rdkit.py``: 28 drug-like molecules, 142 bonds, 4e-14 A).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
+
+try:
+    from rdkit import Chem
+    from rdkit.Geometry import Point3D
+except ImportError as err:  # pragma: no cover - exercised only without RDKit
+    raise ImportError(
+        "zmat.rdkit needs RDKit: install it with `pip install 'zmat[rdkit]'` (or `pip install rdkit`)"
+    ) from err
+
+from ._align import _rotation, superpose
+from .batch import Ragged, concatenate_tables
+from .table import ConstructionTable, index_tensor
+from .transform import dihedrals, to_internal, to_xyz
+
+__all__ = ["STRICT_SMARTS", "TorsionSpace", "rotatable_bonds", "torsion_table", "zmatrix_from_mol"]
+
+_END = "!$(*#*)&!D1&!$(C(F)(F)F)&!$(C(Cl)(Cl)Cl)&!$(C(Br)(Br)Br)&!$(C([CH3])([CH3])[CH3])&!$([CH3])"
+_AMIDE = (
+    "&!$([CD3](=[N,O,S])-!@[#7,O,S!D1])&!$([#7,O,S!D1]-!@[CD3]=[N,O,S])"
+    "&!$([CD3](=[N+])-!@[#7!D1])&!$([#7!D1]-!@[CD3]=[N+])"
+)
+#: RDKit's strict rotatable-bond SMARTS (``Lipinski.cpp``, ``NumRotatableBondsOptions.Strict``).
+STRICT_SMARTS = f"[{_END}{_AMIDE}]-,:;!@[{_END}]"
+
+
+# ------------------------------------------------------------------ input
+def _positions(mol, conf_id: int) -> np.ndarray:
+    """``(N, 3)`` float64 positions of conformer ``conf_id``; checks the Mol."""
+    if not isinstance(mol, Chem.Mol):
+        raise TypeError(f"expected an RDKit Chem.Mol, got {type(mol).__name__}")
+    if mol.GetNumAtoms() == 0:
+        raise ValueError("the Mol has no atoms")
+    dummies = [a.GetIdx() for a in mol.GetAtoms() if a.GetAtomicNum() == 0]
+    if dummies:
+        raise ValueError(f"the Mol has dummy atoms (atomic number 0) at indices {dummies}; remove them first")
+    if mol.GetNumConformers() == 0:
+        raise ValueError("the Mol has no conformer: embed one first (e.g. AllChem.EmbedMolecule)")
+    ids = [c.GetId() for c in mol.GetConformers()]
+    if conf_id != -1 and conf_id not in ids:
+        raise ValueError(f"the Mol has no conformer with id {conf_id} (ids: {ids})")
+    pos = np.asarray(mol.GetConformer(conf_id).GetPositions(), np.float64)
+    if not np.isfinite(pos).all():
+        raise ValueError(f"conformer {conf_id} has non-finite positions")
+    return pos
+
+
+def _bonds(mol) -> np.ndarray:
+    return np.array([(b.GetBeginAtomIdx(), b.GetEndAtomIdx()) for b in mol.GetBonds()], np.int64).reshape(
+        -1, 2
+    )
+
+
+def rotatable_bonds(mol, rotatable=None) -> np.ndarray:
+    """``(k, 2)`` int64 array of the rotatable bonds ``(b, c)`` (see the module docstring).
+
+    Pattern matches come sorted (``b < c``, rows in increasing order); an
+    explicit list keeps its order.
+
+    Raises:
+        ValueError: a pair that is not a bond of the Mol, a ring bond, a bond
+            with a terminal atom (nothing to rotate), a bad SMARTS.
+    """
+    n = mol.GetNumAtoms()
+    if rotatable is None or isinstance(rotatable, str):
+        smarts = STRICT_SMARTS if rotatable is None else rotatable
+        patt = Chem.MolFromSmarts(smarts)
+        if patt is None or patt.GetNumAtoms() < 2:
+            raise ValueError(f"rotatable: {smarts!r} is not a SMARTS of at least two atoms")
+        pairs = set()
+        for match in mol.GetSubstructMatches(patt, uniquify=False, maxMatches=100_000):
+            bond = mol.GetBondBetweenAtoms(match[0], match[1])
+            if bond is None or bond.IsInRing():
+                continue
+            pairs.add(tuple(sorted(match[:2])))
+        deg = [a.GetDegree() for a in mol.GetAtoms()]
+        pairs = {p for p in pairs if min(deg[p[0]], deg[p[1]]) >= 2}
+        if rotatable is None:
+            pairs = {p for p in pairs if all(_heavy_beyond(mol, *e) for e in (p, p[::-1]))}
+        return np.array(sorted(pairs), np.int64).reshape(-1, 2)
+    pairs = np.asarray(rotatable)
+    if pairs.size == 0:
+        return np.zeros((0, 2), np.int64)
+    if pairs.dtype.kind not in "iu" or pairs.ndim != 2 or pairs.shape[1] != 2:
+        raise ValueError(f"rotatable must be None, a SMARTS or (k, 2) atom index pairs, got {pairs!r}")
+    for k, (b, c) in enumerate(pairs.tolist()):
+        if not (0 <= b < n and 0 <= c < n):
+            raise ValueError(f"rotatable[{k}] = ({b}, {c}): atom index out of range for {n} atoms")
+        bond = mol.GetBondBetweenAtoms(b, c)
+        if bond is None:
+            raise ValueError(f"rotatable[{k}] = ({b}, {c}) is not a bond of the Mol")
+        if bond.IsInRing():
+            raise ValueError(f"rotatable[{k}] = ({b}, {c}) is a ring bond; ring bonds cannot be rotated")
+        for x in (b, c):
+            if mol.GetAtomWithIdx(x).GetDegree() < 2:
+                raise ValueError(f"rotatable[{k}] = ({b}, {c}): atom {x} has no other neighbour to rotate")
+    if len({tuple(sorted(p)) for p in pairs.tolist()}) != len(pairs):
+        raise ValueError("rotatable lists a bond twice")
+    return pairs.astype(np.int64)
+
+
+def _heavy_beyond(mol, b: int, c: int) -> bool:
+    """Does atom ``b`` have a heavy-atom neighbour other than ``c``?"""
+    return any(x.GetAtomicNum() > 1 and x.GetIdx() != c for x in mol.GetAtomWithIdx(b).GetNeighbors())
+
+
+# ------------------------------------------------------------------ table
+def _components(n: int, edges: np.ndarray) -> np.ndarray:
+    g = coo_matrix((np.ones(len(edges)), (edges[:, 0], edges[:, 1])), shape=(n, n))
+    return connected_components(g, directed=False)[1]
+
+
+def _spanning_tree(pos: np.ndarray, edges: np.ndarray, rot: np.ndarray):
+    """Breadth-first spanning forest joined into one tree: ``(order, parent)``.
+
+    See the module docstring for the root and for how fragments are joined.
+    """
+    n = len(pos)
+    nbrs = [[] for _ in range(n)]
+    for i, j in edges.tolist():
+        nbrs[i].append(j)
+        nbrs[j].append(i)
+    nbrs = [sorted(x) for x in nbrs]
+    frag = _components(n, edges)
+    rot_keys = {tuple(sorted(p)) for p in rot.tolist()}
+    rigid_edges = np.array([e for e in edges.tolist() if tuple(sorted(e)) not in rot_keys], np.int64)
+    group = _components(n, rigid_edges.reshape(-1, 2))
+    frag_size, group_size = np.bincount(frag), np.bincount(group)
+    # largest fragment, then its largest rigid group (ties: lowest atom index, argmax takes the first)
+    big = np.lexsort((np.arange(n), -group_size[group], -frag_size[frag]))[0]
+    members = np.nonzero(group == group[big])[0]
+    terminal = [i for i in members.tolist() if len(nbrs[i]) == 1]
+    root = terminal[0] if terminal else int(members[0])
+    parent = np.full(n, -1, np.int64)
+    built = np.zeros(n, bool)
+    fixed = group == group[root]
+    order: list[int] = []
+    start, par = root, -1
+    while True:
+        built[start], parent[start] = True, par
+        queue = deque([start])
+        while queue:
+            i = queue.popleft()
+            order.append(i)
+            for j in nbrs[i]:
+                if not built[j]:
+                    built[j], parent[j] = True, i
+                    queue.append(j)
+        if built.all():
+            return np.array(order, np.int64), parent
+        # next fragment: its atom nearest to the fixed part (ties: lowest indices)
+        todo, anchor = np.nonzero(~built)[0], np.nonzero(fixed)[0]
+        dist = np.linalg.norm(pos[todo][:, None] - pos[anchor][None], axis=-1)
+        # ETKDG may embed fragments on top of each other: never hang an atom on one it coincides with
+        dist[dist < 1e-4] = np.inf if (dist >= 1e-4).any() else 0.0
+        t, a = np.unravel_index(np.argmin(dist), dist.shape)
+        start, par = int(todo[t]), int(anchor[a])
+
+
+def torsion_table(mol, rotatable=None, conf_id: int = -1):
+    """The torsion-space construction table of a Mol (see the module docstring).
+
+    Returns:
+        ``(refs, quads, dof)``: ``(N, 3)`` int64 table rows in the Mol's atom
+        order; ``(k, 4)`` quads ``(a, b, c, d)``, ``c``'s side moving;
+        ``(k,)`` the row whose dihedral is torsion ``k``'s degree of freedom.
+    """
+    pos = _positions(mol, conf_id)
+    rot = rotatable_bonds(mol, rotatable)
+    order, parent = _spanning_tree(pos, _bonds(mol), rot)
+    n = len(pos)
+    children = [[] for _ in range(n)]
+    for i in order[1:].tolist():  # breadth-first order: children in visiting order
+        children[parent[i]].append(i)
+    refs = np.full((n, 3), -1, np.int64)
+    root = int(order[0])
+    rc = children[root]
+    for k, c in enumerate(rc):  # the root's children: bond, planar, then full rows
+        refs[c] = (root, rc[0], rc[1]) if k >= 2 else (root, rc[0] if k else -1, -1)
+    for p in order.tolist():
+        kids = children[p]
+        if p == root or not kids:
+            continue
+        b_p, a_p = refs[p, 0], refs[p, 1]
+        if a_p < 0:  # p is the root's first child: its own angle reference is missing
+            a_p = rc[1] if len(rc) > 1 else -1
+        refs[kids[0]] = (p, b_p, a_p)
+        for c in kids[1:]:
+            refs[c] = (p, b_p, kids[0])
+    # orient every rotatable bond parent -> child and pick its quad and its row
+    quads, dof = [], []
+    for b, c in rot.tolist():
+        if parent[c] != b:
+            b, c = c, b
+        kids = children[c]
+        if refs[kids[0], 2] < 0:
+            raise ValueError(f"bond ({b}, {c}) has no dihedral reference on atom {b}'s side")
+        quads.append((_heaviest(mol, b, c), b, c, _heaviest(mol, c, b)))
+        dof.append(kids[0])
+    return refs, np.array(quads, np.int64).reshape(-1, 4), np.array(dof, np.int64)
+
+
+def _owners(table: ConstructionTable, quads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``owner[i]``: the innermost torsion whose moving side holds atom ``i`` (-1: none);
+    ``bond_parent[k]``: the innermost torsion that moves bond ``k`` (-1: none)."""
+    refs = table.refs
+    owner = np.full(table.n_atoms, -1, np.int64)
+    moves = {int(c): k for k, c in enumerate(quads[:, 2])}  # c (the moving atom) starts torsion k's side
+    for i in table.topo_order.tolist():  # references first: a tree parent before its children
+        owner[i] = moves.get(i, owner[refs[i, 0]] if refs[i, 0] >= 0 else -1)
+    return owner, owner[quads[:, 1]] if len(quads) else np.zeros(0, np.int64)
+
+
+def _apply(rot: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``rot @ v`` for ``(..., 3, 3)`` and ``(..., 3)``, written out (no tiny bmm)."""
+    return (rot * v.unsqueeze(-2)).sum(-1)
+
+
+def _check_rebuilt(rebuilt: torch.Tensor, pos: torch.Tensor) -> None:
+    """The table must rebuild the conformer; it cannot where reference atoms coincide."""
+    err = (rebuilt - pos).norm(dim=-1)
+    if err.max() > 1e-6:
+        i = int(err.argmax())
+        raise ValueError(
+            f"the conformer cannot be rebuilt from its internal coordinates (atom {i} off by "
+            f"{float(err[i]):.2g} A): atoms coincide or references are collinear, e.g. fragments "
+            "embedded on top of each other; embed the fragments apart"
+        )
+
+
+def _heaviest(mol, b: int, c: int) -> int:
+    """The neighbour of ``b`` other than ``c`` with the highest atomic number (lowest index on ties)."""
+    cands = [(-x.GetAtomicNum(), x.GetIdx()) for x in mol.GetAtomWithIdx(b).GetNeighbors() if x.GetIdx() != c]
+    return min(cands)[1]
+
+
+def zmatrix_from_mol(mol, conf_id: int = -1):
+    """A :class:`~zmat.ZMatrix` (float64, rows in the Mol's atom order) of one conformer.
+
+    Its table is the torsion-space table (module docstring): each rotatable
+    bond of RDKit's strict pattern is the dihedral of one row.
+    """
+    from .zmatrix import ZMatrix
+
+    refs, _, _ = torsion_table(mol, None, conf_id)
+    table = ConstructionTable(refs)
+    pos = torch.as_tensor(_positions(mol, conf_id))
+    internal = to_internal(pos, table)
+    rebuilt = to_xyz(internal, table)
+    _check_rebuilt(superpose(rebuilt, pos), pos)
+    symbols = [a.GetSymbol() for a in mol.GetAtoms()]
+    title = mol.GetProp("_Name") if mol.HasProp("_Name") else ""
+    return ZMatrix(symbols, internal, table, title=title, charge=Chem.GetFormalCharge(mol))
+
+
+# ------------------------------------------------------------ the space
+class TorsionSpace:
+    """Molecules whose degrees of freedom are the torsions of their rotatable bonds.
+
+    Build one with :meth:`from_mol`, several different molecules in one with
+    :meth:`batch`. A batch is the same object over the flat atoms of all its
+    molecules (``atoms``: :class:`~zmat.batch.Ragged`, PyG's ``ptr``/``batch``)
+    and their flat torsions (``torsion_index``).
+
+    Attributes:
+        mols: the RDKit Mols (copies), one per molecule.
+        quads: ``(K, 4)`` int64 tensor of flat atom indices ``(a, b, c, d)``;
+            ``b-c`` the rotatable bond, ``c``'s side moves.
+        torsions: ``(K,)`` float64 tensor, the conformers' dihedrals of ``quads``
+            (radians, IUPAC sign).
+        table: the :class:`~zmat.ConstructionTable` over the ``N`` atoms.
+        internal: ``(N, 3)`` float64 tensor, the frozen internal coordinates.
+        atoms, torsion_index: :class:`~zmat.batch.Ragged` offsets of atoms and torsions.
+
+    Example:
+        >>> from rdkit import Chem
+        >>> from rdkit.Chem import AllChem
+        >>> mol = Chem.AddHs(Chem.MolFromSmiles("CCCCO"))
+        >>> AllChem.EmbedMolecule(mol, randomSeed=0)
+        0
+        >>> ts = TorsionSpace.from_mol(mol)
+        >>> ts.quads.shape, ts.to_xyz(ts.torsions + 0.5).shape
+        (torch.Size([2, 4]), torch.Size([15, 3]))
+    """
+
+    def __init__(self, mols, table, atoms: Ragged, torsion_index: Ragged, **fields) -> None:
+        """Use :meth:`from_mol` or :meth:`batch`; ``fields`` are the attributes below."""
+        self.mols, self.atoms, self.torsion_index = mols, atoms, torsion_index
+        self._table = table  # a ConstructionTable, or the tables of a batch (concatenated on first use)
+        self.quads = torch.as_tensor(fields["quads"], dtype=torch.long)
+        self.torsions: torch.Tensor = fields["torsions"]  # (K,) float64
+        self.positions: torch.Tensor = fields["positions"]  # (N, 3) float64, the conformers
+        self.internal: torch.Tensor = fields["internal"]  # (N, 3) float64, frozen
+        self.dof = np.asarray(fields["dof"], np.int64)  # (K,) the row whose dihedral is torsion k
+        self.delta: torch.Tensor = fields["delta"]  # (K,) torsion - phi of its row (constant)
+        self.rotation, self.shift = fields["rotation"], fields["shift"]  # (M, 3, 3), (M, 3): canonical -> Mol
+        self.owner = fields["owner"]  # (N,) innermost torsion moving each atom, -1: none
+        self.bond_parent = fields["bond_parent"]  # (K,) innermost torsion moving bond k, -1: none
+        self._cache: dict = {}
+
+    @property
+    def table(self) -> ConstructionTable:
+        """The :class:`~zmat.ConstructionTable` over the ``N`` atoms (a forest for a batch)."""
+        if not isinstance(self._table, ConstructionTable):
+            self._table = concatenate_tables(self._table)[0]
+        return self._table
+
+    def __repr__(self) -> str:
+        n, k = len(self.positions), len(self.quads)
+        return f"TorsionSpace(molecules={len(self.mols)}, atoms={n}, torsions={k})"
+
+    @classmethod
+    def from_mol(cls, mol, conf_id: int = -1, rotatable=None) -> TorsionSpace:
+        """The torsion space of conformer ``conf_id`` of ``mol``.
+
+        Args:
+            mol: an RDKit ``Chem.Mol`` with at least one conformer (hydrogens
+                are kept as given).
+            conf_id: the conformer (``-1``: the default one).
+            rotatable: ``None`` (RDKit's strict pattern), a SMARTS, or ``(k, 2)``
+                atom index pairs; see the module docstring.
+
+        Raises:
+            ValueError: no atoms, no conformer, dummy atoms, a requested bond
+                that is not in the Mol or is in a ring.
+            TypeError: ``mol`` is not a ``Chem.Mol``.
+        """
+        pos = torch.as_tensor(_positions(mol, conf_id))
+        refs, quads, dof = torsion_table(mol, rotatable, conf_id)
+        table = ConstructionTable(refs)
+        internal = to_internal(pos, table)
+        canonical = to_xyz(internal, table)
+        # the one rigid motion from zmat's canonical frame to the conformer's
+        p, q = canonical - canonical.mean(0), pos - pos.mean(0)
+        rot = _rotation(p, q)
+        shift = pos.mean(0) - canonical.mean(0) @ rot.T
+        _check_rebuilt(canonical @ rot.T + shift, pos)
+        copy = Chem.Mol(mol, confId=mol.GetConformer(conf_id).GetId())
+        quads_t = torch.as_tensor(quads)
+        torsions = dihedrals(pos, quads_t)
+        owner, bond_parent = _owners(table, quads)
+        return cls(
+            [copy],
+            table,
+            Ragged([len(pos)]),
+            Ragged([len(quads)]),
+            quads=quads_t,
+            torsions=torsions,
+            positions=pos,
+            internal=internal,
+            dof=dof,
+            delta=torsions - internal[dof, 2],
+            rotation=rot[None],
+            shift=shift[None],
+            owner=owner,
+            bond_parent=bond_parent,
+        )
+
+    @classmethod
+    def batch(cls, spaces: Sequence[TorsionSpace]) -> TorsionSpace:
+        """Torsion spaces of different molecules as one (flat atoms and torsions).
+
+        Vectorised offsetting (no loop over atoms); see :mod:`zmat.batch`.
+        """
+        if len(spaces) == 0:
+            raise ValueError("cannot batch an empty list of torsion spaces")
+        atoms = Ragged([s.atoms.total for s in spaces])  # per space (a space may be a batch)
+        tors = Ragged([s.torsion_index.total for s in spaces])
+        shift_atoms = torch.as_tensor(atoms.ptr[:-1])[tors.index]
+        quads = torch.cat([s.quads for s in spaces]) + shift_atoms[:, None]
+        dof = np.concatenate([s.dof for s in spaces]) + atoms.ptr[:-1][tors.index]
+
+        def offset(name, rows, values):  # torsion indices per row (atoms or torsions); -1 stays -1
+            flat = np.concatenate([getattr(s, name) for s in spaces])
+            return np.where(flat >= 0, flat + values.ptr[:-1][rows.index], -1)
+
+        return cls(
+            [m for s in spaces for m in s.mols],
+            [s.table for s in spaces],
+            Ragged(np.concatenate([s.atoms.sizes for s in spaces])),  # per molecule
+            Ragged(np.concatenate([s.torsion_index.sizes for s in spaces])),
+            quads=quads,
+            torsions=torch.cat([s.torsions for s in spaces]),
+            positions=torch.cat([s.positions for s in spaces]),
+            internal=torch.cat([s.internal for s in spaces]),
+            dof=dof,
+            delta=torch.cat([s.delta for s in spaces]),
+            rotation=torch.cat([s.rotation for s in spaces]),
+            shift=torch.cat([s.shift for s in spaces]),
+            owner=offset("owner", atoms, tors),
+            bond_parent=offset("bond_parent", tors, tors),
+        )
+
+    # ---------------------------------------------------------- transforms
+    def _cached(self, name: str, dtype: torch.dtype, device: torch.device, build):
+        key = (name, dtype, device)
+        if key not in self._cache:
+            self._cache[key] = build()
+        return self._cache[key]
+
+    def _frames(self, dtype, device):
+        """Per-atom rigid motion (canonical -> Mol frame): ``(N, 3, 3)``, ``(N, 3)``."""
+
+        def build():
+            mol_of_atom = index_tensor(self.atoms.index, device)
+            rot = self.rotation.to(device, dtype).index_select(0, mol_of_atom)
+            return rot, self.shift.to(device, dtype).index_select(0, mol_of_atom)
+
+        return self._cached("frames", dtype, device, build)
+
+    def _scatter(self, dtype, device):
+        """Frozen internal coordinates, torsion offsets, and where each atom's phi comes from."""
+
+        def build():
+            n, k = len(self.positions), len(self.dof)
+            src = np.arange(n) + k  # phi of atom i: its frozen value (slot k + i) ...
+            src[self.dof] = np.arange(k)  # ... or torsion k's (slot k)
+            internal = self.internal.to(device, dtype)
+            return internal, self.delta.to(device, dtype), index_tensor(src, device)
+
+        return self._cached("scatter", dtype, device, build)
+
+    def place(self, internal: torch.Tensor) -> torch.Tensor:
+        """Positions in the Mol frames of ``(..., N, 3)`` internal coordinates on :attr:`table`."""
+        rot, shift = self._frames(internal.dtype, internal.device)
+        return (to_xyz(internal, self.table).unsqueeze(-2) * rot).sum(-1) + shift
+
+    def to_xyz(self, torsions: torch.Tensor, method: str = "rigid") -> torch.Tensor:
+        """Positions for given torsion values.
+
+        Args:
+            torsions: ``(..., K)`` float tensor, radians, flat over the batch's
+                molecules (a padded ``(..., M, k_max)`` tensor converts with
+                ``self.torsion_index.unpad(t, dim=-2)``).
+            method: ``"rigid"`` (default): each rotatable bond's moving side is
+                a rigid body; the rotations by ``torsions - self.torsions`` about
+                the conformer's bond axes are composed from the root outwards
+                (one vectorised step per nesting level of rotatable bonds) and
+                applied to the conformer. ``"table"``: the frozen internal
+                coordinates with the torsions scattered into their rows, one
+                :func:`zmat.to_xyz` call on :attr:`table`. Same result
+                (float64: ~1e-13 A).
+
+        Returns:
+            ``(..., N, 3)`` positions in the Mol's atom order and the conformer's
+            frame; the dihedral of ``quads[k]`` equals ``torsions[..., k]`` (mod
+            2 pi). Differentiable (first and second order).
+        """
+        if not isinstance(torsions, torch.Tensor) or not torsions.dtype.is_floating_point:
+            raise TypeError(f"torsions must be a float tensor, got {type(torsions).__name__}")
+        k = len(self.dof)
+        if torsions.ndim < 1 or torsions.shape[-1] != k:
+            raise ValueError(f"torsions must have shape (..., {k}), got {tuple(torsions.shape)}")
+        if method == "rigid":
+            return self._rigid(torsions)
+        if method != "table":
+            raise ValueError(f"unknown method {method!r}; choose 'rigid' or 'table'")
+        internal, delta, src = self._scatter(torsions.dtype, torsions.device)
+        frozen = internal.expand(*torsions.shape[:-1], -1, -1)
+        phi = torch.cat([torsions - delta, frozen[..., 2]], -1).index_select(-1, src)
+        return self.place(torch.stack([frozen[..., 0], frozen[..., 1], phi], -1))
+
+    def _rigid_plan(self, dtype, device):
+        """Torsions sorted by nesting level; slot 0 of the transform stack is the identity."""
+
+        def build():
+            k, parent = len(self.dof), self.bond_parent
+            level, anc = np.zeros(k, np.int64), parent.copy()
+            while (anc >= 0).any():  # depth of nested rotatable bonds: a handful of steps
+                level += anc >= 0
+                anc = np.where(anc >= 0, parent[np.maximum(anc, 0)], -1)
+            perm = np.argsort(level, kind="stable")
+            slot = np.zeros(k + 1, np.int64)  # slot[-1] = 0: "no torsion", the identity
+            slot[perm] = np.arange(1, k + 1)
+            sizes = np.bincount(level, minlength=1).tolist() if k else []
+            parents = np.split(slot[parent][perm], np.cumsum(sizes)[:-1])[: len(sizes)]  # per level
+            x0 = self.positions.to(device, dtype)
+            q = self.quads[perm].to(device)
+            axis = x0[q[:, 2]] - x0[q[:, 1]]
+            u = axis / axis.norm(dim=-1, keepdim=True)
+            zero = torch.zeros_like(u[:, 0])
+            ux, uy, uz = u.unbind(-1)
+            skew = torch.stack([zero, -uz, uy, uz, zero, -ux, -uy, ux, zero], -1).view(-1, 3, 3)
+            return (
+                x0,
+                x0[q[:, 1]],  # a point on each axis
+                skew,
+                skew @ skew,
+                self.torsions.to(device, dtype)[index_tensor(perm, device)],
+                index_tensor(perm, device),
+                [index_tensor(p, device) for p in parents],
+                index_tensor(slot[self.owner], device),  # atom -> slot of its innermost torsion
+                sizes,
+            )
+
+        return self._cached("rigid", dtype, device, build)
+
+    def _rigid(self, torsions: torch.Tensor) -> torch.Tensor:
+        x0, point, skew, skew2, t0, perm, parent_slots, atom_slot, sizes = self._rigid_plan(
+            torsions.dtype, torsions.device
+        )
+        batch = torsions.shape[:-1]
+        delta = torsions.index_select(-1, perm) - t0
+        # Rodrigues: rotation by delta about the bond axis b -> c, through b
+        eye = torch.eye(3, dtype=x0.dtype, device=x0.device)
+        rot = eye + delta.sin()[..., None, None] * skew + (1 - delta.cos())[..., None, None] * skew2
+        shift = point - _apply(rot, point)
+        # compose outwards, one nesting level at a time (3x3 products written out: tiny bmm is slow)
+        rots, shifts = [eye.expand(*batch, 1, 3, 3)], [torch.zeros_like(x0[:1]).expand(*batch, 1, 3)]
+        for r, t, ps in zip(rot.split(sizes, -3), shift.split(sizes, -2), parent_slots, strict=True):
+            pr = torch.cat(rots, -3).index_select(-3, ps)
+            rots.append((pr.unsqueeze(-1) * r.unsqueeze(-3)).sum(-2))
+            shifts.append(_apply(pr, t) + torch.cat(shifts, -2).index_select(-2, ps))
+        # every atom takes its innermost torsion's motion: x = R x0 + t, R by columns, each
+        # gathered from the small (..., S, 3) stack (slicing the gathered (..., N, 12) instead
+        # makes the backward fill several (..., N, 12) zero tensors)
+        r_all, t_all = torch.cat(rots, -3), torch.cat(shifts, -2)
+        x = t_all.index_select(-2, atom_slot)
+        for j in range(3):
+            x = x + r_all[..., j].index_select(-2, atom_slot) * x0[:, j : j + 1]
+        return x
+
+    def from_xyz(self, xyz: torch.Tensor) -> torch.Tensor:
+        """``(..., N, 3)`` positions -> ``(..., K)`` torsions (dihedrals of ``quads``)."""
+        n = len(self.positions)
+        if xyz.ndim < 2 or xyz.shape[-2:] != (n, 3):
+            raise ValueError(f"xyz must have shape (..., {n}, 3), got {tuple(xyz.shape)}")
+        return dihedrals(xyz, self.quads.to(xyz.device))
+
+    def to_mols(self, xyz: torch.Tensor) -> list:
+        """Copies of the Mols with the given positions as their conformers.
+
+        Args:
+            xyz: ``(N, 3)`` or ``(C, N, 3)`` flat positions (``C`` conformers each).
+
+        Returns:
+            one ``Chem.Mol`` per molecule, with ``C`` conformers (ids ``0..C-1``),
+            ready for ``Chem.SDWriter``.
+        """
+        x = xyz.detach().to("cpu", torch.float64)
+        x = x[None] if x.ndim == 2 else x
+        if x.ndim != 3 or x.shape[-2:] != (len(self.positions), 3):
+            raise ValueError(f"xyz must have shape (C, {len(self.positions)}, 3), got {tuple(xyz.shape)}")
+        out = []
+        for mol, part in zip(self.mols, self.atoms.unbatch(x, dim=1), strict=True):
+            new = Chem.Mol(mol)
+            new.RemoveAllConformers()
+            for cid, pos in enumerate(part.numpy()):
+                conf = Chem.Conformer(mol.GetNumAtoms())
+                for i, (px, py, pz) in enumerate(pos.tolist()):
+                    conf.SetAtomPosition(i, Point3D(px, py, pz))
+                conf.SetId(cid)
+                new.AddConformer(conf, assignId=False)
+            out.append(new)
+        return out
