@@ -11,7 +11,6 @@ from strategies import chain_table, internal_coordinates, random_internal, table
 
 import zmat
 from zmat._analytic import RigidForest, forest_plan
-from zmat._geometry import effective_internal
 
 
 def analytic(c, rows):
@@ -51,11 +50,11 @@ def test_adjoint_identity(rows, data):
     c = data.draw(internal_coordinates(len(rows), batch=(3,)))
     table = zmat.ConstructionTable(rows)
     plan = forest_plan(table, c.device)
-    c_dfs = effective_internal(c, table).index_select(-2, plan.dfs_order)
-    v = torch.randn_like(c_dfs)
-    out, jvp = torch.func.jvp(lambda x: RigidForest.apply(x, plan), (c_dfs,), (v,))
+    flat = c.reshape(-1, 3 * len(rows)).t()  # the Function's input layout: (3 N, B)
+    v = torch.randn_like(flat)
+    out, jvp = torch.func.jvp(lambda x: RigidForest.apply(x, plan), (flat,), (v,))
     g = tuple(torch.randn_like(o) for o in out)  # (rotations, positions)
-    _, vjp_fn = torch.func.vjp(lambda x: RigidForest.apply(x, plan), c_dfs)
+    _, vjp_fn = torch.func.vjp(lambda x: RigidForest.apply(x, plan), flat)
     (vjp,) = vjp_fn(g)
     rhs = sum((gi * ji).sum() for gi, ji in zip(g, jvp, strict=True))
     assert torch.allclose((vjp * v).sum(), rhs, rtol=1e-10)
