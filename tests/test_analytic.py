@@ -191,3 +191,52 @@ def test_other_methods_and_to_internal_compile_without_graph_breaks(method):
     expected = roundtrip(c)  # eager call first: builds the index plan
     compiled = torch.compile(roundtrip, backend="aot_eager", fullgraph=True)
     assert torch.allclose(compiled(c), expected, atol=1e-12)
+
+
+def _deep_forest():
+    """Two chains of 40 and 23 atoms with side branches and offset rows: deeper than a block."""
+    rows = chain_table(40)
+    rows += [[5, 4, 3], [40, 5, 4], [41, 40, 5], [12, 11, 10], [43, 12, 11], [43, 12, 44]]
+    base = len(rows)
+    rows += [[-1, -1, -1], [base, -1, -1], [base + 1, base, -1]]
+    rows += [[base + i - 1, base + i - 2, base + i - 3] for i in range(3, 23)]
+    return rows
+
+
+@pytest.mark.parametrize("scan", ["jump", "levels"])
+@pytest.mark.parametrize("batch", [(), (3,)])
+def test_both_scans_match_reference_on_deep_forests(monkeypatch, scan, batch):
+    import zmat._analytic as analytic_module
+
+    monkeypatch.setattr(analytic_module, "JUMP_FRAMES", 1 << 30 if scan == "jump" else 0)
+    monkeypatch.setattr(analytic_module, "JUMP_FRAMES_BATCHED", 1 << 30 if scan == "jump" else 0)
+    rows = _deep_forest()
+    table = zmat.ConstructionTable(rows)
+    assert table.max_depth > 2 * analytic_module.JUMP_BLOCK and table.offset_chain.shape[1] > 1
+    c = random_internal(len(rows), batch=batch, seed=11).requires_grad_()
+    g = torch.randn(*batch, len(rows), 3, dtype=torch.float64)
+    out = {}
+    for method in ("analytic", "prefix", "reference"):
+        x = zmat.to_xyz(c, table, method=method)
+        out[method] = (x, *torch.autograd.grad((x * g).sum(), c))
+    for method in ("analytic", "prefix"):
+        for a, b in zip(out[method], out["reference"], strict=True):
+            assert torch.allclose(a, b, atol=1e-10), method
+
+
+def test_dispatched_ops_per_call():
+    """Batch-1 latency is dispatch-bound: a 12-atom chain's forward and backward
+    stay within a fixed number of aten ops (issue 15: <= 80 and <= 65)."""
+    from zmat.testing import DispatchAudit
+
+    rows = chain_table(12)
+    table = zmat.ConstructionTable(rows)
+    c = random_internal(12, seed=0).requires_grad_()
+    x = zmat.to_xyz(c, table)
+    torch.autograd.grad(x.sum(), c)  # plans built
+    with DispatchAudit() as fwd:
+        x = zmat.to_xyz(c, table)
+    with DispatchAudit() as bwd:
+        torch.autograd.grad(x.sum(), c)
+    assert fwd.count <= 80 and bwd.count <= 65, (fwd.count, bwd.count)
+    assert not fwd.syncs and not bwd.syncs

@@ -38,15 +38,20 @@ import math
 import numpy as np
 import torch
 
-from ._geometry import LOCAL_FACTORS, compose, compose_components, identity_frame, last_column, segment_anchor
+from ._geometry import LOCAL_FACTORS, compose, compose_components, identity_frame, segment_anchor
 from ._stages import Staging
 from .table import BOND, PLANAR, ROOT, ConstructionTable, index_tensor
 
-#: Up to this many frames (atoms x structures) a call scans by pointer jumping
-#: over every atom (``ceil(log2(depth))`` rounds of one gather and one
-#: composition each: few dispatched ops, the latency of small calls); above
-#: it by the blocked scan (O(N) work, more but larger kernels).
+#: Calls on one structure of up to this many atoms, or on up to
+#: ``JUMP_FRAMES_BATCHED`` frames (atoms x structures), scan by pointer jumping
+#: (:class:`_JumpPlan`: few dispatched ops, the latency of small calls);
+#: larger ones by the level-by-level blocked scan (:class:`_BlockPlan`: less
+#: work, more but larger kernels; gathers of short rows of a small batch are slow).
 JUMP_FRAMES = 1 << 16
+JUMP_FRAMES_BATCHED = 1 << 13
+#: Levels per block of that scan: ``log2(JUMP_BLOCK)`` rounds over every atom,
+#: the rest over one atom in ``JUMP_BLOCK`` at most.
+JUMP_BLOCK = 16
 
 
 class _ForestPlan:
@@ -90,6 +95,8 @@ class _ForestPlan:
         self.grad_index = index_tensor(gather[:, :n].reshape(-1), device)
         self.grad_keep = torch.as_tensor(np.ascontiguousarray(keep[:, :n, None]), device=device)
         self.zero = torch.zeros((1, 1, 1), dtype=torch.int8, device=device)
+        # (0, 0, 0, 1) for compose_components: int8 multiplies with any float dtype
+        self.e4 = torch.tensor([0, 0, 0, 1], dtype=torch.int8, device=device).view(1, 4, 1, 1)
         self.grad_rows = index_tensor([0, 1] + [2] * (self.k - 2), device)
         # Rows T = (r, 1, 0, cos t, cos p, sin t, sin p): constants where a
         # reference is missing (theta = pi, phi = 0 make L the identity rotation).
@@ -126,17 +133,39 @@ class _ForestPlan:
 
 
 class _JumpPlan:
-    """Ancestor pointers for pointer jumping over all ``N + 1`` slots (slot
-    ``N``, the identity, is its own ancestor): round ``k`` composes every
-    frame with the one ``2**k`` levels up."""
+    """Pointer jumping in two passes over ``N + 1`` slots (slot ``N``, the
+    identity, is its own ancestor). Depth is cut into blocks of ``JUMP_BLOCK``
+    levels; (1) within blocks, round ``k`` composes every frame with the one
+    ``2**k`` levels up (stopping at the block's head): the product from the
+    head down to every atom; (2) the same over the block heads, each composed
+    with its parent's block product: the prefix above every block; then one
+    composition per atom. ``log2(depth) + 1`` rounds of one gather and one
+    composition each, O(N log JUMP_BLOCK) work."""
 
     def __init__(self, table: ConstructionTable, device: torch.device) -> None:
-        n = table.n_atoms
-        anc = np.append(np.where(table.dfs_parent >= 0, table.dfs_parent, n), n)
-        self.jumps = []
-        for _ in range(math.ceil(math.log2(table.max_depth + 1))):
-            self.jumps.append(index_tensor(anc, device))
+        n, depth, parent = table.n_atoms, table.dfs_depth, table.dfs_parent
+        block = JUMP_BLOCK
+        anc = np.append(np.where((parent >= 0) & (depth % block != 0), parent, n), n)
+        self.inside = []
+        for _ in range(math.ceil(math.log2(min(block, table.max_depth + 1)))):
+            self.inside.append(index_tensor(anc, device))
             anc = anc[anc]
+        self.blocked = table.max_depth >= block
+        if not self.blocked:
+            return
+        head = np.arange(n)  # block head (dfs position) of every atom
+        for _ in range(block - 1):
+            head = np.where(depth[head] % block != 0, parent[head], head)
+        heads = np.nonzero(depth % block == 0)[0]
+        h_parent = parent[heads]  # -1 for segment roots
+        self.head_source = index_tensor(np.append(np.where(h_parent >= 0, h_parent, n), n), device)
+        up = np.where(h_parent >= 0, np.searchsorted(heads, head[np.maximum(h_parent, 0)]), len(heads))
+        anc = np.append(up, len(heads))
+        self.over = []
+        for _ in range(math.ceil(math.log2(table.max_depth // block + 1))):
+            self.over.append(index_tensor(anc, device))
+            anc = anc[anc]
+        self.head_of = index_tensor(np.searchsorted(heads, head), device)
 
 
 class _BlockPlan:
@@ -197,11 +226,13 @@ def _block_size(max_depth: int) -> int:
 
 
 def _take(f: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``f.index_select(2, index)`` for component-major frames ``(3, 4, M, ...)``,
-    through a ``(12, M, rest)`` view: index_select is several times faster on
-    a 3-D tensor gathered along its middle axis than on the 4-D original."""
-    out = f.reshape(12, f.shape[2], -1).index_select(1, index)
-    return out.view(3, 4, index.shape[0], *f.shape[3:])
+    """``f.index_select(2, index)`` for component-major frames ``(3, 4, M, B)``,
+    through a ``(12, M, B)`` view (``(12, M)`` when ``B = 1``): index_select is
+    several times faster gathering along the last or middle axis of a 2-D or
+    3-D tensor than along the third axis of the 4-D original."""
+    m, b = f.shape[2], f.shape[3]
+    flat = f.reshape(12, m) if b == 1 else f.reshape(12, m, b)
+    return flat.index_select(1, index).view(3, 4, index.shape[0], b)
 
 
 def _jump(f: torch.Tensor, jumps: list, e4: torch.Tensor) -> torch.Tensor:
@@ -255,20 +286,26 @@ def compose_paths(local: torch.Tensor, plan: _ForestPlan) -> torch.Tensor:
         ``(3, 4, N, B)`` frames, component-major (atoms, then batch, last:
         gathers along the atom axis then copy contiguous rows), in dfs order.
 
-    Small calls (``N B <= JUMP_FRAMES``) jump pointers over every atom:
-    ``ceil(log2(depth + 1))`` rounds of one gather and one composition. Larger
+    Small calls (see ``JUMP_FRAMES``) jump pointers (:class:`_JumpPlan`):
+    ``log2(depth) + 1`` rounds of one gather and one composition. Larger
     ones take the blocked scan, three passes of O(N) work each: (1) within
     blocks of ``block`` levels, the product from the block's head down to
     every atom, one level at a time over the whole forest; (2) pointer
     jumping over the block heads (``log2(depth / block)`` rounds on N / block
     frames); (3) one composition per atom with its head's prefix.
     """
-    n = plan.n
-    e4 = last_column(local)
-    if local.shape[2] * local.shape[3] <= JUMP_FRAMES:
-        for anc in table_plan(plan, _JumpPlan, local.device).jumps:
-            local = compose_components(local.index_select(2, anc), local, e4)
-        return local.narrow(2, 0, n)
+    n, e4 = plan.n, plan.e4
+    m, b = local.shape[2], local.shape[3]
+    if m * b <= (JUMP_FRAMES if b == 1 else JUMP_FRAMES_BATCHED):
+        jump = table_plan(plan, _JumpPlan, local.device)
+        for anc in jump.inside:
+            local = compose_components(_take(local, anc), local, e4)
+        if not jump.blocked:
+            return local.narrow(2, 0, n)
+        prefix = _take(local, jump.head_source)
+        for anc in jump.over:
+            prefix = compose_components(_take(prefix, anc), prefix, e4)
+        return compose_components(_take(prefix, jump.head_of), local.narrow(2, 0, n), e4)
     block = table_plan(plan, _BlockPlan, local.device)
     local = _take(local, block.step_order)
     parts = []
