@@ -153,9 +153,7 @@ class _JumpPlan:
         self.blocked = table.max_depth >= block
         if not self.blocked:
             return
-        head = np.arange(n)  # block head (dfs position) of every atom
-        for _ in range(block - 1):
-            head = np.where(depth[head] % block != 0, parent[head], head)
+        head = _ancestor(parent, depth % block)  # block head (dfs position) of every atom
         heads = np.nonzero(depth % block == 0)[0]
         h_parent = parent[heads]  # -1 for segment roots
         self.head_source = index_tensor(np.append(np.where(h_parent >= 0, h_parent, n), n), device)
@@ -177,9 +175,7 @@ class _BlockPlan:
         n = table.n_atoms
         depth = table.dfs_depth
         block = _block_size(table.max_depth)
-        head = np.arange(n)  # block root (dfs position) of every atom
-        for _ in range(block - 1):
-            head = np.where(depth[head] % block != 0, table.dfs_parent[head], head)
+        head = _ancestor(table.dfs_parent, depth % block)  # block root (dfs position) of every atom
         self.steps = []
         prev = None
         order = []
@@ -217,7 +213,35 @@ def forest_plan(table: ConstructionTable, device: torch.device) -> _ForestPlan:
     return table.cached(_ForestPlan, device)
 
 
+def _small(m: int, b: int) -> bool:
+    """Whether a call on ``b`` structures of ``m - 1`` atoms takes the paths for small calls."""
+    return m * b <= (JUMP_FRAMES if b == 1 else JUMP_FRAMES_BATCHED)
+
+
+def prepare(table: ConstructionTable, device: torch.device | str, batch: int = 1) -> None:
+    """Build (and cache on ``table``) every plan a call on ``batch`` structures
+    on ``device`` will use, ahead of the call (the first call builds them
+    otherwise). Run it where its host time is hidden, e.g. in the loop that
+    prefetches the next batch."""
+    device = torch.device(device)
+    plan = forest_plan(table, device)
+    table_plan(plan, _JumpPlan if _small(table.n_atoms + 1, batch) else _BlockPlan, device)
+
+
 # ------------------------------------------------------------------ helpers
+def _ancestor(parent: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """The ``k[i]``-th ancestor of every node ``i`` (``k <= depth``), by binary
+    lifting: one vectorised step per bit of ``max(k)``."""
+    node = np.arange(len(parent))
+    up = np.where(parent >= 0, parent, node)  # 2**bit-th ancestor (roots stay)
+    bit = 0
+    while (k >> bit).any():
+        node = np.where((k >> bit) & 1, up[node], node)
+        up = up[up]
+        bit += 1
+    return node
+
+
 def _block_size(max_depth: int) -> int:
     # Levels composed one at a time inside a block; the rest is pointer
     # jumping over block heads. Each level step is a small kernel, each jump
@@ -266,14 +290,29 @@ def _effective(flat: torch.Tensor, plan: _ForestPlan, index, keep) -> torch.Tens
     return g
 
 
-def local_frames(flat: torch.Tensor, plan: _ForestPlan) -> torch.Tensor:
+def local_frames(flat: torch.Tensor, plan: _ForestPlan, small: bool = True) -> torch.Tensor:
     """Local transforms ``(3, 4, N + 1, B)`` (component-major, dfs order, the
-    identity in slot ``N``) from flat internal coordinates ``(3 N, B)``."""
+    identity in slot ``N``) from flat internal coordinates ``(3 N, B)``.
+
+    ``small``: every entry as a product of three gathered factors
+    (``LOCAL_FACTORS``: few dispatched ops); else the entries one by one (a
+    third of the memory traffic, for calls bound by it)."""
     r, angles = _effective(flat, plan, plan.gather, plan.keep).split([1, 2])
     t = torch.cat([r, r, r, torch.cos(angles), torch.sin(angles)])  # rows 1, 2: constants 1, 0
     t = torch.where(plan.trig_keep, t, plan.trig_const)
-    f0, f1, f2 = torch.cat([t, -t]).index_select(0, plan.factors).view(3, 12, *t.shape[1:]).unbind(0)
-    return (f0 * f1 * f2).view(3, 4, *t.shape[1:])
+    if small:
+        f0, f1, f2 = torch.cat([t, -t]).index_select(0, plan.factors).view(3, 12, *t.shape[1:]).unbind(0)
+        return (f0 * f1 * f2).view(3, 4, *t.shape[1:])
+    r, _, zero, ct, cp, st, sp = t.split(1)
+    cs = t[4::2]  # (cos p, sin p)
+    e1 = torch.cat([-ct, st * cs])
+    e2 = -torch.cat([st, ct * cs])
+    e3 = torch.cat([zero, -sp, cp])
+    return torch.stack([e1, e2, e3, r * e1], 1)
+
+
+def _local(flat: torch.Tensor, plan: _ForestPlan) -> torch.Tensor:
+    return local_frames(flat, plan, _small(plan.n + 1, flat.shape[1]))
 
 
 def compose_paths(local: torch.Tensor, plan: _ForestPlan) -> torch.Tensor:
@@ -295,8 +334,7 @@ def compose_paths(local: torch.Tensor, plan: _ForestPlan) -> torch.Tensor:
     frames); (3) one composition per atom with its head's prefix.
     """
     n, e4 = plan.n, plan.e4
-    m, b = local.shape[2], local.shape[3]
-    if m * b <= (JUMP_FRAMES if b == 1 else JUMP_FRAMES_BATCHED):
+    if _small(local.shape[2], local.shape[3]):
         jump = table_plan(plan, _JumpPlan, local.device)
         for anc in jump.inside:
             local = compose_components(_take(local, anc), local, e4)
@@ -411,7 +449,7 @@ class _RigidForestFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(flat: torch.Tensor, plan: _ForestPlan):
-        return _split(compose_paths(local_frames(flat, plan), plan))
+        return _split(compose_paths(_local(flat, plan), plan))
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
@@ -506,5 +544,5 @@ def place_prefix(C: torch.Tensor, table: ConstructionTable) -> torch.Tensor:
     """Same forward as :func:`place_analytic`, differentiated by plain autograd
     (the pure-autograd twin: O(N log N) saved intermediates)."""
     plan = forest_plan(table, C.device)
-    rot, pos = _split(compose_paths(local_frames(_flat(C), plan), plan))
+    rot, pos = _split(compose_paths(_local(_flat(C), plan), plan))
     return _place(rot, pos, plan, C.shape)

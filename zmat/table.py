@@ -85,6 +85,64 @@ class ConstructionTable:
         self.n_atoms = int(self.refs.shape[0])
         self._classify()
 
+    @classmethod
+    def concatenate(cls, tables: Sequence) -> ConstructionTable:
+        """One forest table of several tables, the atoms of ``tables[k]`` after
+        those of ``tables[:k]`` (a batch of different molecules or fragments).
+
+        The fast path for batch builders: each piece is validated and planned
+        once (pass the same :class:`ConstructionTable` objects again and again,
+        e.g. one per molecule of a data set) and the batch's table is assembled
+        by offsetting the pieces' arrays, with no validation or planning of its
+        own: a disjoint union of valid, acyclic tables is valid and acyclic, and
+        every row keeps its classification. Raw arrays among ``tables`` are
+        validated first, as by ``ConstructionTable(refs)``.
+
+        Example:
+            >>> water = ConstructionTable([[-1, -1, -1], [0, -1, -1], [0, 1, -1]])
+            >>> ConstructionTable.concatenate([water, water]).refs[3:].tolist()
+            [[-1, -1, -1], [3, -1, -1], [3, 4, -1]]
+        """
+        if isinstance(tables, (ConstructionTable, np.ndarray, torch.Tensor)) or len(tables) == 0:
+            raise ValueError("concatenate needs a non-empty sequence of tables")
+        pieces = [as_table(t) for t in tables]
+        sizes = np.array([t.n_atoms for t in pieces], np.int64)
+        offset = np.repeat(np.cumsum(sizes) - sizes, sizes)  # of every atom (and dfs position)
+        n = int(sizes.sum())
+
+        def join(name: str) -> np.ndarray:  # references (>= 0) shifted by their piece's offset
+            a = np.concatenate([getattr(t, name) for t in pieces])
+            shift = offset if a.ndim == 1 else offset[:, None]
+            return np.where(a >= 0, a + shift, a)
+
+        out = cls.__new__(cls)
+        out.refs, out.n_atoms = join("refs"), n
+        out.kind = np.concatenate([t.kind for t in pieces])
+        out.parent, out.offset_of = join("parent"), join("offset_of")
+        width = max(t.offset_chain.shape[1] for t in pieces)
+        chain = np.full((n, width), n, np.int64)  # n = "zero" slot
+        for t, start in zip(pieces, np.cumsum(sizes) - sizes, strict=True):
+            c = t.offset_chain
+            chain[start : start + t.n_atoms, : c.shape[1]] = np.where(c < t.n_atoms, c + start, n)
+        out.offset_chain = chain
+        for name in ("dfs_order", "dfs_pos", "subtree_end", "dfs_parent", "dfs_segment"):
+            setattr(out, name, join(name))
+        out.dfs_depth = np.concatenate([t.dfs_depth for t in pieces])
+        out.max_depth = int(max(t.max_depth for t in pieces))
+        stages = max(len(t.stage_atoms) for t in pieces)
+        out.stage_atoms = [
+            np.concatenate(
+                [
+                    t.stage_atoms[s] + o
+                    for t, o in zip(pieces, np.cumsum(sizes) - sizes, strict=True)
+                    if s < len(t.stage_atoms)
+                ]
+            )
+            for s in range(stages)
+        ]
+        out.constant_anchors = all(t.constant_anchors for t in pieces)
+        return out
+
     # ------------------------------------------------------------------ info
     def __len__(self) -> int:
         return self.n_atoms
