@@ -23,7 +23,7 @@ import torch
 
 import zmat
 
-from . import peers, report
+from . import fresh, peers, report
 from .registry import IMPLS, MODES
 from .run import ALLOCATOR_ENV, expand, run
 from .suites import BUDGETS, REPEAT_TIME, SUITES
@@ -125,6 +125,9 @@ def parse(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--repeats", type=int, default=25, help="most warm timed calls per record (default 25)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--no-fresh", action="store_true", help="skip the training-step sections (fresh batch, latency, ...)"
+    )
     p.add_argument("--list", action="store_true", help="list the tasks and exit")
     p.add_argument(
         "--render",
@@ -171,7 +174,8 @@ def main(argv=None) -> int:
         for t in tasks:
             print(f"{t.impl:17s} {t.case:12s} {t.size:>7} x{t.batch:<5} {t.dtype} {t.device} {t.mode}")
         return 0
-    if not tasks:
+    sections = fresh.SUITE_SECTIONS.get(a.suite, ()) if not (a.impl or a.cases or a.no_fresh) else ()
+    if not tasks and not sections:
         print("error: no task matches these options", file=sys.stderr)
         return 2
     out = a.out
@@ -198,12 +202,20 @@ def main(argv=None) -> int:
         records.append(rec)
         report.write_json(out / "results.json", {**meta, "complete": False}, records)
 
-    run(tasks, out, on_record=save, progress=not a.no_progress)
+    if tasks:
+        run(tasks, out, on_record=save, progress=not a.no_progress)
+    extra = ""
+    if sections:  # the training-step sections (benchmarks/fresh.py), in their own process
+        print(f"training-step sections: {', '.join(sections)} ...", file=sys.stderr)
+        train = fresh.run_child(sections, quick=a.suite != "fresh")
+        meta["fresh"] = train
+        (out / "fresh.md").write_text(fresh.markdown(train) + "\n")
+        extra = "\n" + fresh.table(train)
     meta["wall_s"] = round(time.perf_counter() - t0, 1)
     meta["complete"] = True
     report.write_json(out / "results.json", meta, records)
-    text, plotted = report.write_outputs(out, records)
-    print(text)
+    text, plotted = report.write_outputs(out, records) if records else ("", False)
+    print(text + extra)
     print(
         f"\nwall time {meta['wall_s']:.0f} s; wrote {out / 'results.json'}, {out / 'table.md'}, "
         f"{out / 'summary.md'}" + (f", {out / 'results.png'}" if plotted else " (nothing to plot)")

@@ -48,8 +48,8 @@ from typing import TypeVar
 
 import numpy as np
 import torch
-from scipy.sparse import coo_matrix
-from scipy.sparse.csgraph import connected_components
+from scipy.sparse import coo_matrix, csr_matrix
+from scipy.sparse.csgraph import connected_components, depth_first_order
 
 __all__ = ["ConstructionTable", "as_table"]
 
@@ -235,7 +235,7 @@ class ConstructionTable:
         # Forest of rigid parents: roots, depth, and a depth-first preorder in
         # which every subtree (hence every segment) is a contiguous range.
         root, depth = _roots_and_depths(parent)
-        dfs, end = _preorder(parent, root)
+        dfs, end = _preorder(parent)
         pos = np.empty(n, np.int64)
         pos[dfs] = ar
         self.dfs_order, self.dfs_pos = dfs, pos
@@ -270,7 +270,10 @@ class ConstructionTable:
         key = (build, device)
         plan = plans.get(key)
         if plan is None:
-            plan = plans[key] = torch.compiler.disable(build)(self, torch.device(device))
+            # outside a compiled graph call it directly: torch.compiler.disable
+            # imports torch._dynamo (a second or more, once per process)
+            run = torch.compiler.disable(build) if torch.compiler.is_compiling() else build
+            plan = plans[key] = run(self, torch.device(device))
         return plan
 
     def plan(self, device: torch.device | str) -> _DevicePlan:
@@ -475,44 +478,24 @@ def _roots_and_depths(parent: np.ndarray):
         anc = nxt
 
 
-def _preorder(parent: np.ndarray, root: np.ndarray):
+def _preorder(parent: np.ndarray):
     """Depth-first preorder of a forest, children in index order; returns
     ``(order, end)`` with ``end[i]`` one past the last position of ``i``'s
-    subtree. Euler tour + list ranking by pointer jumping: no loop over depth."""
+    subtree. scipy's depth-first search from a virtual root above the roots
+    (O(N), in C), then the last descendant of every node by pointer jumping
+    along last children: no loop over atoms or depth in Python."""
     n = len(parent)
-    ar = np.arange(n)
-    # children sorted by (parent, index): first child and next sibling
-    kids = np.nonzero(parent >= 0)[0]
-    kids = kids[np.argsort(parent[kids], kind="stable")]
-    first_child = np.full(n, -1, np.int64)
-    next_sibling = np.full(n, -1, np.int64)
-    if len(kids):
-        is_first = np.r_[True, parent[kids][1:] != parent[kids][:-1]]
-        first_child[parent[kids][is_first]] = kids[is_first]
-        same = ~is_first[1:]
-        next_sibling[kids[:-1][same]] = kids[1:][same]
-    roots = np.nonzero(parent < 0)[0]
-    next_root = np.full(n, -1, np.int64)
-    next_root[roots[:-1]] = roots[1:]
-    # tour events: enter(v) = v, leave(v) = n + v; 2n = end of tour
-    succ = np.empty(2 * n + 1, np.int64)
-    succ[ar] = np.where(first_child >= 0, first_child, n + ar)
-    after = np.where(next_sibling >= 0, next_sibling, np.where(parent >= 0, n + np.maximum(parent, 0), 2 * n))
-    after = np.where((parent < 0) & (next_root >= 0), next_root, after)
-    succ[n + ar] = after
-    succ[2 * n] = 2 * n
-    # rank = number of "enter" events strictly after each event, by pointer jumping
-    weight = np.r_[np.ones(n, np.int64), np.zeros(n + 1, np.int64)]
-    rank = weight.copy()
-    nxt = succ.copy()
-    while (nxt != 2 * n).any():
-        rank = rank + np.where(nxt != 2 * n, rank[nxt], 0)
-        nxt = nxt[nxt]
-    enters_from = n - rank  # enters at or after this event, counted from the tour's start
-    order = np.empty(n, np.int64)
-    order[enters_from[ar]] = ar
-    end = n - rank[n + ar]
-    return order, end
+    src = np.where(parent >= 0, parent, n)  # n: the virtual root
+    kids = np.argsort(src, kind="stable")  # children grouped by parent, in index order
+    ptr = np.searchsorted(src[kids], np.arange(n + 2))
+    graph = csr_matrix((np.ones(n, np.int8), kids, ptr), shape=(n + 1, n + 1))
+    order = depth_first_order(graph, n, directed=True, return_predecessors=False)[1:].astype(np.int64)
+    pos = np.empty(n, np.int64)
+    pos[order] = np.arange(n)
+    last = np.where(ptr[1 : n + 1] > ptr[:n], kids[np.maximum(ptr[1 : n + 1] - 1, 0)], np.arange(n))
+    while not np.array_equal(nxt := last[last], last):
+        last = nxt
+    return order, pos[last] + 1
 
 
 def _group(label: np.ndarray) -> list[np.ndarray]:
