@@ -395,9 +395,9 @@ def run_child(sections, quick: bool, zmat_root: Path | None = None, compile_: bo
     from .run import ALLOCATOR_ENV
 
     env = {**os.environ, **ALLOCATOR_ENV, "PYTHONWARNINGS": "ignore"}
-    paths = [str(zmat_root)] if zmat_root else []
-    env["PYTHONPATH"] = os.pathsep.join([*paths, str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     cmd = [sys.executable, "-m", "benchmarks.fresh", "--json", "-", "--sections", *sections]
+    cmd += ["--zmat-root", str(zmat_root)] if zmat_root else []
     cmd += ["--quick"] if quick else []
     cmd += ["--compile"] if compile_ else []
     res = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, check=False)
@@ -435,7 +435,13 @@ def main(argv=None) -> int:
     p.add_argument("--compile", action="store_true", help="add torch.compile'd latency columns (slow)")
     p.add_argument("--compare", type=Path, metavar="DIR", help="zmat package root to compare against")
     p.add_argument("--json", help="write the records here ('-': stdout, last line)")
+    p.add_argument("--zmat-root", type=Path, help=argparse.SUPPRESS)  # import zmat from there
     a = p.parse_args(argv)
+    if a.zmat_root:
+        sys.path.insert(0, str(a.zmat_root))
+        import zmat
+
+        assert Path(zmat.__file__).resolve().is_relative_to(a.zmat_root.resolve()), zmat.__file__
     if a.compare:
         records = compare(a.compare)
     else:
