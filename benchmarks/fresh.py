@@ -18,7 +18,8 @@ benchmarks`` runs ``fresh`` and ``latency`` after its grid):
 * ``latency``: batch-1 forward and forward+backward (float32, CPU) and
   dispatched aten ops per call (``ops fwd``/``ops bwd``, counted with
   ``zmat.testing.DispatchAudit``) on a 12-atom chain, 1ubi, 1aki and 1igy;
-  ``--compile`` adds ``torch.compile`` beside eager.
+  ``--compile`` adds ``torch.compile`` beside eager; tmol's kinematics on the
+  same files when tmol is installed (the ``tmol`` extra).
 * ``busy``: cached steps alone and while a second process spins on one core,
   at torch's default thread count and at one thread.
 * ``scaling``: seconds per atom of forward+backward, 1k-100k atoms at batch 1
@@ -219,6 +220,46 @@ def count_ops(table, C) -> tuple[int, int]:
     return fwd.count, bwd.count
 
 
+def tmol_latency(name: str) -> dict:
+    """tmol's kinematics on ``tests/data/{name}.pdb`` (amino acids only: tmol
+    rejects the files' ligands), its kinematic tree built the way its own
+    ``_apply_torsion_deltas`` does (``FoldForest.reasonable_fold_forest``,
+    ``PoseStackKinematicsModule``, ``inverse_kin``). tmol adds hydrogens, so
+    its atom count is about twice zmat's (heavy atoms). Raises ImportError
+    without tmol (``pip install tmol``)."""
+    import biotite.structure as struc
+    import torch
+    from tmol.io._pose_stack_from_biotite import pose_stack_from_atom_array
+    from tmol.io._structure_io import atom_array_from_file
+    from tmol.kinematics import PoseStackKinematicsModule
+    from tmol.kinematics._fold_forest import FoldForest
+    from tmol.kinematics.compiled import inverse_kin
+
+    t0 = _now()
+    arr = atom_array_from_file(str(DATA / f"{name}.pdb"), None, model=1)
+    arr = arr[struc.filter_amino_acids(arr) & ~arr.hetero]
+    pose = pose_stack_from_atom_array(arr, torch.device("cpu"))
+    module = PoseStackKinematicsModule(pose, FoldForest.reasonable_fold_forest(pose))
+    forest = module.kmd.forest
+    xyz = torch.zeros((forest.id.shape[0], 3), dtype=torch.float32)
+    xyz[1:] = pose.coords.view(-1, 3)[forest.id[1:].to(torch.int64)]
+    dofs = inverse_kin(xyz, forest.parent, forest.frame_x, forest.frame_y, forest.frame_z, forest.doftype)
+    setup = _now() - t0
+    d = dofs.detach().clone().requires_grad_(True)
+    g = torch.ones_like(module(d))
+
+    def fwd():
+        with torch.no_grad():
+            module(d)
+
+    def fwd_bwd():
+        torch.autograd.grad(module(d), d, g)
+
+    fwd_bwd()
+    return {"tmol atoms": int(forest.id.shape[0] - 1), "tmol setup": setup, "tmol fwd": _median_time(fwd),
+            "tmol fwd+bwd": _median_time(fwd_bwd)}  # fmt: skip
+
+
 def run_latency(compile_: bool = False) -> list[dict]:
     import torch
 
@@ -247,6 +288,12 @@ def run_latency(compile_: bool = False) -> list[dict]:
             fwd_bwd()
             rec[f"{how} fwd"] = _median_time(fwd)
             rec[f"{how} fwd+bwd"] = _median_time(fwd_bwd)
+        if not name.startswith("chain"):
+            try:
+                rec.update(tmol_latency(name.split()[0]))
+                rec["tmol / zmat fwd+bwd"] = rec["tmol fwd+bwd"] / rec["eager fwd+bwd"]
+            except ImportError:
+                rec["tmol"] = "not installed"
         out.append(rec)
     return out
 
@@ -341,7 +388,7 @@ def _fmt(v) -> str:
 
 
 def _ratio_keys(rec: dict) -> set:
-    return {k for k in rec if k.endswith(("slowdown", "/ cached", "ratio"))}
+    return {k for k in rec if k.endswith(("slowdown", "/ cached", "ratio", "/ zmat fwd+bwd"))}
 
 
 def table(records: list[dict]) -> str:
