@@ -79,10 +79,19 @@ def _step(forward, leaf):
     return t1 - t0, _now() - t1
 
 
+def prepare(table, device) -> None:
+    """Build the per-device plans (``zmat._analytic.prepare``; zmat versions
+    without it build them in the first forward, which is then timed with it)."""
+    try:
+        from zmat._analytic import prepare as build
+    except ImportError:
+        return
+    build(table, device, 1)
+
+
 def protein_step(n_seq: int, length: int, seed: int) -> dict:
     import torch
 
-    from zmat._analytic import prepare
     from zmat.protein import ProteinBatch
 
     rng = np.random.default_rng(seed)
@@ -96,7 +105,7 @@ def protein_step(n_seq: int, length: int, seed: int) -> dict:
     t["table"] = _now() - t0
     torsions = torch.from_numpy(rng.uniform(-3, 3, (n_seq, batch.L_max, 7))).float().requires_grad_(True)
     t0 = _now()
-    prepare(table, torsions.device, 1)
+    prepare(table, torsions.device)
     t["plan"] = _now() - t0
     t["forward"], t["backward"] = _step(lambda: batch.to_xyz(torsions), torsions)
     cached = [_step(lambda: batch.to_xyz(torsions), torsions) for _ in range(5)]
@@ -110,7 +119,6 @@ def molecule_step(dataset: list, n_mol: int, seed: int, concatenate: bool) -> di
     import torch
 
     import zmat
-    from zmat._analytic import prepare
 
     rng = np.random.default_rng(seed)
     pick = rng.choice(len(dataset), n_mol, replace=False)
@@ -132,7 +140,7 @@ def molecule_step(dataset: list, n_mol: int, seed: int, concatenate: bool) -> di
         t["table"] = _now() - t0
     C = torch.from_numpy(rng.uniform(0.5, 2.5, (table.n_atoms, 3))).float().requires_grad_(True)
     t0 = _now()
-    prepare(table, C.device, 1)
+    prepare(table, C.device)
     t["plan"] = _now() - t0
     t["forward"], t["backward"] = _step(lambda: zmat.to_xyz(C, table), C)
     cached = [_step(lambda: zmat.to_xyz(C, table), C) for _ in range(5)]
@@ -176,7 +184,9 @@ def run_fresh(quick: bool) -> list[dict]:
         out.append(_summarise("proteins 64 x 128 res", [protein_step(64, 128, s) for s in range(batches)]))
     data = molecule_dataset(1024)
     molecule_step(data, 8, seed=99, concatenate=False)
-    for concat in (False, True):
+    import zmat
+
+    for concat in (False, True)[: 1 + hasattr(zmat.ConstructionTable, "concatenate")]:
         how = "ConstructionTable.concatenate" if concat else "ConstructionTable(refs)"
         steps = [molecule_step(data, 256, s, concat) for s in range(batches)]
         out.append(_summarise(f"molecules 256 x ~55 atoms, {how}", steps))
