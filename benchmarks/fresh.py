@@ -463,24 +463,34 @@ def run_child(sections, quick: bool, zmat_root: Path | None = None, compile_: bo
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-def compare(old: Path, rounds: int = 3) -> list[dict]:
-    """``latency`` and ``scaling`` with this zmat and the one in ``old``,
-    alternating child processes; medians over ``rounds``, and the ratios."""
+RATIO_KEYS = ("eager fwd", "eager fwd+bwd", "fwd+bwd", "fresh step", "cached step")
+
+
+def compare(old: Path, sections=("latency", "scaling"), rounds: int = 3) -> list[dict]:
+    """``sections`` with this zmat and the one in ``old``, alternating child
+    processes (a busy machine slows both alike); medians over ``rounds``, and
+    the ratios old / new of the times in ``RATIO_KEYS``."""
     runs: dict = {"old": [], "new": []}
     for _ in range(rounds):
         for who, root in (("old", old), ("new", None)):
-            runs[who].append(run_child(("latency", "scaling"), quick=False, zmat_root=root))
+            runs[who].append({r["case"]: r for r in run_child(sections, quick=False, zmat_root=root)})
     out = []
-    for i, rec in enumerate(runs["new"][0]):
-        row = {"section": "compare", "case": rec["case"]}
-        for key in ("ops fwd", "ops bwd"):
-            if key in rec:
-                row[f"{key} old"], row[f"{key} new"] = runs["old"][0][i][key], rec[key]
-        for key in ("eager fwd", "eager fwd+bwd", "fwd+bwd"):
-            if key in rec:
-                o = statistics.median(r[i][key] for r in runs["old"])
-                n = statistics.median(r[i][key] for r in runs["new"])
-                row[f"{key} old"], row[f"{key} new"], row[f"{key} ratio"] = o, n, o / n
+    for case, rec in runs["new"][0].items():
+        if case not in runs["old"][0]:
+            continue
+        row = {"section": "compare", "case": case}
+        for key, value in rec.items():
+            if key.startswith(("ops", "atoms")) or not isinstance(value, float):
+                if key.startswith("ops"):
+                    row[f"{key} old"], row[f"{key} new"] = runs["old"][0][case].get(key), value
+                continue
+            if key not in runs["old"][0][case]:
+                continue
+            o = statistics.median(r[case][key] for r in runs["old"])
+            n = statistics.median(r[case][key] for r in runs["new"])
+            row[f"{key} old"], row[f"{key} new"] = o, n
+            if key in RATIO_KEYS:
+                row[f"{key} ratio"] = o / n
         out.append(row)
     return out
 
@@ -500,7 +510,7 @@ def main(argv=None) -> int:
 
         assert Path(zmat.__file__).resolve().is_relative_to(a.zmat_root.resolve()), zmat.__file__
     if a.compare:
-        records = compare(a.compare)
+        records = compare(a.compare, a.sections if a.sections != list(SECTIONS) else ("latency", "scaling"))
     else:
         records = run(a.sections, a.quick, a.compile)
     if a.json == "-":
