@@ -175,38 +175,33 @@ class _BlockPlan:
         n = table.n_atoms
         depth = table.dfs_depth
         block = _block_size(table.max_depth)
-        head = _ancestor(table.dfs_parent, depth % block)  # block root (dfs position) of every atom
-        self.steps = []
-        prev = None
-        order = []
-        for level in range(min(block, table.max_depth + 1)):
-            pos = np.nonzero(depth % block == level)[0]
-            local_parent = None if level == 0 else np.searchsorted(prev, table.dfs_parent[pos])
-            self.steps.append(
-                (len(pos), None if local_parent is None else index_tensor(local_parent, device))
-            )
-            order.append(pos)
-            prev = pos
-        flat = np.concatenate(order)
-        self.step_order = index_tensor(flat, device)  # dfs positions grouped by level within blocks
+        level = depth % block
+        head = _ancestor(table.dfs_parent, level)  # block root (dfs position) of every atom
+        # dfs positions grouped by level within blocks (dfs order inside a level)
+        flat = np.argsort(level, kind="stable")
+        counts = np.bincount(level)
+        starts = np.cumsum(counts) - counts
         inv = np.empty(n, np.int64)
         inv[flat] = np.arange(n)
+        self.steps = [(int(counts[0]), None)]
+        for k in range(1, len(counts)):  # a level's parents are the previous level's atoms
+            parent = table.dfs_parent[flat[starts[k] : starts[k] + counts[k]]]
+            self.steps.append((int(counts[k]), index_tensor(inv[parent] - starts[k - 1], device)))
+        self.step_order = index_tensor(flat, device)
         self.step_inverse = index_tensor(inv, device)
-        heads = np.nonzero(depth % block == 0)[0]
+        heads = flat[: counts[0]]  # block heads; inv[h] is the index of head h among them
         self.blocked = table.max_depth >= block
         if self.blocked:
             head_parent = table.dfs_parent[heads]  # -1 for segment roots
             self.head_source = index_tensor(np.where(head_parent >= 0, head_parent, n), device)
-            up = np.where(
-                head_parent >= 0, np.searchsorted(heads, head[np.maximum(head_parent, 0)]), len(heads)
-            )
+            up = np.where(head_parent >= 0, inv[head[np.maximum(head_parent, 0)]], len(heads))
             rounds = math.ceil(math.log2(table.max_depth // block + 1))
             anc = np.append(up, len(heads))
             self.jumps = []
             for _ in range(rounds):
                 self.jumps.append(index_tensor(anc, device))
                 anc = anc[anc]
-            self.head_of = index_tensor(np.searchsorted(heads, head), device)
+            self.head_of = index_tensor(inv[head], device)
 
 
 def forest_plan(table: ConstructionTable, device: torch.device) -> _ForestPlan:
