@@ -103,7 +103,7 @@ class _ForestPlan:
         trig_keep = np.stack(
             [kind != ROOT, 0 * kind, 0 * kind, kind > BOND, kind > PLANAR, kind > BOND, kind > PLANAR]
         )
-        trig_const = np.array([0, 1, 0, -1, 1, 0, 0], np.int8)[:, None].repeat(n + 1, 1)
+        trig_const = np.array([0, 1, 0, -1, 1, 0, 0], np.int8)[:, None]  # per row, broadcast over atoms
         self.trig_keep = torch.as_tensor(trig_keep[..., None].astype(bool), device=device)
         self.trig_const = torch.as_tensor(trig_const[..., None], device=device)
         self.factors = index_tensor(np.array(LOCAL_FACTORS).T.reshape(-1), device)  # (36,)
