@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import json
 import os
 import platform
@@ -23,10 +24,10 @@ import torch
 
 import zmat
 
-from . import peers, report
+from . import fresh, peers, report
 from .registry import IMPLS, MODES
 from .run import ALLOCATOR_ENV, expand, run
-from .suites import BUDGETS, REPEAT_TIME, SUITES
+from .suites import BUDGETS, REPEAT_TIME, SCRIPTS, SUITES
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "results" / "benchmarks"
 
@@ -83,7 +84,13 @@ def parse(argv=None) -> argparse.Namespace:
         epilog=EPILOG.format(impls=impls, suites=", ".join(SUITES)),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--suite", choices=SUITES, default="quick", help="which grid to run (default: quick)")
+    p.add_argument(
+        "--suite",
+        choices=[*SUITES, *SCRIPTS],
+        default="quick",
+        help="which grid to run (default: quick); "
+        + ", ".join(f"{k} runs python -m {v} with the other arguments" for k, v in SCRIPTS.items()),
+    )
     p.add_argument("--full", action="store_true", help="the full grid (same as --suite full)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default: {DEFAULT_OUT})")
     p.add_argument(
@@ -125,6 +132,9 @@ def parse(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--repeats", type=int, default=25, help="most warm timed calls per record (default 25)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--no-fresh", action="store_true", help="skip the training-step sections (fresh batch, latency, ...)"
+    )
     p.add_argument("--list", action="store_true", help="list the tasks and exit")
     p.add_argument(
         "--render",
@@ -143,7 +153,22 @@ def parse(argv=None) -> argparse.Namespace:
     return a
 
 
+def _script_suite(argv: list[str]) -> str | None:
+    """The suite named by ``--suite X`` if it is one of the standalone scripts."""
+    for i, x in enumerate(argv):
+        name = argv[i + 1] if x == "--suite" and i + 1 < len(argv) else x.partition("--suite=")[2]
+        if name in SCRIPTS:
+            return name
+    return None
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    script = _script_suite(argv)
+    if script is not None:
+        rest = [x for x in argv if x not in ("--suite", script, f"--suite={script}")]
+        importlib.import_module(SCRIPTS[script]).main(rest)
+        return 0
     a = parse(argv)
     if a.render:
         data = json.loads((a.render / "results.json").read_text())
@@ -171,7 +196,8 @@ def main(argv=None) -> int:
         for t in tasks:
             print(f"{t.impl:17s} {t.case:12s} {t.size:>7} x{t.batch:<5} {t.dtype} {t.device} {t.mode}")
         return 0
-    if not tasks:
+    sections = fresh.SUITE_SECTIONS.get(a.suite, ()) if not (a.impl or a.cases or a.no_fresh) else ()
+    if not tasks and not sections:
         print("error: no task matches these options", file=sys.stderr)
         return 2
     out = a.out
@@ -198,12 +224,20 @@ def main(argv=None) -> int:
         records.append(rec)
         report.write_json(out / "results.json", {**meta, "complete": False}, records)
 
-    run(tasks, out, on_record=save, progress=not a.no_progress)
+    if tasks:
+        run(tasks, out, on_record=save, progress=not a.no_progress)
+    extra = ""
+    if sections:  # the training-step sections (benchmarks/fresh.py), in their own process
+        print(f"training-step sections: {', '.join(sections)} ...", file=sys.stderr)
+        train = fresh.run_child(sections, quick=a.suite != "fresh")
+        meta["fresh"] = train
+        (out / "fresh.md").write_text(fresh.markdown(train) + "\n")
+        extra = "\n" + fresh.table(train)
     meta["wall_s"] = round(time.perf_counter() - t0, 1)
     meta["complete"] = True
     report.write_json(out / "results.json", meta, records)
-    text, plotted = report.write_outputs(out, records)
-    print(text)
+    text, plotted = report.write_outputs(out, records) if records else ("", False)
+    print(text + extra)
     print(
         f"\nwall time {meta['wall_s']:.0f} s; wrote {out / 'results.json'}, {out / 'table.md'}, "
         f"{out / 'summary.md'}" + (f", {out / 'results.png'}" if plotted else " (nothing to plot)")

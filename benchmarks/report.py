@@ -75,14 +75,27 @@ def _rows(rows: list[dict]) -> list[list[str]]:
             ratio = r["median_s"] / best
             per = r["median_s"] / r["batch"]
             cells = [fmt_s(r["median_s"]), fmt_s(per), f"{ratio:.3g}x", fmt_s(r.get("first_s"))]
-            cells += [fmt_bytes(r.get("peak_bytes"), r.get("memory")), r.get("note") or ""]
+            cells += [
+                str(r.get("ops", "-")),
+                fmt_bytes(r.get("peak_bytes"), r.get("memory")),
+                r.get("note") or "",
+            ]
         else:
-            cells = ["-", "-", "-", "-", "-", r["status"]]
+            cells = ["-", "-", "-", "-", "-", "-", r["status"]]
         out.append([r["impl"], *cells])
     return out
 
 
-HEAD = ["implementation", "median", "per structure", "x fastest", "first call", "peak mem", "note"]
+HEAD = [
+    "implementation",
+    "median",
+    "per structure",
+    "x fastest",
+    "first call",
+    "ops/call",
+    "peak mem",
+    "note",
+]
 
 
 def table(records: list[dict], width: int = 110) -> str:

@@ -16,6 +16,9 @@
   a 2-core CPU; slow implementations are skipped where they would blow the
   per-call budget).
 * ``tiny``: a smoke test (seconds) used by ``tests/test_benchmarks.py``.
+* ``fresh``: no grid; every section of ``benchmarks/fresh.py`` (fresh-batch
+  training steps, batch-1 latency and ops per call, a busy machine, scaling).
+  ``quick`` runs its ``fresh`` and ``latency`` sections, shortened.
 """
 
 from __future__ import annotations
@@ -74,11 +77,11 @@ TINY = [
     Series("protein", (12,), (1,)),
 ]
 
-#: suites that are scripts of their own (``python -m benchmarks.torsions``); ``__main__`` may dispatch to them
+#: suites that are scripts of their own (``python -m benchmarks.torsions``); ``__main__`` dispatches to them
 SCRIPTS = {"torsions": "benchmarks.torsions"}
 
-SUITES = {"quick": QUICK, "methods": METHODS, "targets": TARGETS, "full": FULL, "tiny": TINY}
+SUITES = {"quick": QUICK, "methods": METHODS, "targets": TARGETS, "full": FULL, "tiny": TINY, "fresh": []}
 #: default seconds per record (cold call + timed calls) before a size is skipped as too slow
-BUDGETS = {"quick": 4.0, "methods": 10.0, "targets": 10.0, "full": 10.0, "tiny": 2.0}
+BUDGETS = {"quick": 4.0, "methods": 10.0, "targets": 10.0, "full": 10.0, "tiny": 2.0, "fresh": 4.0}
 #: seconds of timed (warm) calls per record: floor(REPEAT_TIME / cold call) calls, at least 1
-REPEAT_TIME = {"quick": 0.5, "methods": 1.0, "targets": 1.0, "full": 1.0, "tiny": 0.02}
+REPEAT_TIME = {"quick": 0.5, "methods": 1.0, "targets": 1.0, "full": 1.0, "tiny": 0.02, "fresh": 0.5}

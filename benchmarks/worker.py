@@ -33,6 +33,8 @@ import traceback
 
 import torch
 
+from zmat.testing import DispatchAudit
+
 from . import cases
 from .registry import IMPLS, Unsupported
 
@@ -95,6 +97,10 @@ class Memory:
 
 
 # ------------------------------------------------------------------ timing
+#: count dispatched ops (one more call, under a Python dispatch mode) for calls faster than this
+OPS_MAX_S = 0.05
+
+
 def _repeats(first: float, budget: float, max_repeats: int, repeat_time: float) -> int:
     """How many warm calls to time after a cold call that took ``first`` seconds.
 
@@ -148,6 +154,10 @@ def measure(task: dict) -> dict:
             mem.start()
             prep.call()
             peak = mem.stop()
+        if impl.group == "zmat" and times and statistics.median(times) < OPS_MAX_S:
+            with DispatchAudit() as audit:  # dispatched aten ops of one warm call (fwd+bwd: both)
+                prep.call()
+            rec["ops"] = audit.count
     except Exception as e:
         elapsed = time.perf_counter() - start
         return {

@@ -11,7 +11,6 @@ from strategies import chain_table, internal_coordinates, random_internal, table
 
 import zmat
 from zmat._analytic import RigidForest, forest_plan
-from zmat._geometry import effective_internal
 
 
 def analytic(c, rows):
@@ -51,11 +50,11 @@ def test_adjoint_identity(rows, data):
     c = data.draw(internal_coordinates(len(rows), batch=(3,)))
     table = zmat.ConstructionTable(rows)
     plan = forest_plan(table, c.device)
-    c_dfs = effective_internal(c, table).index_select(-2, plan.dfs_order)
-    v = torch.randn_like(c_dfs)
-    out, jvp = torch.func.jvp(lambda x: RigidForest.apply(x, plan), (c_dfs,), (v,))
+    flat = c.reshape(-1, 3 * len(rows)).t()  # the Function's input layout: (3 N, B)
+    v = torch.randn_like(flat)
+    out, jvp = torch.func.jvp(lambda x: RigidForest.apply(x, plan), (flat,), (v,))
     g = tuple(torch.randn_like(o) for o in out)  # (rotations, positions)
-    _, vjp_fn = torch.func.vjp(lambda x: RigidForest.apply(x, plan), c_dfs)
+    _, vjp_fn = torch.func.vjp(lambda x: RigidForest.apply(x, plan), flat)
     (vjp,) = vjp_fn(g)
     rhs = sum((gi * ji).sum() for gi, ji in zip(g, jvp, strict=True))
     assert torch.allclose((vjp * v).sum(), rhs, rtol=1e-10)
@@ -192,3 +191,71 @@ def test_other_methods_and_to_internal_compile_without_graph_breaks(method):
     expected = roundtrip(c)  # eager call first: builds the index plan
     compiled = torch.compile(roundtrip, backend="aot_eager", fullgraph=True)
     assert torch.allclose(compiled(c), expected, atol=1e-12)
+
+
+def _deep_forest():
+    """Two chains of 40 and 23 atoms with side branches and offset rows: deeper than a block."""
+    rows = chain_table(40)
+    rows += [[5, 4, 3], [40, 5, 4], [41, 40, 5], [12, 11, 10], [43, 12, 11], [43, 12, 44]]
+    base = len(rows)
+    rows += [[-1, -1, -1], [base, -1, -1], [base + 1, base, -1]]
+    rows += [[base + i - 1, base + i - 2, base + i - 3] for i in range(3, 23)]
+    return rows
+
+
+@pytest.mark.parametrize("scan", ["jump", "levels"])
+@pytest.mark.parametrize("batch", [(), (3,)])
+def test_both_scans_match_reference_on_deep_forests(monkeypatch, scan, batch):
+    import zmat._analytic as analytic_module
+
+    monkeypatch.setattr(analytic_module, "JUMP_FRAMES", 1 << 30 if scan == "jump" else 0)
+    monkeypatch.setattr(analytic_module, "JUMP_FRAMES_BATCHED", 1 << 30 if scan == "jump" else 0)
+    rows = _deep_forest()
+    table = zmat.ConstructionTable(rows)
+    assert table.max_depth > 2 * analytic_module.JUMP_BLOCK and table.offset_chain.shape[1] > 1
+    c = random_internal(len(rows), batch=batch, seed=11).requires_grad_()
+    g = torch.randn(*batch, len(rows), 3, dtype=torch.float64)
+    out = {}
+    for method in ("analytic", "prefix", "reference"):
+        x = zmat.to_xyz(c, table, method=method)
+        out[method] = (x, *torch.autograd.grad((x * g).sum(), c))
+    for method in ("analytic", "prefix"):
+        for a, b in zip(out[method], out["reference"], strict=True):
+            assert torch.allclose(a, b, atol=1e-10), method
+
+
+def test_dispatched_ops_per_call():
+    """Batch-1 latency is dispatch-bound: a 12-atom chain's forward and backward
+    stay within a fixed number of aten ops (issue 15: <= 80 and <= 65)."""
+    from zmat.testing import DispatchAudit
+
+    rows = chain_table(12)
+    table = zmat.ConstructionTable(rows)
+    c = random_internal(12, seed=0).requires_grad_()
+    x = zmat.to_xyz(c, table)
+    torch.autograd.grad(x.sum(), c)  # plans built
+    with DispatchAudit() as fwd:
+        x = zmat.to_xyz(c, table)
+    with DispatchAudit() as bwd:
+        torch.autograd.grad(x.sum(), c)
+    assert fwd.count <= 80 and bwd.count <= 65, (fwd.count, bwd.count)
+    assert not fwd.syncs and not bwd.syncs
+
+
+@settings(max_examples=15)
+@given(rows=tables(min_atoms=1, max_atoms=12), data=st.data())
+def test_planned_local_frames_are_the_local_transform(rows, data):
+    """Both ways the plan builds local transforms (three gathered factors per
+    entry, or entry by entry) equal the one placement formula applied to the
+    effective internal coordinates; the extra slot is the identity."""
+    from zmat._analytic import local_frames
+    from zmat._geometry import effective_internal, local_transform
+
+    c = data.draw(internal_coordinates(len(rows), batch=(2,)))
+    table = zmat.ConstructionTable(rows)
+    plan = forest_plan(table, c.device)
+    ref = local_transform(effective_internal(c, table).index_select(-2, plan.dfs_order), layout="components")
+    for small in (True, False):
+        out = local_frames(c.reshape(2, -1).t(), plan, small)
+        assert torch.allclose(out[:, :, :-1], ref.transpose(2, 3), atol=1e-14)
+        assert torch.equal(out[:, :, -1], torch.eye(3, 4, dtype=c.dtype)[..., None].expand(3, 4, 2))

@@ -129,3 +129,29 @@ def test_targets_are_checked_from_records():
     lines = report.targets(recs)
     assert any(line.startswith("[met]") and "25.0x faster than mp_nerf" in line for line in lines)
     assert any(line.startswith("[met]") and "fwd+bwd" in line for line in lines)
+
+
+# ------------------------------------------------------- training steps
+def test_fresh_steps_report_every_phase_and_the_cached_step():
+    from benchmarks import fresh
+
+    prot = fresh.protein_step(2, 20, seed=0)
+    data = fresh.molecule_dataset(6)
+    mols = [fresh.molecule_step(data, 4, seed=0, concatenate=c) for c in (False, True)]
+    for step in (prot, *mols):
+        for k in (*fresh.PHASES, "cached forward", "cached backward"):
+            assert step[k] >= 0, k
+        assert step["forward"] > 0 and step["cached backward"] > 0
+    assert mols[0]["atoms"] == mols[1]["atoms"] and mols[1]["layout"] == 0
+    rec = fresh._summarise("x", [prot])
+    assert rec["fresh / cached"] == rec["fresh step"] / rec["cached step"]
+    text = fresh.table([rec])
+    assert "fresh:" in text and "fresh / cached" in text and "x" in text
+
+
+def test_ops_are_counted_for_batch_one_latency():
+    from benchmarks import fresh
+
+    name, table, C = fresh.latency_cases()[0]
+    fwd, bwd = fresh.count_ops(table, C)
+    assert 10 < fwd <= 80 and 10 < bwd <= 65, (fwd, bwd)

@@ -3,11 +3,12 @@
 import numpy as np
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from strategies import chain_table, tables
 
 import zmat
-from zmat.table import OFFSET, PLANAR, POSITIONAL, PROPER
+from zmat.table import OFFSET, PLANAR, POSITIONAL, PROPER, ConstructionTable
 
 
 @pytest.mark.parametrize(
@@ -108,3 +109,33 @@ def test_plan_is_consistent(rows):
             assert q < p <= t.subtree_end[q] - 1
     # every atom belongs to exactly one stage
     assert sorted(np.concatenate(t.stage_atoms)) == list(range(n))
+
+
+_PLANNED = ("refs", "kind", "parent", "offset_of", "offset_chain", "dfs_order", "dfs_pos", "subtree_end")
+_PLANNED += ("dfs_parent", "dfs_depth", "dfs_segment")
+
+
+@settings(max_examples=25)
+@given(pieces=st.lists(tables(min_atoms=1, max_atoms=9), min_size=1, max_size=5))
+def test_concatenate_equals_validating_the_offset_refs(pieces):
+    """The fast path (offsetting validated pieces) plans exactly what
+    validating and planning the concatenated array does."""
+    sizes = np.array([len(p) for p in pieces])
+    offsets = np.cumsum(sizes) - sizes
+    flat = np.concatenate(
+        [np.where(np.array(p) >= 0, np.array(p) + o, -1) for p, o in zip(pieces, offsets, strict=True)]
+    )
+    ref = ConstructionTable(flat)
+    fast = ConstructionTable.concatenate([ConstructionTable(p) for p in pieces[:-1]] + [pieces[-1]])
+    for name in _PLANNED:
+        assert np.array_equal(getattr(fast, name), getattr(ref, name)), name
+    assert fast.max_depth == ref.max_depth and fast.constant_anchors == ref.constant_anchors
+    assert [a.tolist() for a in fast.stage_atoms] == [a.tolist() for a in ref.stage_atoms]
+    assert fast == ref and fast.n_levels == ref.n_levels
+
+
+def test_concatenate_validates_raw_pieces_and_rejects_empty_input():
+    with pytest.raises(ValueError, match="non-empty sequence"):
+        ConstructionTable.concatenate([])
+    with pytest.raises(ValueError, match="row 1: atom 1 refers to itself"):
+        ConstructionTable.concatenate([[[-1, -1, -1]], [[-1, -1, -1], [1, -1, -1]]])

@@ -83,27 +83,11 @@ def test_gradcheck_and_gradgradcheck(method, rows, data):
     def f(x):
         return zmat.to_xyz(x, rows, method=method)
 
-    # forward mode through dual tensors: see test_forward_mode_ad_with_dual_tensors for "analytic"
-    forward = method != "analytic"
-    assert torch.autograd.gradcheck(f, c, check_forward_ad=forward, check_batched_grad=True)
+    assert torch.autograd.gradcheck(f, c, check_forward_ad=True, check_batched_grad=True)
     assert torch.autograd.gradgradcheck(f, c)
 
 
-@pytest.mark.parametrize(
-    "method",
-    [
-        pytest.param(
-            m,
-            marks=pytest.mark.xfail(
-                m == "analytic",
-                raises=RuntimeError,
-                reason="RigidForest.jvp returns two separate tangents for two view outputs of one "
-                "tensor (torch.func.jvp works; torch.autograd.forward_ad hits an internal assert)",
-            ),
-        )
-        for m in METHODS
-    ],
-)
+@pytest.mark.parametrize("method", METHODS)
 def test_forward_mode_ad_with_dual_tensors(method):
     rows = _standard_table(7, 3)
     c = random_internal(7, seed=3).requires_grad_()

@@ -38,65 +38,75 @@ import math
 import numpy as np
 import torch
 
-from ._geometry import axis, compose, compose_components, identity_frame, local_transform, segment_anchor
+from ._geometry import LOCAL_FACTORS, compose, compose_components, identity_frame, segment_anchor
 from ._stages import Staging
-from .table import ConstructionTable, index_tensor
+from .table import BOND, PLANAR, ROOT, ConstructionTable, index_tensor
+
+#: Calls on one structure of up to this many atoms, or on up to
+#: ``JUMP_FRAMES_BATCHED`` frames (atoms x structures), scan by pointer jumping
+#: (:class:`_JumpPlan`: few dispatched ops, the latency of small calls);
+#: larger ones by the level-by-level blocked scan (:class:`_BlockPlan`: less
+#: work, more but larger kernels; gathers of short rows of a small batch are slow).
+JUMP_FRAMES = 1 << 16
+JUMP_FRAMES_BATCHED = 1 << 13
+#: Levels per block of that scan: ``log2(JUMP_BLOCK)`` rounds over every atom,
+#: the rest over one atom in ``JUMP_BLOCK`` at most.
+JUMP_BLOCK = 16
 
 
 class _ForestPlan:
     """Index tensors for one table on one device (not a tensor, so ``vmap``
-    and ``torch.compile`` see it as a constant)."""
+    and ``torch.compile`` see it as a constant).
+
+    Everything an atom's local transform needs is planned here, so a call
+    builds all of them with one gather and a few elementwise kernels: the
+    flat index of its ``(r, theta, phi, phi of its offset chain...)`` entries
+    of ``C`` in depth-first order, which of them the table ignores (missing
+    references: their constants, hence zero gradients), and one extra slot
+    ``N`` holding a ROOT atom (every valid table has one), whose local
+    transform is the identity: the "no parent" target of the scans.
+    """
 
     def __init__(self, table: ConstructionTable, device: torch.device) -> None:
         n = table.n_atoms
-
         self.n = n
-        self.dfs_order = index_tensor(table.dfs_order, device)
-        identity = bool(np.array_equal(table.dfs_order, np.arange(n)))
+        self.table = table  # for the scans' own plans (table.cached)
+        self.max_depth = table.max_depth
+        dfs = table.dfs_order
+        self.dfs_order = index_tensor(dfs, device)
+        identity = bool(np.array_equal(dfs, np.arange(n)))
         self.to_dfs = None if identity else self.dfs_order  # atom order -> dfs order
         self.to_atoms = None if identity else index_tensor(table.dfs_pos, device)
         parent = np.where(table.dfs_parent >= 0, table.dfs_parent, n)  # n = identity slot
         self.parent = index_tensor(parent, device)
         self.end = index_tensor(table.subtree_end, device)
-        # Blocked scan (see compose_paths): depth is cut into blocks of
-        # `block` levels; within a block, frames are composed level by level
-        # over the whole forest at once, across blocks by pointer jumping.
-        depth = table.dfs_depth
-        block = _block_size(table.max_depth)
-        head = np.arange(n)  # block root (dfs position) of every atom
-        for _ in range(block - 1):
-            head = np.where(depth[head] % block != 0, table.dfs_parent[head], head)
-        self.steps = []
-        prev = None
-        order = []
-        for level in range(min(block, table.max_depth + 1)):
-            pos = np.nonzero(depth % block == level)[0]
-            local_parent = None if level == 0 else np.searchsorted(prev, table.dfs_parent[pos])
-            self.steps.append(
-                (len(pos), None if local_parent is None else index_tensor(local_parent, device))
-            )
-            order.append(pos)
-            prev = pos
-        flat = np.concatenate(order)
-        self.step_order = index_tensor(flat, device)  # dfs positions grouped by level within blocks
-        inv = np.empty(n, np.int64)
-        inv[flat] = np.arange(n)
-        self.step_inverse = index_tensor(inv, device)
-        heads = np.nonzero(depth % block == 0)[0]
-        self.blocked = table.max_depth >= block
-        if self.blocked:
-            head_parent = table.dfs_parent[heads]  # -1 for segment roots
-            self.head_source = index_tensor(np.where(head_parent >= 0, head_parent, n), device)
-            up = np.where(
-                head_parent >= 0, np.searchsorted(heads, head[np.maximum(head_parent, 0)]), len(heads)
-            )
-            rounds = math.ceil(math.log2(table.max_depth // block + 1))
-            anc = np.append(up, len(heads))
-            self.jumps = []
-            for _ in range(rounds):
-                self.jumps.append(index_tensor(anc, device))
-                anc = anc[anc]
-            self.head_of = index_tensor(np.searchsorted(heads, head), device)
+
+        # Gather of C's entries: rows r, theta, then phi along the offset chain.
+        slots = np.append(dfs, np.argmax(table.kind == ROOT))  # + the identity slot
+        chain = table.offset_chain[slots]  # (N + 1, L), n = none
+        kind = table.kind[slots]
+        self.k = 2 + chain.shape[1]
+        gather = np.concatenate([[3 * slots], [3 * slots + 1], 3 * np.minimum(chain, n - 1).T + 2])
+        link_kind = np.append(table.kind, ROOT)[chain.T]  # a PLANAR link's phi is ignored too
+        keep = np.concatenate([[kind != ROOT], [kind > BOND], link_kind > PLANAR])
+        keep[:, n] = False
+        self.gather = index_tensor(gather.reshape(-1), device)  # (K * (N + 1),)
+        self.keep = torch.as_tensor(keep[..., None], device=device)  # (K, N + 1, 1)
+        self.grad_index = index_tensor(gather[:, :n].reshape(-1), device)
+        self.grad_keep = torch.as_tensor(np.ascontiguousarray(keep[:, :n, None]), device=device)
+        self.zero = torch.zeros((1, 1, 1), dtype=torch.int8, device=device)
+        # (0, 0, 0, 1) for compose_components: int8 multiplies with any float dtype
+        self.e4 = torch.tensor([0, 0, 0, 1], dtype=torch.int8, device=device).view(1, 4, 1, 1)
+        self.grad_rows = index_tensor([0, 1] + [2] * (self.k - 2), device)
+        # Rows T = (r, 1, 0, cos t, cos p, sin t, sin p): constants where a
+        # reference is missing (theta = pi, phi = 0 make L the identity rotation).
+        trig_keep = np.stack(
+            [kind != ROOT, 0 * kind, 0 * kind, kind > BOND, kind > PLANAR, kind > BOND, kind > PLANAR]
+        )
+        trig_const = np.array([0, 1, 0, -1, 1, 0, 0], np.int8)[:, None]  # per row, broadcast over atoms
+        self.trig_keep = torch.as_tensor(trig_keep[..., None].astype(bool), device=device)
+        self.trig_const = torch.as_tensor(trig_const[..., None], device=device)
+        self.factors = index_tensor(np.array(LOCAL_FACTORS).T.reshape(-1), device)  # (36,)
 
         # Stages of segments whose anchors depend on positions.
         self.constant_anchors = table.constant_anchors
@@ -122,11 +132,111 @@ class _ForestPlan:
             self.final = staging.final_index(device)
 
 
+class _JumpPlan:
+    """Pointer jumping in two passes over ``N + 1`` slots (slot ``N``, the
+    identity, is its own ancestor). Depth is cut into blocks of ``JUMP_BLOCK``
+    levels; (1) within blocks, round ``k`` composes every frame with the one
+    ``2**k`` levels up (stopping at the block's head): the product from the
+    head down to every atom; (2) the same over the block heads, each composed
+    with its parent's block product: the prefix above every block; then one
+    composition per atom. ``log2(depth) + 1`` rounds of one gather and one
+    composition each, O(N log JUMP_BLOCK) work."""
+
+    def __init__(self, table: ConstructionTable, device: torch.device) -> None:
+        n, depth, parent = table.n_atoms, table.dfs_depth, table.dfs_parent
+        block = JUMP_BLOCK
+        anc = np.append(np.where((parent >= 0) & (depth % block != 0), parent, n), n)
+        self.inside = []
+        for _ in range(math.ceil(math.log2(min(block, table.max_depth + 1)))):
+            self.inside.append(index_tensor(anc, device))
+            anc = anc[anc]
+        self.blocked = table.max_depth >= block
+        if not self.blocked:
+            return
+        head = _ancestor(parent, depth % block)  # block head (dfs position) of every atom
+        heads = np.nonzero(depth % block == 0)[0]
+        h_parent = parent[heads]  # -1 for segment roots
+        self.head_source = index_tensor(np.append(np.where(h_parent >= 0, h_parent, n), n), device)
+        up = np.where(h_parent >= 0, np.searchsorted(heads, head[np.maximum(h_parent, 0)]), len(heads))
+        anc = np.append(up, len(heads))
+        self.over = []
+        for _ in range(math.ceil(math.log2(table.max_depth // block + 1))):
+            self.over.append(index_tensor(anc, device))
+            anc = anc[anc]
+        self.head_of = index_tensor(np.searchsorted(heads, head), device)
+
+
+class _BlockPlan:
+    """Blocked scan (see :func:`compose_paths`): depth is cut into blocks of
+    ``block`` levels; within a block, frames are composed level by level
+    over the whole forest at once, across blocks by pointer jumping."""
+
+    def __init__(self, table: ConstructionTable, device: torch.device) -> None:
+        n = table.n_atoms
+        depth = table.dfs_depth
+        block = _block_size(table.max_depth)
+        level = depth % block
+        head = _ancestor(table.dfs_parent, level)  # block root (dfs position) of every atom
+        # dfs positions grouped by level within blocks (dfs order inside a level)
+        flat = np.argsort(level, kind="stable")
+        counts = np.bincount(level)
+        starts = np.cumsum(counts) - counts
+        inv = np.empty(n, np.int64)
+        inv[flat] = np.arange(n)
+        self.steps = [(int(counts[0]), None)]
+        for k in range(1, len(counts)):  # a level's parents are the previous level's atoms
+            parent = table.dfs_parent[flat[starts[k] : starts[k] + counts[k]]]
+            self.steps.append((int(counts[k]), index_tensor(inv[parent] - starts[k - 1], device)))
+        self.step_order = index_tensor(flat, device)
+        self.step_inverse = index_tensor(inv, device)
+        heads = flat[: counts[0]]  # block heads; inv[h] is the index of head h among them
+        self.blocked = table.max_depth >= block
+        if self.blocked:
+            head_parent = table.dfs_parent[heads]  # -1 for segment roots
+            self.head_source = index_tensor(np.where(head_parent >= 0, head_parent, n), device)
+            up = np.where(head_parent >= 0, inv[head[np.maximum(head_parent, 0)]], len(heads))
+            rounds = math.ceil(math.log2(table.max_depth // block + 1))
+            anc = np.append(up, len(heads))
+            self.jumps = []
+            for _ in range(rounds):
+                self.jumps.append(index_tensor(anc, device))
+                anc = anc[anc]
+            self.head_of = index_tensor(inv[head], device)
+
+
 def forest_plan(table: ConstructionTable, device: torch.device) -> _ForestPlan:
     return table.cached(_ForestPlan, device)
 
 
+def _small(m: int, b: int) -> bool:
+    """Whether a call on ``b`` structures of ``m - 1`` atoms takes the paths for small calls."""
+    return m * b <= (JUMP_FRAMES if b == 1 else JUMP_FRAMES_BATCHED)
+
+
+def prepare(table: ConstructionTable, device: torch.device | str, batch: int = 1) -> None:
+    """Build (and cache on ``table``) every plan a call on ``batch`` structures
+    on ``device`` will use, ahead of the call (the first call builds them
+    otherwise). Run it where its host time is hidden, e.g. in the loop that
+    prefetches the next batch."""
+    device = torch.device(device)
+    plan = forest_plan(table, device)
+    table_plan(plan, _JumpPlan if _small(table.n_atoms + 1, batch) else _BlockPlan, device)
+
+
 # ------------------------------------------------------------------ helpers
+def _ancestor(parent: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """The ``k[i]``-th ancestor of every node ``i`` (``k <= depth``), by binary
+    lifting: one vectorised step per bit of ``max(k)``."""
+    node = np.arange(len(parent))
+    up = np.where(parent >= 0, parent, node)  # 2**bit-th ancestor (roots stay)
+    bit = 0
+    while (k >> bit).any():
+        node = np.where((k >> bit) & 1, up[node], node)
+        up = up[up]
+        bit += 1
+    return node
+
+
 def _block_size(max_depth: int) -> int:
     # Levels composed one at a time inside a block; the rest is pointer
     # jumping over block heads. Each level step is a small kernel, each jump
@@ -135,19 +245,21 @@ def _block_size(max_depth: int) -> int:
 
 
 def _take(f: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``f.index_select(2, index)`` for component-major frames ``(3, 4, M, ...)``,
-    through a ``(12, M, rest)`` view: index_select is several times faster on
-    a 3-D tensor gathered along its middle axis than on the 4-D original."""
-    out = f.reshape(12, f.shape[2], -1).index_select(1, index)
-    return out.view(3, 4, index.shape[0], *f.shape[3:])
+    """``f.index_select(2, index)`` for component-major frames ``(3, 4, M, B)``,
+    through a ``(12, M, B)`` view (``(12, M)`` when ``B = 1``): index_select is
+    several times faster gathering along the last or middle axis of a 2-D or
+    3-D tensor than along the third axis of the 4-D original."""
+    m, b = f.shape[2], f.shape[3]
+    flat = f.reshape(12, m) if b == 1 else f.reshape(12, m, b)
+    return flat.index_select(1, index).view(3, 4, index.shape[0], b)
 
 
-def _jump(f: torch.Tensor, jumps: list) -> torch.Tensor:
+def _jump(f: torch.Tensor, jumps: list, e4: torch.Tensor) -> torch.Tensor:
     """Inclusive prefix products along ancestor pointers (pointer jumping);
     ``f`` is component-major ``(3, 4, M, ...)``."""
     f = torch.cat([f, _identity_components(f)], 2)
     for anc in jumps:
-        f = compose_components(_take(f, anc), f)
+        f = compose_components(_take(f, anc), f, e4)
     return f[:, :, :-1]
 
 
@@ -157,38 +269,98 @@ def _identity_components(f: torch.Tensor) -> torch.Tensor:
     return eye.view(3, 4, *([1] * (f.ndim - 2))).expand(3, 4, 1, *f.shape[3:])
 
 
-def compose_paths(c_dfs: torch.Tensor, plan: _ForestPlan) -> torch.Tensor:
+def _flat(c: torch.Tensor) -> torch.Tensor:
+    """``(..., N, 3)`` -> ``(3 N, B)``, the batch dims flattened last."""
+    return c.reshape(-1, c.shape[-2] * 3).t()
+
+
+def _effective(flat: torch.Tensor, plan: _ForestPlan, index, keep) -> torch.Tensor:
+    """Rows ``(r, theta, phi_eff)`` ``(3, M, B)`` gathered from flat ``C``
+    (``keep``: the planned columns; the others 0; phi summed along offset chains)."""
+    g = flat.index_select(0, index).view(plan.k, -1, flat.shape[1])
+    g = torch.where(keep, g, plan.zero)
+    if plan.k > 3:
+        head, chain = g.split([2, plan.k - 2])
+        g = torch.cat([head, chain.sum(0, keepdim=True)])
+    return g
+
+
+def local_frames(flat: torch.Tensor, plan: _ForestPlan, small: bool = True) -> torch.Tensor:
+    """Local transforms ``(3, 4, N + 1, B)`` (component-major, dfs order, the
+    identity in slot ``N``) from flat internal coordinates ``(3 N, B)``.
+
+    ``small``: every entry as a product of three gathered factors
+    (``LOCAL_FACTORS``: few dispatched ops); else the entries one by one (a
+    third of the memory traffic, for calls bound by it)."""
+    r, angles = _effective(flat, plan, plan.gather, plan.keep).split([1, 2])
+    t = torch.cat([r, r, r, torch.cos(angles), torch.sin(angles)])  # rows 1, 2: constants 1, 0
+    t = torch.where(plan.trig_keep, t, plan.trig_const)
+    if small:
+        f0, f1, f2 = torch.cat([t, -t]).index_select(0, plan.factors).view(3, 12, *t.shape[1:]).unbind(0)
+        return (f0 * f1 * f2).view(3, 4, *t.shape[1:])
+    r, _, zero, ct, cp, st, sp = t.split(1)
+    cs = t[4::2]  # (cos p, sin p)
+    e1 = torch.cat([-ct, st * cs])
+    e2 = -torch.cat([st, ct * cs])
+    e3 = torch.cat([zero, -sp, cp])
+    return torch.stack([e1, e2, e3, r * e1], 1)
+
+
+def _local(flat: torch.Tensor, plan: _ForestPlan) -> torch.Tensor:
+    return local_frames(flat, plan, _small(plan.n + 1, flat.shape[1]))
+
+
+def compose_paths(local: torch.Tensor, plan: _ForestPlan) -> torch.Tensor:
     """Products of local transforms along root paths.
 
     Args:
-        c_dfs: ``(..., N, 3)`` effective internal coordinates in dfs order.
+        local: ``(3, 4, N + 1, B)`` local transforms from :func:`local_frames`.
 
     Returns:
-        ``(3, 4, N, ...)`` frames, component-major (atoms, then batch, last:
+        ``(3, 4, N, B)`` frames, component-major (atoms, then batch, last:
         gathers along the atom axis then copy contiguous rows), in dfs order.
 
-    Three passes, each of O(N) work: (1) within blocks of ``block`` levels,
-    the product from the block's head down to every atom, one level at a time
-    over the whole forest; (2) pointer jumping over the block heads
-    (``log2(depth / block)`` rounds on N / block frames); (3) one composition
-    per atom with its head's prefix.
+    Small calls (see ``JUMP_FRAMES``) jump pointers (:class:`_JumpPlan`):
+    ``log2(depth) + 1`` rounds of one gather and one composition. Larger
+    ones take the blocked scan, three passes of O(N) work each: (1) within
+    blocks of ``block`` levels, the product from the block's head down to
+    every atom, one level at a time over the whole forest; (2) pointer
+    jumping over the block heads (``log2(depth / block)`` rounds on N / block
+    frames); (3) one composition per atom with its head's prefix.
     """
-    local = local_transform(c_dfs.movedim(-2, 0).index_select(0, plan.step_order), layout="components")
+    n, e4 = plan.n, plan.e4
+    if _small(local.shape[2], local.shape[3]):
+        jump = table_plan(plan, _JumpPlan, local.device)
+        for anc in jump.inside:
+            local = compose_components(_take(local, anc), local, e4)
+        if not jump.blocked:
+            return local.narrow(2, 0, n)
+        prefix = _take(local, jump.head_source)
+        for anc in jump.over:
+            prefix = compose_components(_take(prefix, anc), prefix, e4)
+        return compose_components(_take(prefix, jump.head_of), local.narrow(2, 0, n), e4)
+    block = table_plan(plan, _BlockPlan, local.device)
+    local = _take(local, block.step_order)
     parts = []
     start = 0
-    for size, parent in plan.steps:
+    for size, parent in block.steps:
         step = local.narrow(2, start, size)
         start += size
         if parent is not None:
-            step = compose_components(_take(parts[-1], parent), step)
+            step = compose_components(_take(parts[-1], parent), step, e4)
         parts.append(step)
     inside = parts[0] if len(parts) == 1 else torch.cat(parts, 2)
-    inside = _take(inside, plan.step_inverse)
-    if not plan.blocked:
+    inside = _take(inside, block.step_inverse)
+    if not block.blocked:
         return inside
-    head_frames = _take(torch.cat([inside, _identity_components(inside)], 2), plan.head_source)
-    prefix = _jump(head_frames, plan.jumps)
-    return compose_components(_take(prefix, plan.head_of), inside)
+    head_frames = _take(torch.cat([inside, _identity_components(inside)], 2), block.head_source)
+    prefix = _jump(head_frames, block.jumps, e4)
+    return compose_components(_take(prefix, block.head_of), inside, e4)
+
+
+def table_plan(plan: _ForestPlan, build, device):
+    """A further per-device plan of ``plan``'s table (built once, cached)."""
+    return plan.table.cached(build, device)
 
 
 def _split(frames: torch.Tensor):
@@ -197,7 +369,7 @@ def _split(frames: torch.Tensor):
 
 
 # The backward and forward-mode rules work on component-major tensors, the
-# layout the forward produces: vectors (3, N, ...), rotations (3, 3, N, ...)
+# layout the forward produces: vectors (3, N, B), rotations (3, 3, N, B)
 # with rot[:, k] the k-th axis. The atom axis is dim 1 of a vector.
 
 
@@ -218,14 +390,19 @@ def _path_sum(v: torch.Tensor, plan: _ForestPlan) -> torch.Tensor:
 def _axes(rot: torch.Tensor, pos: torch.Tensor, plan: _ForestPlan):
     """Anchor origin and first axis of every atom (its parent's, or identity)."""
     origin = torch.zeros_like(pos[:, :1])
-    ex = axis(0, 3, pos).view(3, *([1] * (pos.ndim - 1))).expand_as(origin)
+    ex = axis_column(pos).expand_as(origin)
     xp = torch.cat([pos, origin], 1).index_select(1, plan.parent)
     up = torch.cat([rot[:, 0], ex], 1).index_select(1, plan.parent)
     return xp, up
 
 
+def axis_column(pos: torch.Tensor) -> torch.Tensor:
+    """``(1, 0, 0)`` shaped ``(3, 1, ...)`` like the vectors ``pos``."""
+    return torch.eye(3, 1, dtype=pos.dtype, device=pos.device).view(3, *([1] * (pos.ndim - 1)))
+
+
 def _vjp(rot, pos, g_rot, g_pos, plan: _ForestPlan) -> torch.Tensor:
-    """Gradient ``(..., N, 3)`` of the effective internal coordinates."""
+    """Gradient ``(3 N, B)`` of the flat internal coordinates."""
     if g_pos is None:
         g_pos = torch.zeros_like(pos)
     moment = torch.linalg.cross(pos, g_pos, dim=0)
@@ -235,29 +412,31 @@ def _vjp(rot, pos, g_rot, g_pos, plan: _ForestPlan) -> torch.Tensor:
     s2, s1 = sums[:3], sums[3:]
     xp, up = _axes(rot, pos, plan)
     torque = s1 - torch.linalg.cross(xp, s2, dim=0)
-    d_r = (rot[:, 0] * s2).sum(0)
-    d_theta = -(rot[:, 2] * torque).sum(0)
-    d_phi = (up * torque).sum(0)
-    return torch.stack([d_r, d_theta, d_phi], -1).movedim(0, -2)
+    d_eff = torch.stack([(rot[:, 0] * s2).sum(0), -(rot[:, 2] * torque).sum(0), (up * torque).sum(0)])
+    # the transpose of the gather in _effective: d phi_eff reaches every phi of the chain
+    d = torch.where(plan.grad_keep, d_eff.index_select(0, plan.grad_rows), plan.zero)
+    return d.new_zeros((3 * plan.n, d.shape[-1])).index_add(0, plan.grad_index, d.reshape(-1, d.shape[-1]))
 
 
 def _jvp(rot, pos, tangent: torch.Tensor, plan: _ForestPlan):
-    """Tangents of the (component-major) frames for a tangent ``(..., N, 3)``."""
+    """Tangents of the (component-major) frames for a flat tangent ``(3 N, B)``."""
     xp, up = _axes(rot, pos, plan)
-    d_r, d_theta, d_phi = tangent.movedim(-2, 0).unbind(-1)
+    d_r, d_theta, d_phi = _effective(tangent, plan, plan.grad_index, plan.grad_keep)
     v = d_r * rot[:, 0]  # translation of the subtree
     w = -d_theta * rot[:, 2] + d_phi * up  # rotation about x_p
     sums = _path_sum(torch.cat([v - torch.linalg.cross(w, xp, dim=0), w], 0), plan)
     a, w = sums[:3], sums[3:]
     d_pos = a + torch.linalg.cross(w, pos, dim=0)
     d_rot = torch.linalg.cross(w.unsqueeze(1).expand_as(rot), rot, dim=0)
-    return d_rot, d_pos
+    # the forward's outputs are two views of one tensor: so must the tangents be
+    return _split(torch.cat([d_rot, d_pos.unsqueeze(1)], 1))
 
 
 class _RigidForestFunction(torch.autograd.Function):
-    """``(..., N, 3)`` effective internal coordinates in dfs order -> frames
-    relative to their segment anchors, component-major: rotations
-    ``(3, 3, N, ...)`` and positions ``(3, N, ...)``.
+    """Flat internal coordinates ``(3 N, B)`` (``C`` as given, see :func:`_flat`)
+    -> frames relative to their segment anchors, component-major, dfs order:
+    rotations ``(3, 3, N, B)`` and positions ``(3, N, B)``. Missing
+    references and offset rows are resolved inside (see :class:`_ForestPlan`).
 
     Reverse mode only: this is the variant ``torch.compile`` traces (Dynamo
     does not trace Functions that define ``jvp``)."""
@@ -265,8 +444,8 @@ class _RigidForestFunction(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(c_dfs: torch.Tensor, plan: _ForestPlan):
-        return _split(compose_paths(c_dfs, plan))
+    def forward(flat: torch.Tensor, plan: _ForestPlan):
+        return _split(compose_paths(_local(flat, plan), plan).contiguous())  # views of one dense tensor
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
@@ -326,12 +505,12 @@ def permute(x: torch.Tensor, dim: int, perm, inverse) -> torch.Tensor:
     return _Permute.apply(x, dim, perm, inverse)
 
 
-def _place(rot: torch.Tensor, pos: torch.Tensor, plan: _ForestPlan) -> torch.Tensor:
-    """World positions ``(..., N, 3)`` in atom order from relative frames."""
+def _place(rot: torch.Tensor, pos: torch.Tensor, plan: _ForestPlan, shape) -> torch.Tensor:
+    """World positions ``shape = (..., N, 3)`` in atom order from relative
+    frames ``(3, 3, N, B)``, ``(3, N, B)``."""
     if plan.constant_anchors:
         # permute while still component-major (a fast gather), then lay out as (..., N, 3)
-        pos = permute(pos, 1, plan.to_atoms, plan.to_dfs)
-        return pos.movedim((0, 1), (-1, -2)).contiguous()
+        return permute(pos, 1, plan.to_atoms, plan.to_dfs).permute(2, 1, 0).reshape(shape)
     frames_dfs = torch.cat([rot, pos.unsqueeze(1)], 1).movedim((0, 1, 2), (-2, -1, -3))
     origin = identity_frame((*frames_dfs.shape[:-3], 1), frames_dfs.dtype, frames_dfs.device)
     outputs: list[torch.Tensor] = []
@@ -344,20 +523,22 @@ def _place(rot: torch.Tensor, pos: torch.Tensor, plan: _ForestPlan) -> torch.Ten
         anchor = segment_anchor(kind, x[..., 2, :], x[..., 1, :], x[..., 0, :])
         outputs.append(compose(anchor.index_select(-3, local), rel))
     frames = outputs[0] if len(outputs) == 1 else torch.cat(outputs, -3)
-    return frames[..., 3].index_select(-2, plan.final)
+    return frames[..., 3].index_select(-2, plan.final).reshape(shape)
 
 
-def place_analytic(c_eff: torch.Tensor, table: ConstructionTable) -> torch.Tensor:
-    """Positions via :class:`RigidForest` (analytic backward)."""
-    plan = forest_plan(table, c_eff.device)
+def place_analytic(C: torch.Tensor, table: ConstructionTable) -> torch.Tensor:
+    """Positions ``(..., N, 3)`` from internal coordinates ``C`` as given
+    (missing references and offset rows are resolved by the plan) via
+    :class:`RigidForest` (analytic backward)."""
+    plan = forest_plan(table, C.device)
     function = _RigidForestFunction if torch.compiler.is_compiling() else RigidForest
-    rot, pos = function.apply(permute(c_eff, -2, plan.to_dfs, plan.to_atoms), plan)
-    return _place(rot, pos, plan)
+    rot, pos = function.apply(_flat(C), plan)
+    return _place(rot, pos, plan, C.shape)
 
 
-def place_prefix(c_eff: torch.Tensor, table: ConstructionTable) -> torch.Tensor:
+def place_prefix(C: torch.Tensor, table: ConstructionTable) -> torch.Tensor:
     """Same forward as :func:`place_analytic`, differentiated by plain autograd
     (the pure-autograd twin: O(N log N) saved intermediates)."""
-    plan = forest_plan(table, c_eff.device)
-    rot, pos = _split(compose_paths(c_eff.index_select(-2, plan.dfs_order), plan))
-    return _place(rot, pos, plan)
+    plan = forest_plan(table, C.device)
+    rot, pos = _split(compose_paths(_local(_flat(C), plan), plan))
+    return _place(rot, pos, plan, C.shape)

@@ -100,23 +100,45 @@ def local_transform(c: torch.Tensor, layout: str = "frames") -> torch.Tensor:
     return torch.stack([torch.stack(row, -1) for row in rows], -2)
 
 
+# The same transform as products of three factors (for the analytic method,
+# which builds all local transforms with one gather): entry ``k`` of the
+# row-major 3x4 ``L`` is ``A[p0] * A[p1] * A[p2]`` with ``(p0, p1, p2) =
+# LOCAL_FACTORS[k]``, over the rows ``A = (T, -T)`` of
+# ``T = (r, 1, 0, cos t, cos p, sin t, sin p)`` (``-T`` at ``7 + row``).
+_R, _ONE, _ZERO, _CT, _CP, _ST, _SP, _NEG = 0, 1, 2, 3, 4, 5, 6, 7
+LOCAL_FACTORS = (
+    (_NEG + _CT, _ONE, _ONE), (_NEG + _ST, _ONE, _ONE), (_ZERO, _ONE, _ONE), (_R, _NEG + _CT, _ONE),
+    (_ST, _CP, _ONE), (_NEG + _CT, _CP, _ONE), (_NEG + _SP, _ONE, _ONE), (_R, _ST, _CP),
+    (_ST, _SP, _ONE), (_NEG + _CT, _SP, _ONE), (_CP, _ONE, _ONE), (_R, _ST, _SP),
+)  # fmt: skip
+
+
 def compose(f1: torch.Tensor, f2: torch.Tensor) -> torch.Tensor:
     """``f1 . f2`` for packed frames ``(..., 3, 4)``."""
     out = torch.matmul(f1[..., :3], f2)
     return out + f1 * _last_column(f1)
 
 
-def compose_components(f1: torch.Tensor, f2: torch.Tensor) -> torch.Tensor:
+def compose_components(f1: torch.Tensor, f2: torch.Tensor, e4: torch.Tensor | None = None) -> torch.Tensor:
     """``f1 . f2`` for frames stored component-major, ``(3, 4, ...)``.
 
     Same product as :func:`compose`; on large batches of frames a few
     elementwise kernels over long contiguous rows beat a batched 3x3 matmul.
+    ``e4``: the unit vector ``(0, 0, 0, 1)`` shaped ``(1, 4, 1, ...)`` (any
+    dtype that multiplies with ``f1``); callers composing many times build
+    it once (:func:`last_column`).
     """
-    out = f1[:, 0:1] * f2[0:1]
-    out = torch.addcmul(out, f1[:, 1:2], f2[1:2])
-    out = torch.addcmul(out, f1[:, 2:3], f2[2:3])
+    c0, c1, c2, c3 = f1.split(1, 1)  # columns of f1, (3, 1, ...)
+    r0, r1, r2 = f2.split(1, 0)  # rows of f2, (1, 4, ...)
+    out = torch.addcmul(torch.addcmul(c0 * r0, c1, r1), c2, r2)
     # the implicit homogeneous row (0, 0, 0, 1) of f2 adds f1's translation
-    return torch.addcmul(out, f1[:, 3:4], _last_column(f1).view(1, 4, *([1] * (f1.ndim - 2))))
+    return torch.addcmul(out, c3, last_column(f1) if e4 is None else e4)
+
+
+def last_column(f: torch.Tensor) -> torch.Tensor:
+    """``(0, 0, 0, 1)`` shaped ``(1, 4, 1, ...)`` to broadcast against
+    component-major frames like ``f``."""
+    return axis(3, 4, f).view(1, 4, *([1] * (f.ndim - 2)))
 
 
 def axis(k: int, n: int, like: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ._geometry import compose, identity_frame, local_transform, segment_anchor
+from ._geometry import compose, effective_internal, identity_frame, local_transform, segment_anchor
 from ._stages import Staging
 from .table import ConstructionTable, index_tensor
 
@@ -48,8 +48,9 @@ def _build_level_plan(table: ConstructionTable, device: torch.device) -> dict:
     }
 
 
-def place_levels(c_eff: torch.Tensor, table: ConstructionTable) -> torch.Tensor:
-    """Positions ``(..., N, 3)`` from effective internal coordinates ``(..., N, 3)``."""
+def place_levels(C: torch.Tensor, table: ConstructionTable) -> torch.Tensor:
+    """Positions ``(..., N, 3)`` from internal coordinates ``(..., N, 3)``."""
+    c_eff = effective_internal(C, table)
     plan = _level_plan(table, c_eff.device)
     batch = c_eff.shape[:-2]
     origin = identity_frame((*batch, 1), c_eff.dtype, c_eff.device)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ._geometry import compose, identity_frame, local_transform, segment_anchor
+from ._geometry import compose, effective_internal, identity_frame, local_transform, segment_anchor
 from .table import ConstructionTable
 
 
@@ -23,8 +23,9 @@ def _build_lists(table: ConstructionTable, device: torch.device) -> tuple:
     return table.topo_order.tolist(), table.parent.tolist(), table.refs.tolist()
 
 
-def place_reference(c_eff: torch.Tensor, table: ConstructionTable) -> torch.Tensor:
-    """Positions ``(..., N, 3)`` from effective internal coordinates ``(..., N, 3)``."""
+def place_reference(C: torch.Tensor, table: ConstructionTable) -> torch.Tensor:
+    """Positions ``(..., N, 3)`` from internal coordinates ``(..., N, 3)``."""
+    c_eff = effective_internal(C, table)
     batch = c_eff.shape[:-2]
     origin = identity_frame(batch, c_eff.dtype, c_eff.device)
     kind = table.plan(c_eff.device).kind

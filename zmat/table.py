@@ -48,8 +48,8 @@ from typing import TypeVar
 
 import numpy as np
 import torch
-from scipy.sparse import coo_matrix
-from scipy.sparse.csgraph import connected_components
+from scipy.sparse import coo_matrix, csr_matrix
+from scipy.sparse.csgraph import connected_components, depth_first_order
 
 __all__ = ["ConstructionTable", "as_table"]
 
@@ -84,6 +84,64 @@ class ConstructionTable:
         self.refs = _validate(refs)
         self.n_atoms = int(self.refs.shape[0])
         self._classify()
+
+    @classmethod
+    def concatenate(cls, tables: Sequence) -> ConstructionTable:
+        """One forest table of several tables, the atoms of ``tables[k]`` after
+        those of ``tables[:k]`` (a batch of different molecules or fragments).
+
+        The fast path for batch builders: each piece is validated and planned
+        once (pass the same :class:`ConstructionTable` objects again and again,
+        e.g. one per molecule of a data set) and the batch's table is assembled
+        by offsetting the pieces' arrays, with no validation or planning of its
+        own: a disjoint union of valid, acyclic tables is valid and acyclic, and
+        every row keeps its classification. Raw arrays among ``tables`` are
+        validated first, as by ``ConstructionTable(refs)``.
+
+        Example:
+            >>> water = ConstructionTable([[-1, -1, -1], [0, -1, -1], [0, 1, -1]])
+            >>> ConstructionTable.concatenate([water, water]).refs[3:].tolist()
+            [[-1, -1, -1], [3, -1, -1], [3, 4, -1]]
+        """
+        if isinstance(tables, (ConstructionTable, np.ndarray, torch.Tensor)) or len(tables) == 0:
+            raise ValueError("concatenate needs a non-empty sequence of tables")
+        pieces = [as_table(t) for t in tables]
+        sizes = np.array([t.n_atoms for t in pieces], np.int64)
+        offset = np.repeat(np.cumsum(sizes) - sizes, sizes)  # of every atom (and dfs position)
+        n = int(sizes.sum())
+
+        def join(name: str) -> np.ndarray:  # references (>= 0) shifted by their piece's offset
+            a = np.concatenate([getattr(t, name) for t in pieces])
+            shift = offset if a.ndim == 1 else offset[:, None]
+            return np.where(a >= 0, a + shift, a)
+
+        out = cls.__new__(cls)
+        out.refs, out.n_atoms = join("refs"), n
+        out.kind = np.concatenate([t.kind for t in pieces])
+        out.parent, out.offset_of = join("parent"), join("offset_of")
+        width = max(t.offset_chain.shape[1] for t in pieces)
+        chain = np.full((n, width), n, np.int64)  # n = "zero" slot
+        for t, start in zip(pieces, np.cumsum(sizes) - sizes, strict=True):
+            c = t.offset_chain
+            chain[start : start + t.n_atoms, : c.shape[1]] = np.where(c < t.n_atoms, c + start, n)
+        out.offset_chain = chain
+        for name in ("dfs_order", "dfs_pos", "subtree_end", "dfs_parent", "dfs_segment"):
+            setattr(out, name, join(name))
+        out.dfs_depth = np.concatenate([t.dfs_depth for t in pieces])
+        out.max_depth = int(max(t.max_depth for t in pieces))
+        stages = max(len(t.stage_atoms) for t in pieces)
+        out.stage_atoms = [
+            np.concatenate(
+                [
+                    t.stage_atoms[s] + o
+                    for t, o in zip(pieces, np.cumsum(sizes) - sizes, strict=True)
+                    if s < len(t.stage_atoms)
+                ]
+            )
+            for s in range(stages)
+        ]
+        out.constant_anchors = all(t.constant_anchors for t in pieces)
+        return out
 
     # ------------------------------------------------------------------ info
     def __len__(self) -> int:
@@ -177,7 +235,7 @@ class ConstructionTable:
         # Forest of rigid parents: roots, depth, and a depth-first preorder in
         # which every subtree (hence every segment) is a contiguous range.
         root, depth = _roots_and_depths(parent)
-        dfs, end = _preorder(parent, root)
+        dfs, end = _preorder(parent)
         pos = np.empty(n, np.int64)
         pos[dfs] = ar
         self.dfs_order, self.dfs_pos = dfs, pos
@@ -212,7 +270,10 @@ class ConstructionTable:
         key = (build, device)
         plan = plans.get(key)
         if plan is None:
-            plan = plans[key] = torch.compiler.disable(build)(self, torch.device(device))
+            # outside a compiled graph call it directly: torch.compiler.disable
+            # imports torch._dynamo (a second or more, once per process)
+            run = torch.compiler.disable(build) if torch.compiler.is_compiling() else build
+            plan = plans[key] = run(self, torch.device(device))
         return plan
 
     def plan(self, device: torch.device | str) -> _DevicePlan:
@@ -417,44 +478,24 @@ def _roots_and_depths(parent: np.ndarray):
         anc = nxt
 
 
-def _preorder(parent: np.ndarray, root: np.ndarray):
+def _preorder(parent: np.ndarray):
     """Depth-first preorder of a forest, children in index order; returns
     ``(order, end)`` with ``end[i]`` one past the last position of ``i``'s
-    subtree. Euler tour + list ranking by pointer jumping: no loop over depth."""
+    subtree. scipy's depth-first search from a virtual root above the roots
+    (O(N), in C), then the last descendant of every node by pointer jumping
+    along last children: no loop over atoms or depth in Python."""
     n = len(parent)
-    ar = np.arange(n)
-    # children sorted by (parent, index): first child and next sibling
-    kids = np.nonzero(parent >= 0)[0]
-    kids = kids[np.argsort(parent[kids], kind="stable")]
-    first_child = np.full(n, -1, np.int64)
-    next_sibling = np.full(n, -1, np.int64)
-    if len(kids):
-        is_first = np.r_[True, parent[kids][1:] != parent[kids][:-1]]
-        first_child[parent[kids][is_first]] = kids[is_first]
-        same = ~is_first[1:]
-        next_sibling[kids[:-1][same]] = kids[1:][same]
-    roots = np.nonzero(parent < 0)[0]
-    next_root = np.full(n, -1, np.int64)
-    next_root[roots[:-1]] = roots[1:]
-    # tour events: enter(v) = v, leave(v) = n + v; 2n = end of tour
-    succ = np.empty(2 * n + 1, np.int64)
-    succ[ar] = np.where(first_child >= 0, first_child, n + ar)
-    after = np.where(next_sibling >= 0, next_sibling, np.where(parent >= 0, n + np.maximum(parent, 0), 2 * n))
-    after = np.where((parent < 0) & (next_root >= 0), next_root, after)
-    succ[n + ar] = after
-    succ[2 * n] = 2 * n
-    # rank = number of "enter" events strictly after each event, by pointer jumping
-    weight = np.r_[np.ones(n, np.int64), np.zeros(n + 1, np.int64)]
-    rank = weight.copy()
-    nxt = succ.copy()
-    while (nxt != 2 * n).any():
-        rank = rank + np.where(nxt != 2 * n, rank[nxt], 0)
-        nxt = nxt[nxt]
-    enters_from = n - rank  # enters at or after this event, counted from the tour's start
-    order = np.empty(n, np.int64)
-    order[enters_from[ar]] = ar
-    end = n - rank[n + ar]
-    return order, end
+    src = np.where(parent >= 0, parent, n)  # n: the virtual root
+    kids = np.argsort(src, kind="stable")  # children grouped by parent, in index order
+    ptr = np.searchsorted(src[kids], np.arange(n + 2))
+    graph = csr_matrix((np.ones(n, np.int8), kids, ptr), shape=(n + 1, n + 1))
+    order = depth_first_order(graph, n, directed=True, return_predecessors=False)[1:].astype(np.int64)
+    pos = np.empty(n, np.int64)
+    pos[order] = np.arange(n)
+    last = np.where(ptr[1 : n + 1] > ptr[:n], kids[np.maximum(ptr[1 : n + 1] - 1, 0)], np.arange(n))
+    while not np.array_equal(nxt := last[last], last):
+        last = nxt
+    return order, pos[last] + 1
 
 
 def _group(label: np.ndarray) -> list[np.ndarray]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ._analytic import place_analytic, place_prefix
-from ._geometry import dihedral_from_bonds, effective_internal, safe_atan2, safe_norm
+from ._geometry import dihedral_from_bonds, safe_atan2, safe_norm
 from ._levels import place_levels
 from ._reference import place_reference
 from .table import ConstructionTable, as_table
@@ -89,7 +89,7 @@ def to_xyz(C: torch.Tensor, table, method: str = "auto") -> torch.Tensor:
         place = _PLACERS[method]
     except (KeyError, TypeError):
         raise ValueError(f"unknown method {method!r}; choose one of {METHODS} or 'auto'") from None
-    return place(effective_internal(C, table), table)
+    return place(C, table)  # each method resolves missing references its own way
 
 
 def to_internal(xyz: torch.Tensor, table) -> torch.Tensor:

@@ -1,0 +1,526 @@
+"""Where training is (issue 15): a fresh batch every step, batch-1 latency,
+a busy machine, and scaling.
+
+Sections (``python -m benchmarks.fresh --sections ...``; ``python -m
+benchmarks`` runs ``fresh`` and ``latency`` after its grid):
+
+* ``fresh``: one training step (coordinates -> loss gradient) on a batch never
+  seen before, by phase, beside the same step cached (second call on the same
+  batch): proteins (16 random sequences x 1,000 residues through
+  ``zmat.protein.ProteinBatch``) and molecules (256 different random
+  molecule-like trees of 45-65 atoms, ~30 heavy atoms with hydrogens, one
+  forest table). Phases: ``layout`` (``ProteinBatch(sequences)``; for
+  molecules, offsetting the per-molecule arrays into one), ``table``
+  (``ConstructionTable``: validation and planning; for molecules also the fast
+  path ``ConstructionTable.concatenate`` of per-molecule tables validated once
+  by the data set), ``plan`` (the per-device index plan,
+  ``zmat._analytic.prepare``), ``forward``, ``backward`` (first calls).
+* ``latency``: batch-1 forward and forward+backward (float32, CPU) and
+  dispatched aten ops per call (``ops fwd``/``ops bwd``, counted with
+  ``zmat.testing.DispatchAudit``) on a 12-atom chain, 1ubi, 1aki and 1igy;
+  ``--compile`` adds ``torch.compile`` beside eager; tmol's kinematics on the
+  same files when tmol is installed (the ``tmol`` extra).
+* ``busy``: cached steps alone and while a second process spins on one core,
+  at torch's default thread count and at one thread.
+* ``scaling``: seconds per atom of forward+backward, 1k-100k atoms at batch 1
+  and 1k atoms at batch 1-64.
+
+Times are medians of warm calls (fresh steps: medians over different batches).
+``--compare DIR`` runs the ``latency`` and ``scaling`` sections with the zmat
+package found in ``DIR`` too, alternating calls in one run, and prints the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data"
+AMINO = "ACDEFGHIKLMNPQRSTVWY"
+SECTIONS = ("fresh", "latency", "busy", "scaling")
+#: the sections ``python -m benchmarks --suite X`` runs after its grid
+SUITE_SECTIONS = {"quick": ("fresh", "latency"), "fresh": SECTIONS, "full": SECTIONS}
+
+
+def _now() -> float:
+    return time.perf_counter()
+
+
+def _median_time(fn, repeat: int = 5, seconds: float = 0.3) -> float:
+    """Median seconds of ``fn()`` over at least ``repeat`` calls and ``seconds``."""
+    times = []
+    end = _now() + seconds
+    while len(times) < repeat or (_now() < end and len(times) < 200):
+        t0 = _now()
+        fn()
+        times.append(_now() - t0)
+    return statistics.median(times)
+
+
+# -------------------------------------------------------------- fresh step
+def _step(forward, leaf):
+    """Forward, then the gradient of a random linear loss; returns (fwd s, bwd s)."""
+    import torch
+
+    t0 = _now()
+    out = forward()
+    t1 = _now()
+    g = torch.ones_like(out)
+    torch.autograd.grad(out, leaf, g)
+    return t1 - t0, _now() - t1
+
+
+def prepare(table, device) -> None:
+    """Build the per-device plans (``zmat._analytic.prepare``; zmat versions
+    without it build them in the first forward, which is then timed with it)."""
+    try:
+        from zmat._analytic import prepare as build
+    except ImportError:
+        return
+    build(table, device, 1)
+
+
+def protein_step(n_seq: int, length: int, seed: int) -> dict:
+    import torch
+
+    from zmat.protein import ProteinBatch
+
+    rng = np.random.default_rng(seed)
+    seqs = ["".join(rng.choice(list(AMINO), length)) for _ in range(n_seq)]
+    t = {}
+    t0 = _now()
+    batch = ProteinBatch(seqs)
+    t["layout"] = _now() - t0
+    t0 = _now()
+    table = batch.table
+    t["table"] = _now() - t0
+    torsions = torch.from_numpy(rng.uniform(-3, 3, (n_seq, batch.L_max, 7))).float().requires_grad_(True)
+    t0 = _now()
+    prepare(table, torsions.device)
+    t["plan"] = _now() - t0
+    t["forward"], t["backward"] = _step(lambda: batch.to_xyz(torsions), torsions)
+    cached = [_step(lambda: batch.to_xyz(torsions), torsions) for _ in range(5)]
+    t["cached forward"] = statistics.median(c[0] for c in cached)
+    t["cached backward"] = statistics.median(c[1] for c in cached)
+    return {"atoms": table.n_atoms, **t}
+
+
+def molecule_step(dataset: list, n_mol: int, seed: int, concatenate: bool) -> dict:
+    """``dataset``: list of ``(refs, ConstructionTable)`` per molecule."""
+    import torch
+
+    import zmat
+
+    rng = np.random.default_rng(seed)
+    pick = rng.choice(len(dataset), n_mol, replace=False)
+    t = {}
+    t0 = _now()
+    if concatenate:
+        t["layout"] = 0.0
+        table = zmat.ConstructionTable.concatenate([dataset[k][1] for k in pick])
+        t["table"] = _now() - t0
+    else:
+        refs = [dataset[k][0] for k in pick]
+        sizes = np.array([len(r) for r in refs])
+        shift = np.repeat(np.cumsum(sizes) - sizes, sizes)[:, None]
+        flat = np.concatenate(refs)
+        flat = np.where(flat >= 0, flat + shift, -1)
+        t["layout"] = _now() - t0
+        t0 = _now()
+        table = zmat.ConstructionTable(flat)
+        t["table"] = _now() - t0
+    C = torch.from_numpy(rng.uniform(0.5, 2.5, (table.n_atoms, 3))).float().requires_grad_(True)
+    t0 = _now()
+    prepare(table, C.device)
+    t["plan"] = _now() - t0
+    t["forward"], t["backward"] = _step(lambda: zmat.to_xyz(C, table), C)
+    cached = [_step(lambda: zmat.to_xyz(C, table), C) for _ in range(5)]
+    t["cached forward"] = statistics.median(c[0] for c in cached)
+    t["cached backward"] = statistics.median(c[1] for c in cached)
+    return {"atoms": table.n_atoms, **t}
+
+
+def molecule_dataset(n: int, seed: int = 0) -> list:
+    import zmat
+
+    from .cases import molecule_table
+
+    rng = np.random.default_rng(seed)
+    refs = [molecule_table(int(rng.integers(45, 66)), rng) for _ in range(n)]
+    return [(r, zmat.ConstructionTable(r)) for r in refs]
+
+
+PHASES = ("layout", "table", "plan", "forward", "backward")
+
+
+def _summarise(name: str, steps: list[dict]) -> dict:
+    rec = {"section": "fresh", "case": name, "atoms": steps[0]["atoms"], "batches": len(steps)}
+    for k in (*PHASES, "cached forward", "cached backward"):
+        rec[k] = statistics.median(s[k] for s in steps)
+    rec["fresh step"] = sum(rec[k] for k in PHASES)
+    rec["cached step"] = rec["cached forward"] + rec["cached backward"]
+    rec["fresh / cached"] = rec["fresh step"] / rec["cached step"]
+    return rec
+
+
+def run_fresh(quick: bool) -> list[dict]:
+    import torch
+
+    torch.manual_seed(0)
+    protein_step(2, 50, seed=99)  # the process's first calls (imports, allocator) outside the records
+    batches = 3 if quick else 5
+    out = [_summarise("proteins 16 x 1000 res", [protein_step(16, 1000, s) for s in range(batches)])]
+    if not quick:
+        out.append(_summarise("proteins 16 x 256 res", [protein_step(16, 256, s) for s in range(batches)]))
+        out.append(_summarise("proteins 64 x 128 res", [protein_step(64, 128, s) for s in range(batches)]))
+    data = molecule_dataset(1024)
+    molecule_step(data, 8, seed=99, concatenate=False)
+    import zmat
+
+    for concat in (False, True)[: 1 + hasattr(zmat.ConstructionTable, "concatenate")]:
+        how = "ConstructionTable.concatenate" if concat else "ConstructionTable(refs)"
+        steps = [molecule_step(data, 256, s, concat) for s in range(batches)]
+        out.append(_summarise(f"molecules 256 x ~55 atoms, {how}", steps))
+    return out
+
+
+# ----------------------------------------------------------------- latency
+def _chain(n: int):
+    return [[-1, -1, -1], [0, -1, -1], [1, 0, -1]] + [[i - 1, i - 2, i - 3] for i in range(3, n)]
+
+
+def latency_cases() -> list:
+    """``(name, table, C)``: batch-1 problems (float32)."""
+    import torch
+
+    import zmat
+    from zmat.protein import from_pdb
+
+    g = torch.Generator().manual_seed(0)
+    out = [("chain 12 atoms", zmat.ConstructionTable(_chain(12)), torch.rand(12, 3, generator=g) + 0.5)]
+    for name in ("1ubi", "1aki", "1igy"):
+        p = from_pdb(DATA / f"{name}.pdb")
+        out.append((f"{name} ({p.n_atoms} atoms)", p.table, p.internal.float()))
+    return out
+
+
+def count_ops(table, C) -> tuple[int, int]:
+    import torch
+
+    import zmat
+    from zmat.testing import DispatchAudit
+
+    C = C.detach().requires_grad_(True)
+    x = zmat.to_xyz(C, table)
+    torch.autograd.grad(x, C, torch.ones_like(x))
+    with DispatchAudit() as fwd:
+        x = zmat.to_xyz(C, table)
+    g = torch.ones_like(x)
+    with DispatchAudit() as bwd:
+        torch.autograd.grad(x, C, g)
+    return fwd.count, bwd.count
+
+
+def tmol_latency(name: str) -> dict:
+    """tmol's kinematics on ``tests/data/{name}.pdb`` (amino acids only: tmol
+    rejects the files' ligands), its kinematic tree built the way its own
+    ``_apply_torsion_deltas`` does (``FoldForest.reasonable_fold_forest``,
+    ``PoseStackKinematicsModule``, ``inverse_kin``). tmol adds hydrogens, so
+    its atom count is about twice zmat's (heavy atoms). Raises ImportError
+    without tmol (``pip install tmol``)."""
+    import biotite.structure as struc
+    import torch
+    from tmol.io._pose_stack_from_biotite import pose_stack_from_atom_array
+    from tmol.io._structure_io import atom_array_from_file
+    from tmol.kinematics import PoseStackKinematicsModule
+    from tmol.kinematics._fold_forest import FoldForest
+    from tmol.kinematics.compiled import inverse_kin
+
+    t0 = _now()
+    arr = atom_array_from_file(str(DATA / f"{name}.pdb"), None, model=1)
+    arr = arr[struc.filter_amino_acids(arr) & ~arr.hetero]
+    pose = pose_stack_from_atom_array(arr, torch.device("cpu"))
+    module = PoseStackKinematicsModule(pose, FoldForest.reasonable_fold_forest(pose))
+    forest = module.kmd.forest
+    xyz = torch.zeros((forest.id.shape[0], 3), dtype=torch.float32)
+    xyz[1:] = pose.coords.view(-1, 3)[forest.id[1:].to(torch.int64)]
+    dofs = inverse_kin(xyz, forest.parent, forest.frame_x, forest.frame_y, forest.frame_z, forest.doftype)
+    setup = _now() - t0
+    d = dofs.detach().clone().requires_grad_(True)
+    g = torch.ones_like(module(d))
+
+    def fwd():
+        with torch.no_grad():
+            module(d)
+
+    def fwd_bwd():
+        torch.autograd.grad(module(d), d, g)
+
+    fwd_bwd()
+    return {"tmol atoms": int(forest.id.shape[0] - 1), "tmol setup": setup, "tmol fwd": _median_time(fwd),
+            "tmol fwd+bwd": _median_time(fwd_bwd)}  # fmt: skip
+
+
+def run_latency(compile_: bool = False) -> list[dict]:
+    import torch
+
+    import zmat
+
+    out = []
+    for name, table, C0 in latency_cases():
+        C = C0.clone().requires_grad_(True)
+        g = torch.ones_like(C)
+        rec = {"section": "latency", "case": name, "atoms": table.n_atoms}
+        rec["ops fwd"], rec["ops bwd"] = count_ops(table, C0)
+        fns = {"eager": lambda c, table=table: zmat.to_xyz(c, table)}
+        if compile_:
+            zmat.to_xyz(C, table)  # plans built eagerly, outside the graph
+            fns["compiled"] = torch.compile(fns["eager"], dynamic=False)
+        for how, fn in fns.items():
+
+            def fwd(fn=fn, C=C):
+                with torch.no_grad():
+                    fn(C)
+
+            def fwd_bwd(fn=fn, C=C, g=g):
+                torch.autograd.grad(fn(C), C, g)
+
+            fwd_bwd()
+            fwd_bwd()
+            rec[f"{how} fwd"] = _median_time(fwd)
+            rec[f"{how} fwd+bwd"] = _median_time(fwd_bwd)
+        if not name.startswith("chain"):
+            try:
+                rec.update(tmol_latency(name.split()[0]))
+                rec["tmol / zmat fwd+bwd"] = rec["tmol fwd+bwd"] / rec["eager fwd+bwd"]
+            except ImportError:
+                rec["tmol"] = "not installed"
+        out.append(rec)
+    return out
+
+
+# -------------------------------------------------------------------- busy
+def _busy_cases() -> list:
+    import torch
+
+    from zmat.protein import ProteinBatch, from_pdb
+
+    p = from_pdb(DATA / "3wip.pdb")
+    rng = np.random.default_rng(1)
+    batch = ProteinBatch(["".join(rng.choice(list(AMINO), 256)) for _ in range(16)])
+    tors = torch.from_numpy(rng.uniform(-3, 3, (16, batch.L_max, 7))).float().requires_grad_(True)
+    c12 = latency_cases()[0]
+    return [
+        (c12[0], c12[1], c12[2].clone().requires_grad_(True), None),
+        ("3wip batch 1", p.table, p.internal.float().requires_grad_(True), None),
+        ("proteins 16 x 256 res", None, tors, batch),
+    ]
+
+
+def run_busy() -> list[dict]:
+    import torch
+
+    import zmat
+
+    cases = _busy_cases()
+    default = torch.get_num_threads()
+    out = []
+    for name, table, leaf, batch in cases:
+
+        def step(table=table, leaf=leaf, batch=batch):
+            x = batch.to_xyz(leaf) if batch is not None else zmat.to_xyz(leaf, table)
+            torch.autograd.grad(x, leaf, torch.ones_like(x))
+
+        rec = {"section": "busy", "case": name + " fwd+bwd", "default threads": default}
+        for threads in sorted({default, 1}, reverse=True):
+            torch.set_num_threads(threads)
+            step()
+            idle = _median_time(step)
+            spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            try:
+                time.sleep(0.2)
+                busy = _median_time(step, seconds=1.0)
+            finally:
+                spinner.kill()
+                spinner.wait()
+            rec[f"{threads} thr idle"] = idle
+            rec[f"{threads} thr busy"] = busy
+            rec[f"{threads} thr slowdown"] = busy / idle
+        torch.set_num_threads(default)
+        out.append(rec)
+    return out
+
+
+# ----------------------------------------------------------------- scaling
+def run_scaling(quick: bool) -> list[dict]:
+    import torch
+
+    import zmat
+
+    out = []
+    grid = [(1000, 1), (10000, 1), (100000, 1), (1000, 4), (1000, 16), (1000, 64)]
+    if quick:
+        grid = [(1000, 1), (10000, 1), (1000, 16)]
+    for n, b in grid:
+        table = zmat.ConstructionTable(_chain(n))
+        g = torch.Generator().manual_seed(0)
+        C = (torch.rand(b, n, 3, generator=g) + 0.5).requires_grad_(True)
+        grad = torch.ones_like(C)
+
+        def step(C=C, table=table, grad=grad):
+            torch.autograd.grad(zmat.to_xyz(C, table), C, grad)
+
+        step()
+        s = _median_time(step)
+        out.append({"section": "scaling", "case": f"chain {n} atoms x {b}", "atoms": n * b, "fwd+bwd": s,
+                    "per atom": s / (n * b)})  # fmt: skip
+    return out
+
+
+# ------------------------------------------------------------------ report
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        if v < 1e-3:
+            return f"{v * 1e6:.3g} us"
+        if v < 1:
+            return f"{v * 1e3:.3g} ms"
+        return f"{v:.3g}"
+    return str(v)
+
+
+def _ratio_keys(rec: dict) -> set:
+    return {k for k in rec if k.endswith(("slowdown", "/ cached", "ratio", "/ zmat fwd+bwd"))}
+
+
+def table(records: list[dict]) -> str:
+    """Plain-text tables, one per section."""
+    lines = []
+    for section in (*SECTIONS, "compare"):
+        recs = [r for r in records if r.get("section") == section]
+        if not recs:
+            continue
+        keys = [k for k in dict.fromkeys(k for r in recs for k in r) if k not in ("section",)]
+        cells = [
+            [_fmt(r.get(k, "")) if k not in _ratio_keys(r) else f"{r[k]:.2f}x" for k in keys] for r in recs
+        ]
+        w = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
+        lines += ["", f"{section}:", "  " + "  ".join(k.ljust(w[i]) for i, k in enumerate(keys))]
+        lines += ["  " + "  ".join(c.ljust(w[i]) for i, c in enumerate(row)) for row in cells]
+    return "\n".join(lines)
+
+
+def markdown(records: list[dict]) -> str:
+    out = []
+    for section in (*SECTIONS, "compare"):
+        recs = [r for r in records if r.get("section") == section]
+        if not recs:
+            continue
+        keys = [k for k in dict.fromkeys(k for r in recs for k in r) if k != "section"]
+        out += [f"\n**{section}**\n", "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+        for r in recs:
+            row = [_fmt(r.get(k, "")) if k not in _ratio_keys(r) else f"{r[k]:.2f}x" for k in keys]
+            out.append("| " + " | ".join(row) + " |")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------- running
+def run(sections, quick: bool, compile_: bool = False) -> list[dict]:
+    records = []
+    if "fresh" in sections:
+        records += run_fresh(quick)
+    if "latency" in sections:
+        records += run_latency(compile_)
+    if "busy" in sections:
+        records += run_busy()
+    if "scaling" in sections:
+        records += run_scaling(quick)
+    return records
+
+
+def run_child(sections, quick: bool, zmat_root: Path | None = None, compile_: bool = False) -> list[dict]:
+    """The sections in a fresh child process (the runner's allocator settings);
+    ``zmat_root``: import zmat from there instead."""
+    from .run import ALLOCATOR_ENV
+
+    env = {**os.environ, **ALLOCATOR_ENV, "PYTHONWARNINGS": "ignore"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    cmd = [sys.executable, "-m", "benchmarks.fresh", "--json", "-", "--sections", *sections]
+    cmd += ["--zmat-root", str(zmat_root)] if zmat_root else []
+    cmd += ["--quick"] if quick else []
+    cmd += ["--compile"] if compile_ else []
+    res = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, check=False)
+    if res.returncode:
+        raise RuntimeError(f"benchmarks.fresh failed:\n{res.stderr[-3000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+RATIO_KEYS = ("eager fwd", "eager fwd+bwd", "fwd+bwd", "fresh step", "cached step")
+
+
+def compare(old: Path, sections=("latency", "scaling"), rounds: int = 3) -> list[dict]:
+    """``sections`` with this zmat and the one in ``old``, alternating child
+    processes (a busy machine slows both alike); medians over ``rounds``, and
+    the ratios old / new of the times in ``RATIO_KEYS``."""
+    runs: dict = {"old": [], "new": []}
+    for _ in range(rounds):
+        for who, root in (("old", old), ("new", None)):
+            runs[who].append({r["case"]: r for r in run_child(sections, quick=False, zmat_root=root)})
+    out = []
+    for case, rec in runs["new"][0].items():
+        if case not in runs["old"][0]:
+            continue
+        row = {"section": "compare", "case": case}
+        for key, value in rec.items():
+            if key.startswith(("ops", "atoms")) or not isinstance(value, float):
+                if key.startswith("ops"):
+                    row[f"{key} old"], row[f"{key} new"] = runs["old"][0][case].get(key), value
+                continue
+            if key not in runs["old"][0][case]:
+                continue
+            o = statistics.median(r[case][key] for r in runs["old"])
+            n = statistics.median(r[case][key] for r in runs["new"])
+            row[f"{key} old"], row[f"{key} new"] = o, n
+            if key in RATIO_KEYS:
+                row[f"{key} ratio"] = o / n
+        out.append(row)
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.fresh", description=__doc__.split("\n\n")[0])
+    p.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS))
+    p.add_argument("--quick", action="store_true", help="fewer batches and sizes")
+    p.add_argument("--compile", action="store_true", help="add torch.compile'd latency columns (slow)")
+    p.add_argument("--compare", type=Path, metavar="DIR", help="zmat package root to compare against")
+    p.add_argument("--json", help="write the records here ('-': stdout, last line)")
+    p.add_argument("--zmat-root", type=Path, help=argparse.SUPPRESS)  # import zmat from there
+    a = p.parse_args(argv)
+    if a.zmat_root:
+        sys.path.insert(0, str(a.zmat_root))
+        import zmat
+
+        assert Path(zmat.__file__).resolve().is_relative_to(a.zmat_root.resolve()), zmat.__file__
+    if a.compare:
+        records = compare(a.compare, a.sections if a.sections != list(SECTIONS) else ("latency", "scaling"))
+    else:
+        records = run(a.sections, a.quick, a.compile)
+    if a.json == "-":
+        print(json.dumps(records))
+        return 0
+    print(table(records))
+    if a.json:
+        Path(a.json).write_text(json.dumps(records, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
