@@ -517,8 +517,25 @@ def test_exclusion_helper_errors():
         exclusions_from_table(np.zeros((4, 2), int))
     with pytest.raises(ValueError, match="skin"):
         candidate_pairs(torch.zeros(3, 3), torch.ones(3), skin=-1.0)
-    with pytest.raises(ValueError, match="finite"):
-        clash_loss(torch.full((3, 3), float("nan")), torch.ones(3), method="neighbors")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_nan_policy_propagates_per_structure(kind, bad):
+    # One NaN policy with to_xyz: a non-finite atom makes its structure's loss
+    # NaN (no error, no sync), on every path; other structures are unaffected.
+    xyz, radii = cloud(60, seed=21, density=0.05, batch=(3,))
+    xyz[1, 7, 2] = bad
+    want = [brute(xyz[b], radii, kind) for b in (0, 2)]
+    pairs = candidate_pairs(xyz, radii, kind=kind)
+    assert not (pairs == 60 + 7).any()  # the bad atom is left out of the search
+    for extra in (dict(method="all_pairs"), dict(method="neighbors"), dict(pairs=pairs)):
+        got = clash_loss(xyz, radii, kind=kind, **extra)
+        assert torch.isnan(got[1]), extra
+        torch.testing.assert_close(got[[0, 2]].tolist(), want, rtol=1e-10, atol=1e-10)
+    masked = torch.ones(3, 60, dtype=torch.bool)
+    masked[1, 7] = False  # a masked atom may hold anything
+    assert torch.isfinite(clash_loss(xyz, radii, kind=kind, mask=masked, method="neighbors")).all()
 
 
 # ----------------------------------------------------------------------------
