@@ -185,6 +185,78 @@ def test_spread_out_points_beyond_int64_grid():
 
 
 # ----------------------------------------------------------------------------
+# bounded memory: chunked search and chunked, recomputed evaluation
+
+TINY_BUDGET = 200 * 64  # 64 candidate rows per chunk: many chunks
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_chunked_evaluation_matches_all_pairs(kind):
+    xyz, radii = cloud(120, seed=22, density=0.08, batch=(2,))
+    xyz.requires_grad_(True)
+    exclude = random_pairs(120, 150, seed=23)
+    mask = torch.rand(2, 120, generator=torch.Generator().manual_seed(24)) > 0.1
+    kw = dict(kind=kind, exclude=exclude, mask=mask)
+    want = clash_loss(xyz, radii, method="all_pairs", **kw)
+    got = clash_loss(xyz, radii, method="neighbors", memory_budget=TINY_BUDGET, **kw)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    (g_want,) = torch.autograd.grad(want.sum(), xyz)
+    (g_got,) = torch.autograd.grad(got.sum(), xyz)
+    torch.testing.assert_close(g_got, g_want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", SMOOTH)
+def test_chunked_evaluation_gradcheck_and_gradgradcheck(kind):
+    xyz, radii = cloud(10, density=0.2, seed=25, batch=(2,))
+    xyz.requires_grad_(True)
+    radii.requires_grad_(True)
+
+    def f(x, r):
+        return clash_loss(x, r, kind=kind, method="neighbors", memory_budget=200 * 8, exclude=[[0, 1]])
+
+    assert f(xyz, radii).min() > 0
+    assert torch.autograd.gradcheck(f, (xyz, radii))
+    assert torch.autograd.gradgradcheck(f, (xyz, radii))
+
+
+def test_chunked_search_gives_the_same_pairs():
+    xyz, radii = cloud(400, seed=26, density=0.05, batch=(2,))
+    exclude = random_pairs(400, 300, seed=27)
+    whole = candidate_pairs(xyz, radii, exclude=exclude, skin=0.5)
+    chunked = candidate_pairs(xyz, radii, exclude=exclude, skin=0.5, memory_budget=TINY_BUDGET)
+    assert len(whole) > 100
+    assert sorted(map(tuple, whole.tolist())) == sorted(map(tuple, chunked.tolist()))
+
+
+def test_cell_list_chunks_cover_every_row_once():
+    from zmat._neighbors import build_cell_list
+
+    xyz, _ = cloud(300, seed=28, density=0.1)
+    cells = build_cell_list(xyz, torch.zeros(300, dtype=torch.long), 3.0)
+    total = int(cells.count.sum())
+    for max_rows in (1, 7, 100, total, 10 * total):
+        chunks = cells.chunks(max_rows)
+        assert chunks[0][0] == 0 and chunks[-1][1] == cells.count.numel()
+        assert all(a[1] == b[0] for a, b in zip(chunks, chunks[1:]))  # contiguous
+        assert sum(r for _, _, r in chunks) == total
+        largest = int(cells.count.max())
+        assert all(r <= max(max_rows, 1) + largest for _, _, r in chunks)
+        assert [int(cells.count[lo:hi].sum()) for lo, hi, _ in chunks] == [r for _, _, r in chunks]
+
+
+def test_collapsed_structure_is_exact_in_chunks():
+    # 600 atoms within 0.5 A: every pair clashes; 180,000 pairs in ~60 chunks.
+    g = torch.Generator().manual_seed(29)
+    xyz = (torch.rand(600, 3, generator=g, dtype=torch.float64) * 0.5).requires_grad_(True)
+    radii = torch.full((600,), 1.7, dtype=torch.float64)
+    loss = clash_loss(xyz, radii, method="neighbors", memory_budget=200 * 3000)
+    torch.testing.assert_close(loss.item(), brute(xyz.detach(), radii, "flat_bottom"), rtol=1e-10, atol=0)
+    (g_chunked,) = torch.autograd.grad(loss, xyz)
+    (g_all,) = torch.autograd.grad(clash_loss(xyz, radii, method="all_pairs"), xyz)
+    torch.testing.assert_close(g_chunked, g_all, rtol=1e-10, atol=1e-10)
+
+
+# ----------------------------------------------------------------------------
 # gradients
 
 
@@ -498,6 +570,7 @@ def test_radii():
         (dict(exclude=torch.zeros(3, 2)), TypeError, "integers"),
         (dict(exclude=np.zeros((5, 3), int)), ValueError, "table has 5 rows"),
         (dict(pairs=torch.zeros(3)), ValueError, r"\(P, 2\)"),
+        (dict(method="neighbors", memory_budget=0), ValueError, "memory_budget must be > 0"),
     ],
 )
 def test_errors(kwargs, error, match):

@@ -545,9 +545,8 @@ def _neighbor_sum(xyz_f, radii_f, mask_f, excl, n_batch, n, pen: _Penalty, memor
 
     def rows():  # candidate rows chunk by chunk; no compaction, hence no sync
         for lo, hi, n_rows in chunks:
-            with torch.no_grad():
-                i, j, keep = cells.rows(lo, hi, n_rows)
-                yield i, j, keep & ~is_excluded(i, j, n, excl)
+            i, j, keep = cells.rows(lo, hi, n_rows)  # integer and bool tensors: no graph
+            yield i, j, keep & ~is_excluded(i, j, n, excl)
 
     return _ChunkedPairSum.apply(xyz_f, radii_f, rows, n_batch, n, pen)
 
