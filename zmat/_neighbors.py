@@ -182,8 +182,9 @@ def cell_list_pairs(
     out_i, out_j = [], []
     for lo, hi, n_rows in cells.chunks(max_rows):
         i, j, keep = cells.rows(lo, hi, n_rows)
-        out_i.append(i[keep])
-        out_j.append(j[keep])
+        sel = keep.nonzero().squeeze(1)  # sync: the number of pairs
+        out_i.append(i.index_select(0, sel))
+        out_j.append(j.index_select(0, sel))
     if not out_i:
         empty = torch.zeros(0, dtype=torch.long, device=pos.device)
         return empty, empty.clone()

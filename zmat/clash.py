@@ -528,8 +528,9 @@ def _pair_list(cells: CellList, chunks, xyz_f, radii_f, excl, n, tolerance, reac
     for lo, hi, n_rows in chunks:
         i, j, keep = cells.rows(lo, hi, n_rows)
         keep = _near(xyz_f, radii_f, i, j, keep, excl, n, tolerance, reach)
-        out_i.append(i[keep])  # sync: the number of pairs
-        out_j.append(j[keep])
+        sel = keep.nonzero().squeeze(1)  # the one sync of a chunk: the number of pairs
+        out_i.append(i.index_select(0, sel))
+        out_j.append(j.index_select(0, sel))
     return torch.cat(out_i), torch.cat(out_j)
 
 
