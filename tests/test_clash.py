@@ -237,7 +237,7 @@ def test_cell_list_chunks_cover_every_row_once():
     for max_rows in (1, 7, 100, total, 10 * total):
         chunks = cells.chunks(max_rows)
         assert chunks[0][0] == 0 and chunks[-1][1] == cells.count.numel()
-        assert all(a[1] == b[0] for a, b in zip(chunks, chunks[1:]))  # contiguous
+        assert all(a[1] == b[0] for a, b in zip(chunks, chunks[1:], strict=False))  # contiguous
         assert sum(r for _, _, r in chunks) == total
         largest = int(cells.count.max())
         assert all(r <= max(max_rows, 1) + largest for _, _, r in chunks)

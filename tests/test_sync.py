@@ -147,7 +147,8 @@ def test_chunked_search_syncs_once_per_chunk():
 
 
 def test_protein_builders_make_no_sync():
-    t = (0.3 * torch.randn(5, 7, generator=torch.Generator().manual_seed(1), dtype=torch.float64)).requires_grad_()
+    g = torch.Generator().manual_seed(1)
+    t = (0.3 * torch.randn(5, 7, generator=g, dtype=torch.float64)).requires_grad_()
     syncs = audit_fwd_bwd_double(lambda x: zmat.protein.to_xyz_from_torsions(x, "MKVWC"), t)
     assert syncs == {"forward": [], "backward": [], "double backward": []}
     batch = zmat.protein.ProteinBatch(["MKV", "ACDEFG"])
