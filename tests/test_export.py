@@ -121,3 +121,31 @@ def test_exported_program_has_no_host_sync():
     program = torch.export.export(model, (c,))
     ops = {n.target.__name__ for n in program.graph.nodes if n.op == "call_function"}
     assert ops and not ops & {"_local_scalar_dense.default", "nonzero.default", "item.default"}
+
+
+# ----------------------------------------------------------------------------
+# the one GPU check (benchmarks/gpu.py) never rots
+
+
+def test_gpu_check_without_cuda_exits_cleanly(tmp_path, monkeypatch, capsys):
+    import benchmarks.gpu as gpu
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert gpu.main(["--out", str(tmp_path)]) == 0
+    assert "no CUDA device" in capsys.readouterr().out
+    assert not list(tmp_path.iterdir())  # nothing measured, nothing written
+
+
+def test_gpu_grid_dry_run_on_cpu(tmp_path):
+    import json
+
+    import benchmarks.gpu as gpu
+
+    assert gpu.main(["--device", "cpu", "--tiny", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "gpu.json").read_text())["results"]
+    cases = {r["case"] for r in rows}
+    assert {"chain", "protein", "clash neighbors", "clash pairs=", "clash collapsed", "step eager"} <= cases
+    by_case = {r["case"]: r for r in rows}
+    assert by_case["clash pairs="]["syncs"] == 0 and by_case["step eager"]["syncs"] == 0
+    assert by_case["clash neighbors"]["syncs"] == 2  # the inherent ones: sizing, compaction
+    assert "| case |" in (tmp_path / "gpu.md").read_text()
