@@ -235,9 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        print(
-            "benchmarks.gpu: no CUDA device on this machine; nothing to check (use --device cpu for a dry run)"
-        )
+        print("benchmarks.gpu: no CUDA device on this machine; nothing to check (--device cpu: a dry run)")
         return 0
     meta = dict(
         torch=torch.__version__, python=platform.python_version(), device=str(device), dtype=args.dtype
