@@ -149,3 +149,47 @@ def test_gpu_grid_dry_run_on_cpu(tmp_path):
     assert by_case["clash pairs="]["syncs"] == 0 and by_case["step eager"]["syncs"] == 0
     assert by_case["clash neighbors"]["syncs"] == 2  # the inherent ones: sizing, compaction
     assert "| case |" in (tmp_path / "gpu.md").read_text()
+
+
+class RestraintEnergy(torch.nn.Module):
+    """An OpenMM-Torch-style energy: positions (N, 3) in nm -> energy; forces by autograd."""
+
+    def __init__(self, table, xyz, radii, pairs):
+        super().__init__()
+        self.table = table
+        self.register_buffer("radii", radii)
+        self.register_buffer("pairs", pairs)
+        self.register_buffer("phi0", zmat.to_internal(xyz, table)[:, 2])
+
+    def forward(self, positions):
+        xyz = 10.0 * positions  # nm -> Angstrom
+        phi = zmat.to_internal(xyz, self.table)[:, 2]
+        return (
+            clash_loss(xyz, self.radii, pairs=self.pairs, kind="softplus")
+            + (1 - torch.cos(phi - self.phi0)).sum()
+        )
+
+
+def test_torchscript_energy_gives_the_same_forces():
+    # TorchScript is what OpenMM-Torch's TorchForce loads: a traced, saved and
+    # reloaded energy gives the eager energy and forces (-dE/dx by autograd).
+    table = zmat.ConstructionTable(CHAIN)
+    xyz = zmat.to_xyz(internal(batch=(), dtype=torch.float64), table)
+    radii = torch.full((N,), 1.7, dtype=torch.float64)
+    pairs = candidate_pairs(xyz, radii, skin=2.0, exclude=zmat.exclusions_from_table(table))
+    energy = RestraintEnergy(table, xyz, radii, pairs)
+    with pytest.warns(torch.jit.TracerWarning):  # the shape checks are constant in the trace
+        traced = torch.jit.trace(energy, (xyz / 10,))
+    buffer = io.BytesIO()
+    torch.jit.save(traced, buffer)
+    buffer.seek(0)
+    loaded = torch.jit.load(buffer)
+    g = torch.Generator().manual_seed(3)
+    pos = (xyz / 10 + 0.01 * torch.randn(xyz.shape, generator=g, dtype=torch.float64)).requires_grad_(True)
+    want = energy(pos)
+    (f_want,) = torch.autograd.grad(-want, pos)
+    got = loaded(pos)
+    (f_got,) = torch.autograd.grad(-got, pos)
+    assert want > 0 and f_want.abs().max() > 0
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(f_got, f_want, rtol=1e-12, atol=1e-12)
