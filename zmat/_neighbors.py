@@ -13,9 +13,9 @@ none: the grid, the cell size and the keys stay on the device as tensors.
 Expanding it into candidate rows needs their number on the host to size the
 output: :meth:`CellList.chunks` makes **one** sync when the rows fit in one
 chunk, **two** when they are split into several (the row count, then the
-chunk boundaries). Candidate rows (:meth:`CellList.rows`) come with a keep
-mask and cost no sync; compacting them into a pair list (``i[keep]``) costs
-one sync per chunk, because the number of pairs depends on the data.
+chunk boundaries). Candidate rows (:meth:`CellList.rows`) cost no sync;
+filtering them by distance into a pair list costs one sync per chunk (in
+:mod:`zmat.clash`), because the number of pairs depends on the data.
 
 Memory. Rows are expanded chunk by chunk, at most ``max_rows`` at a time
 (plus the rows of one point's cell, if a single cell holds more), so the
@@ -35,7 +35,8 @@ __all__ = ["CellList", "build_cell_list", "cell_list_pairs"]
 
 # The cell itself plus the 13 neighbour offsets that are lexicographically
 # positive: every unordered pair of distinct adjacent cells is visited once, so
-# no pair is reported twice and no i < j filter is needed across cells.
+# no pair is reported twice and no i < j filter is needed across cells. In its
+# own cell a point only visits the points after it in sorted order.
 # With offsets (d // 9 - 1, d // 3 % 3 - 1, d % 3 - 1), base-3 order is
 # lexicographic order, so these are d = 13 (the cell itself) ... 26.
 _SHELL = 14
@@ -51,7 +52,8 @@ class CellList:
     """Sorted cell list of M points: ``M * 14`` query slots (point, neighbour cell).
 
     Slot ``s`` asks for the points of cell ``s % 14`` (relative) of point
-    ``s // 14``; they are ``order[start[s] : start[s] + count[s]]``.
+    ``s // 14``; they are ``order[start[s] : start[s] + count[s]]`` (in the
+    point's own cell, only those after it in sorted order).
     ``cum`` is the inclusive running sum of ``count``.
     """
 
@@ -82,21 +84,19 @@ class CellList:
         bounds = [(0, 0)] + list(zip(*cuts, strict=True)) + [(self.cum.numel(), total)]
         return [(a, b, rb - ra) for (a, ra), (b, rb) in zip(bounds, bounds[1:], strict=False) if rb > ra]
 
-    def rows(self, lo: int, hi: int, n_rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Candidate rows of slots ``[lo, hi)``: ``(i, j, keep)``, each of shape (n_rows,).
+    def rows(self, lo: int, hi: int, n_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Candidate pairs ``(i, j)`` of slots ``[lo, hi)``, each of shape (n_rows,).
 
-        ``keep`` drops the duplicate and self pairs found within one cell
-        (both orders are found there); other rows may be farther apart than
-        the cutoff, which the caller filters. No sync: ``n_rows`` is given.
+        Each unordered pair of points of neighbouring cells appears once,
+        ``i != j``; some are farther apart than the cutoff, which the caller
+        filters. No sync: ``n_rows`` is given.
         """
         count = self.count[lo:hi]
         local = torch.repeat_interleave(torch.arange(hi - lo, device=count.device), count, output_size=n_rows)
         first = torch.cumsum(count, 0) - count
         offset = torch.arange(n_rows, device=count.device) - first[local]
         j = self.order[self.start[lo:hi][local] + offset]
-        slot = local + lo
-        i = torch.div(slot, _SHELL, rounding_mode="floor")
-        return i, j, (slot % _SHELL != 0) | (i < j)
+        return torch.div(local + lo, _SHELL, rounding_mode="floor"), j
 
 
 @torch.no_grad()
@@ -152,8 +152,12 @@ def build_cell_list(
     shifts = ((d // 9 - 1) * ny + (d // 3 % 3 - 1)) * nz + (d % 3 - 1)
     query = key[:, None] + shifts  # (M, 14) keys of the cells to visit
     start = torch.searchsorted(sorted_key, query)
-    count = torch.searchsorted(sorted_key, query, right=True) - start
-    count = torch.where(ok[:, None], count, 0).reshape(-1)
+    end = torch.searchsorted(sorted_key, query, right=True)
+    # Own cell (column 0): only the points after this one in sorted order, so
+    # each pair in a cell is found once (half the rows of a crowded cell).
+    rank = torch.empty_like(order).scatter_(0, order, torch.arange(len(order), device=device))
+    start = torch.cat([rank[:, None] + 1, start[:, 1:]], 1)
+    count = torch.where(ok[:, None], end - start, 0).reshape(-1)
     return CellList(order, start.reshape(-1), count, torch.cumsum(count, 0))
 
 
@@ -176,15 +180,14 @@ def cell_list_pairs(
         unordered pair appears once (``i != j``). The list is a superset: it
         also holds pairs from adjacent cells that are farther apart than
         ``cutoff``, which the caller filters. Syncs: see the module docstring
-        (sizing, then one per chunk).
+        (sizing only: no compaction here).
     """
     cells = build_cell_list(pos, group, cutoff, valid)
     out_i, out_j = [], []
     for lo, hi, n_rows in cells.chunks(max_rows):
-        i, j, keep = cells.rows(lo, hi, n_rows)
-        sel = keep.nonzero().squeeze(1)  # sync: the number of pairs
-        out_i.append(i.index_select(0, sel))
-        out_j.append(j.index_select(0, sel))
+        i, j = cells.rows(lo, hi, n_rows)
+        out_i.append(i)
+        out_j.append(j)
     if not out_i:
         empty = torch.zeros(0, dtype=torch.long, device=pos.device)
         return empty, empty.clone()

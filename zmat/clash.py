@@ -512,13 +512,12 @@ def _search(xyz_f, radii_f, mask_f, n: int, tolerance: float, reach: float) -> C
     return build_cell_list(x, group, cutoff, valid)
 
 
-def _near(xyz_f, radii_f, i, j, keep, excl, n: int, tolerance: float, reach: float):
-    """``keep`` and: within ``r_i + r_j - tolerance + reach`` of each other, not excluded."""
+def _near(xyz_f, radii_f, i, j, excl, n: int, tolerance: float, reach: float):
+    """Pairs within ``r_i + r_j - tolerance + reach`` of each other, not excluded."""
     x, r = xyz_f.detach(), radii_f.detach()
     d2 = ((x[i] - x[j]) ** 2).sum(-1)
     lim = (r[i] + r[j] - tolerance + reach).clamp(min=0) + _FILTER_SLACK
-    keep = keep & (d2 < lim * lim)
-    return keep & ~is_excluded(i, j, n, excl)
+    return (d2 < lim * lim) & ~is_excluded(i, j, n, excl)
 
 
 @torch.no_grad()
@@ -526,8 +525,8 @@ def _pair_list(cells: CellList, chunks, xyz_f, radii_f, excl, n, tolerance, reac
     """Compact (P,) lists ``i, j`` of the pairs within reach: one sync per chunk."""
     out_i, out_j = [xyz_f.new_zeros(0, dtype=torch.long)], [xyz_f.new_zeros(0, dtype=torch.long)]
     for lo, hi, n_rows in chunks:
-        i, j, keep = cells.rows(lo, hi, n_rows)
-        keep = _near(xyz_f, radii_f, i, j, keep, excl, n, tolerance, reach)
+        i, j = cells.rows(lo, hi, n_rows)
+        keep = _near(xyz_f, radii_f, i, j, excl, n, tolerance, reach)
         sel = keep.nonzero().squeeze(1)  # the one sync of a chunk: the number of pairs
         out_i.append(i.index_select(0, sel))
         out_j.append(j.index_select(0, sel))
@@ -546,8 +545,8 @@ def _neighbor_sum(xyz_f, radii_f, mask_f, excl, n_batch, n, pen: _Penalty, memor
 
     def rows():  # candidate rows chunk by chunk; no compaction, hence no sync
         for lo, hi, n_rows in chunks:
-            i, j, keep = cells.rows(lo, hi, n_rows)  # integer and bool tensors: no graph
-            yield i, j, keep & ~is_excluded(i, j, n, excl)
+            i, j = cells.rows(lo, hi, n_rows)  # integer tensors: no graph
+            yield i, j, None if excl is None else ~is_excluded(i, j, n, excl)
 
     return _ChunkedPairSum.apply(xyz_f, radii_f, rows, n_batch, n, pen)
 
