@@ -228,24 +228,6 @@ def test_chunked_search_gives_the_same_pairs():
     assert sorted(map(tuple, whole.tolist())) == sorted(map(tuple, chunked.tolist()))
 
 
-def test_cell_list_chunks_cover_every_row_once():
-    from zmat._neighbors import build_cell_list
-
-    xyz, _ = cloud(300, seed=28, density=0.1)
-    cells = build_cell_list(xyz, torch.zeros(300, dtype=torch.long), 3.0)
-    total = int(cells.count.sum())
-    for max_rows in (1, 7, 100, total, 10 * total):
-        chunks = cells.chunks(max_rows)
-        covered = torch.zeros(cells.count.numel(), dtype=torch.long)
-        for lo, hi, _ in chunks:
-            covered[lo:hi] += 1
-        assert covered.max() == 1 and (cells.count[covered == 0] == 0).all()  # once each
-        assert sum(r for _, _, r in chunks) == total
-        largest = int(cells.count.max())
-        assert all(r <= max(max_rows, 1) + largest for _, _, r in chunks)
-        assert [int(cells.count[lo:hi].sum()) for lo, hi, _ in chunks] == [r for _, _, r in chunks]
-
-
 def test_collapsed_structure_is_exact_in_chunks():
     # 300 atoms within 0.5 A: every pair clashes; 90,000 candidate rows in 30 chunks.
     g = torch.Generator().manual_seed(29)

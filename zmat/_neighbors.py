@@ -119,6 +119,9 @@ def build_cell_list(
         A :class:`CellList`.
     """
     device = pos.device
+    if pos.shape[0] < 2:  # no pair at all
+        empty = torch.zeros(0, dtype=torch.long, device=device)
+        return CellList(empty, empty, empty, empty)
     # Cell indices in float64 where the device has it (MPS does not): float32
     # rounding in floor((x - lo) / cell) grows with the span of the points.
     if device.type != "mps":
