@@ -193,3 +193,24 @@ def test_torchscript_energy_gives_the_same_forces():
     assert want > 0 and f_want.abs().max() > 0
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(f_got, f_want, rtol=1e-12, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------
+# one NaN policy: propagate (a check would cost a host sync every step)
+
+
+@pytest.mark.parametrize("method", zmat.METHODS)
+def test_nan_propagates_through_the_transforms(method):
+    table = zmat.ConstructionTable(CHAIN)
+    c = internal((3,), dtype=torch.float64)
+    c[1, 10, 2] = float("nan")
+    xyz = zmat.to_xyz(c, table, method=method)
+    finite = torch.isfinite(xyz).all(-1)
+    assert finite[[0, 2]].all()  # other structures are unaffected
+    assert finite[1, :10].all() and not finite[1, 10:].any()  # the atom and what is built from it
+    back = zmat.to_internal(xyz, table)
+    assert torch.isfinite(back[[0, 2]]).all()
+    assert torch.isnan(back[1, 10:]).any(-1).all()  # NaN positions give NaN, never a silent 0
+    assert torch.isfinite(back[1, :10]).all()
+    loss = clash_loss(xyz, torch.full((N,), 1.7, dtype=torch.float64), kind="softplus")
+    assert torch.isnan(loss[1]) and torch.isfinite(loss[[0, 2]]).all()
