@@ -176,11 +176,18 @@ def compiled_rows(n, b, device, dtype, repeats, modes):
     yield dict(case="step eager", size=size, **eager)
     for name, kwargs in modes:
         torch._dynamo.reset()
-        fn = torch.compile(loss, fullgraph=True, **kwargs)
+        compiled = torch.compile(loss, fullgraph=True, **kwargs)
+        graphs = kwargs.get("mode") == "reduce-overhead"
+
+        def fn(compiled=compiled, graphs=graphs):
+            if graphs:  # a new iteration: CUDA graphs may reuse the last outputs' memory
+                torch.compiler.cudagraph_mark_step_begin()
+            compiled(c).backward()
+
         t = time.perf_counter()
-        fn(c).backward()  # compilation
+        fn()  # compilation
         _sync(device)
-        row = measure(lambda fn=fn: fn(c).backward(), device, repeats, audit=False)
+        row = measure(fn, device, repeats, audit=False)
         row.update(compile_s=time.perf_counter() - t, vs_eager=eager["ms"] / row["ms"])
         yield dict(case=f"step {name}", size=size, **row)
 
@@ -196,21 +203,24 @@ def run_cuda_tests() -> dict:
 
 
 def grid(device: torch.device, dtype: torch.dtype, tiny: bool):
+    """The sections of the grid, each a generator of rows."""
     if tiny:
-        yield from chain_rows([50], [2], device, dtype, 1)
-        yield from protein_rows([8], [2], device, dtype, 1)
-        yield from clash_rows(300, 200, device, dtype, 1)
-        yield from compiled_rows(
-            30, 2, device, dtype, 1, [("compiled (aot_eager)", dict(backend="aot_eager"))]
-        )
-        return
-    yield from chain_rows([1000, 10_000, 100_000], [1, 64], device, dtype, 10)
-    yield from protein_rows([100, 1000], [1, 16, 64], device, dtype, 5)
-    yield from clash_rows(100_000, 20_000, device, dtype, 5)
+        aot = [("compiled (aot_eager)", dict(backend="aot_eager"))]
+        return [
+            chain_rows([50], [2], device, dtype, 1),
+            protein_rows([8], [2], device, dtype, 1),
+            clash_rows(300, 200, device, dtype, 1),
+            compiled_rows(30, 2, device, dtype, 1, aot),
+        ]
     modes = [("compiled", {})]
     if device.type == "cuda":
         modes.append(("CUDA graphs", dict(mode="reduce-overhead")))
-    yield from compiled_rows(1000, 64, device, dtype, 10, modes)
+    return [
+        chain_rows([1000, 10_000, 100_000], [1, 64], device, dtype, 10),
+        protein_rows([100, 1000], [1, 16, 64], device, dtype, 5),
+        clash_rows(100_000, 20_000, device, dtype, 5),
+        compiled_rows(1000, 64, device, dtype, 10, modes),
+    ]
 
 
 COLUMNS = ["case", "size", "ms", "best_ms", "ops", "syncs", "peak_mb", "vs_eager", "compile_s"]
@@ -248,16 +258,22 @@ def main(argv: list[str] | None = None) -> int:
         tests = run_cuda_tests()
         print(f"CUDA tests: {tests['summary']} (exit {tests['returncode']})", flush=True)
     rows = []
-    for row in grid(device, getattr(torch, args.dtype), args.tiny):
-        rows.append(row)
-        print(markdown([row]).splitlines()[-1], flush=True)
+    for section in grid(device, getattr(torch, args.dtype), args.tiny):
+        try:  # one failing section must not cost the others on a borrowed GPU
+            for row in section:
+                rows.append(row)
+                print(markdown([row]).splitlines()[-1], flush=True)
+        except Exception as e:  # noqa: BLE001
+            rows.append(dict(case="error", size=f"{type(e).__name__}: {e}"[:300]))
+            print(f"error: {rows[-1]['size']}", flush=True)
     meta["seconds"] = time.perf_counter() - start
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu.json").write_text(json.dumps(dict(meta=meta, tests=tests, results=rows), indent=1))
     (out / "gpu.md").write_text(f"{meta}\n\n{markdown(rows)}\n")
     print(f"\n{markdown(rows)}\n\nwrote {out / 'gpu.json'} and {out / 'gpu.md'} ({meta['seconds']:.0f} s)")
-    return 0 if tests is None or tests["returncode"] == 0 else 1
+    failed = (tests is not None and tests["returncode"] != 0) or any(r["case"] == "error" for r in rows)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

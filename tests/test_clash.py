@@ -611,6 +611,20 @@ def test_cuda_matches_cpu(kind):
 
 
 @CUDA
+def test_cuda_chunked_and_collapsed_match_cpu():
+    g = torch.Generator().manual_seed(30)
+    xyz = (torch.rand(2, 400, 3, generator=g, dtype=torch.float64) * 0.5).requires_grad_(True)
+    radii = torch.full((400,), 1.7, dtype=torch.float64)
+    want = clash_loss(xyz, radii, kind="softplus", method="all_pairs")
+    (g_want,) = torch.autograd.grad(want.sum(), xyz)
+    x = xyz.detach().cuda().requires_grad_(True)
+    got = clash_loss(x, radii.cuda(), kind="softplus", method="neighbors", memory_budget=TINY_BUDGET * 100)
+    (g_got,) = torch.autograd.grad(got.sum(), x)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-10, atol=1e-8)
+    torch.testing.assert_close(g_got.cpu(), g_want, rtol=1e-10, atol=1e-8)
+
+
+@CUDA
 def test_cuda_differentiable_part_does_not_sync():
     xyz, radii = cloud(3000, seed=18, batch=(2,))
     xyz, radii = xyz.cuda().requires_grad_(True), radii.cuda()
