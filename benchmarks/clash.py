@@ -3,6 +3,7 @@
     python -m benchmarks.clash               # N = 1k, 3k, 10k: well under a minute
     python -m benchmarks.clash --full        # N = 1k ... 100k and 120k
     python -m benchmarks.clash --sizes 5000 --methods neighbors --kind soft_count
+    python -m benchmarks.clash --collapsed --sizes 5000 20000 --methods neighbors
 
 The structure is a synthetic assembly: copies of lysozyme (tests/data/1aki.pdb,
 1001 protein heavy atoms) tiled on a cubic grid at 0.8 of their extent, so that
@@ -10,6 +11,11 @@ neighbouring copies interpenetrate a little, with 0.3 A Gaussian noise on every
 atom: it has clashes, within and between copies. 120k atoms is about the size
 of a 16,000-residue chaperonin. Radii are AlphaFold's; pairs within 3 bonds
 (biotite's bond list, repeated per copy) are excluded.
+
+With ``--collapsed`` the structure is instead N atoms drawn uniformly in a
+0.5 A cube (radius 1.7 A, no exclusions), as a model may emit at
+initialisation: every pair clashes, N(N-1)/2 of them. It measures the memory
+bound of the chunked evaluation (``--memory-budget``) and the cost per pair.
 
 Each case runs in a fresh process (multiprocessing "spawn"), so that memory is
 measured per case:
@@ -117,6 +123,12 @@ def inputs(n: int) -> dict:
     return dict(xyz=xyz, radii=radii, exclude=exclude, exclusion_s=exclusion_s)
 
 
+def collapsed_inputs(n: int, side: float = 0.5) -> dict:
+    """N atoms uniform in a ``side``-Angstrom cube: every pair clashes."""
+    xyz = np.random.default_rng(0).uniform(0.0, side, size=(n, 3))
+    return dict(xyz=xyz, radii=np.full(n, 1.7), exclude=np.zeros((0, 2), np.int64), exclusion_s=0.0)
+
+
 def run_case(cfg: dict, data: dict) -> dict:
     """One (N, method) case; meant to run in a fresh process.
 
@@ -135,7 +147,9 @@ def run_case(cfg: dict, data: dict) -> dict:
     xyz = torch.tensor(data["xyz"], dtype=dtype, device=device, requires_grad=True)
     radii = torch.tensor(data["radii"], dtype=dtype, device=device)
     exclude = torch.from_numpy(data["exclude"]).to(device)
-    kw = dict(exclude=exclude, kind=cfg["kind"])
+    kw = dict(exclude=exclude if len(exclude) else None, kind=cfg["kind"])
+    if cfg.get("memory_budget"):
+        kw["memory_budget"] = cfg["memory_budget"]
 
     setup_mb, how = _reset_peak_rss()
     if cuda:
@@ -165,7 +179,7 @@ def run_case(cfg: dict, data: dict) -> dict:
         out["peak_mb"] = _peak_rss_mb(how)
         out["extra_mb"] = out["peak_mb"] - setup_mb
         out["memory"] = how
-    if method == "neighbors":
+    if method == "neighbors" and not cfg.get("collapsed"):
         search = []
         for _ in range(cfg["repeats"]):
             t = time.perf_counter()
@@ -174,8 +188,9 @@ def run_case(cfg: dict, data: dict) -> dict:
             search.append(time.perf_counter() - t)
         out["search_s"] = statistics.median(search)
         out["pairs"] = int(pairs.shape[0])
-    else:
+    else:  # every pair: all_pairs, or a collapsed structure (whose list would not fit)
         out["pairs"] = cfg["n"] * (cfg["n"] - 1) // 2
+    out["ns_per_pair"] = 1e9 * out["time_s"] / max(out["pairs"], 1)
     return out
 
 
@@ -188,7 +203,7 @@ def _in_child(cfg: dict, data: dict) -> dict:
 def _table(rows: list[dict], memory_note: str) -> str:
     head = (
         f"{'N':>7} {'method':>10} {'pairs':>11} {'fwd+bwd s':>10} {'best s':>8} {'search s':>9} "
-        f"{'peak MB':>9} {'extra MB':>9}"
+        f"{'peak MB':>9} {'extra MB':>9} {'ns/pair':>8}"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -198,7 +213,7 @@ def _table(rows: list[dict], memory_note: str) -> str:
         search = f"{r['search_s']:.3f}" if "search_s" in r else "-"
         lines.append(
             f"{r['n']:>7} {r['method']:>10} {r['pairs']:>11} {r['time_s']:>10.4f} {r['best_s']:>8.4f} "
-            f"{search:>9} {r['peak_mb']:>9.0f} {r['extra_mb']:>9.0f}"
+            f"{search:>9} {r['peak_mb']:>9.0f} {r['extra_mb']:>9.0f} {r['ns_per_pair']:>8.1f}"
         )
     lines.append(memory_note)
     return "\n".join(lines)
@@ -238,6 +253,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--max-all-pairs", type=float, default=2e7, help="skip all-pairs above this")
     p.add_argument("--in-process", action="store_true", help="no child processes (memory then cumulative)")
+    p.add_argument("--collapsed", action="store_true", help="N atoms within 0.5 A instead of the assembly")
+    p.add_argument(
+        "--memory-budget", type=int, default=0, help="clash_loss memory_budget, bytes (0: default)"
+    )
     p.add_argument("--out", default="results")
     args = p.parse_args(argv)
 
@@ -255,11 +274,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         memory_note += " [--in-process: peaks are cumulative, not per case]"
     rows = []
     for n in sizes:
-        data = inputs(n)
+        data = collapsed_inputs(n) if args.collapsed else inputs(n)
         for method in args.methods:
             cfg = dict(
                 n=n, method=method, kind=args.kind, dtype=args.dtype, device=args.device, repeats=args.repeats
             )
+            cfg.update(collapsed=args.collapsed, memory_budget=args.memory_budget)
             pairs = n * (n - 1) // 2
             if method == "all_pairs" and pairs > args.max_all_pairs:
                 gb = pairs * BYTES_PER_PAIR * (2 if args.dtype == "float64" else 1) / 1e9
@@ -276,7 +296,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         machine=platform.machine(),
         threads=args.threads or torch.get_num_threads(),
         memory=memory_note,
-        structure=assembly.__doc__,
+        structure=(collapsed_inputs if args.collapsed else assembly).__doc__,
     )
     (out / "clash.json").write_text(json.dumps(dict(meta=meta, results=rows), indent=1))
     _plot(rows, out / "clash.png")

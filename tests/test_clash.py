@@ -185,6 +185,62 @@ def test_spread_out_points_beyond_int64_grid():
 
 
 # ----------------------------------------------------------------------------
+# bounded memory: chunked search and chunked, recomputed evaluation
+
+TINY_BUDGET = 200 * 64  # 64 candidate rows per chunk: many chunks
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_chunked_evaluation_matches_all_pairs(kind):
+    xyz, radii = cloud(120, seed=22, density=0.08, batch=(2,))
+    xyz.requires_grad_(True)
+    exclude = random_pairs(120, 150, seed=23)
+    mask = torch.rand(2, 120, generator=torch.Generator().manual_seed(24)) > 0.1
+    kw = dict(kind=kind, exclude=exclude, mask=mask)
+    want = clash_loss(xyz, radii, method="all_pairs", **kw)
+    got = clash_loss(xyz, radii, method="neighbors", memory_budget=TINY_BUDGET, **kw)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    (g_want,) = torch.autograd.grad(want.sum(), xyz)
+    (g_got,) = torch.autograd.grad(got.sum(), xyz)
+    torch.testing.assert_close(g_got, g_want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", SMOOTH)
+def test_chunked_evaluation_gradcheck_and_gradgradcheck(kind):
+    xyz, radii = cloud(5, density=0.2, seed=25)
+    xyz.requires_grad_(True)
+    radii.requires_grad_(True)
+
+    def f(x, r):  # 8 candidate rows a chunk: several chunks, recomputed in backward
+        return clash_loss(x, r, kind=kind, method="neighbors", memory_budget=200 * 8, exclude=[[0, 1]])
+
+    assert f(xyz, radii) > 0
+    assert torch.autograd.gradcheck(f, (xyz, radii))
+    assert torch.autograd.gradgradcheck(lambda x: f(x, radii.detach()), (xyz,))
+
+
+def test_chunked_search_gives_the_same_pairs():
+    xyz, radii = cloud(400, seed=26, density=0.05, batch=(2,))
+    exclude = random_pairs(400, 300, seed=27)
+    whole = candidate_pairs(xyz, radii, exclude=exclude, skin=0.5)
+    chunked = candidate_pairs(xyz, radii, exclude=exclude, skin=0.5, memory_budget=TINY_BUDGET)
+    assert len(whole) > 100
+    assert sorted(map(tuple, whole.tolist())) == sorted(map(tuple, chunked.tolist()))
+
+
+def test_collapsed_structure_is_exact_in_chunks():
+    # 300 atoms within 0.5 A: every pair clashes; 90,000 candidate rows in 30 chunks.
+    g = torch.Generator().manual_seed(29)
+    xyz = (torch.rand(300, 3, generator=g, dtype=torch.float64) * 0.5).requires_grad_(True)
+    radii = torch.full((300,), 1.7, dtype=torch.float64)
+    loss = clash_loss(xyz, radii, method="neighbors", memory_budget=200 * 3000)
+    torch.testing.assert_close(loss.item(), brute(xyz.detach(), radii, "flat_bottom"), rtol=1e-10, atol=0)
+    (g_chunked,) = torch.autograd.grad(loss, xyz)
+    (g_all,) = torch.autograd.grad(clash_loss(xyz, radii, method="all_pairs"), xyz)
+    torch.testing.assert_close(g_chunked, g_all, rtol=1e-10, atol=1e-10)
+
+
+# ----------------------------------------------------------------------------
 # gradients
 
 
@@ -498,6 +554,7 @@ def test_radii():
         (dict(exclude=torch.zeros(3, 2)), TypeError, "integers"),
         (dict(exclude=np.zeros((5, 3), int)), ValueError, "table has 5 rows"),
         (dict(pairs=torch.zeros(3)), ValueError, r"\(P, 2\)"),
+        (dict(method="neighbors", memory_budget=0), ValueError, "memory_budget must be > 0"),
     ],
 )
 def test_errors(kwargs, error, match):
@@ -517,8 +574,25 @@ def test_exclusion_helper_errors():
         exclusions_from_table(np.zeros((4, 2), int))
     with pytest.raises(ValueError, match="skin"):
         candidate_pairs(torch.zeros(3, 3), torch.ones(3), skin=-1.0)
-    with pytest.raises(ValueError, match="finite"):
-        clash_loss(torch.full((3, 3), float("nan")), torch.ones(3), method="neighbors")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_nan_policy_propagates_per_structure(kind, bad):
+    # One NaN policy with to_xyz: a non-finite atom makes its structure's loss
+    # NaN (no error, no sync), on every path; other structures are unaffected.
+    xyz, radii = cloud(60, seed=21, density=0.05, batch=(3,))
+    xyz[1, 7, 2] = bad
+    want = [brute(xyz[b], radii, kind) for b in (0, 2)]
+    pairs = candidate_pairs(xyz, radii, kind=kind)
+    assert not (pairs == 60 + 7).any()  # the bad atom is left out of the search
+    for extra in (dict(method="all_pairs"), dict(method="neighbors"), dict(pairs=pairs)):
+        got = clash_loss(xyz, radii, kind=kind, **extra)
+        assert torch.isnan(got[1]), extra
+        torch.testing.assert_close(got[[0, 2]].tolist(), want, rtol=1e-10, atol=1e-10)
+    masked = torch.ones(3, 60, dtype=torch.bool)
+    masked[1, 7] = False  # a masked atom may hold anything
+    assert torch.isfinite(clash_loss(xyz, radii, kind=kind, mask=masked, method="neighbors")).all()
 
 
 # ----------------------------------------------------------------------------
@@ -534,6 +608,20 @@ def test_cuda_matches_cpu(kind):
     for method in METHODS:
         got = clash_loss(xyz.cuda(), radii.cuda(), kind=kind, exclude=exclude.cuda(), method=method)
         torch.testing.assert_close(got.cpu(), want, rtol=1e-10, atol=1e-10)
+
+
+@CUDA
+def test_cuda_chunked_and_collapsed_match_cpu():
+    g = torch.Generator().manual_seed(30)
+    xyz = (torch.rand(2, 400, 3, generator=g, dtype=torch.float64) * 0.5).requires_grad_(True)
+    radii = torch.full((400,), 1.7, dtype=torch.float64)
+    want = clash_loss(xyz, radii, kind="softplus", method="all_pairs")
+    (g_want,) = torch.autograd.grad(want.sum(), xyz)
+    x = xyz.detach().cuda().requires_grad_(True)
+    got = clash_loss(x, radii.cuda(), kind="softplus", method="neighbors", memory_budget=TINY_BUDGET * 100)
+    (g_got,) = torch.autograd.grad(got.sum(), x)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-10, atol=1e-8)
+    torch.testing.assert_close(g_got.cpu(), g_want, rtol=1e-10, atol=1e-8)
 
 
 @CUDA

@@ -25,21 +25,21 @@ def tiny(dtype: torch.dtype) -> float:
 def safe_norm(v: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
     """``|v|`` with a zero (not NaN) gradient at ``v = 0``."""
     sq = (v * v).sum(dim, keepdim=keepdim)
-    ok = sq > tiny(v.dtype)
+    ok = ~(sq <= tiny(v.dtype))  # NaN counts as nonzero: it propagates (NaN policy)
     return torch.where(ok, torch.sqrt(torch.where(ok, sq, torch.ones_like(sq))), torch.zeros_like(sq))
 
 
 def safe_unit(v: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
     """``v / |v|``, or ``fallback`` (broadcastable, unit) where ``v`` is ~0."""
     sq = (v * v).sum(-1, keepdim=True)
-    ok = sq > tiny(v.dtype)
+    ok = ~(sq <= tiny(v.dtype))
     inv = torch.rsqrt(torch.where(ok, sq, torch.ones_like(sq)))
     return torch.where(ok, v * inv, fallback.expand_as(v))
 
 
 def safe_atan2(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """``atan2(y, x)`` that is 0, with zero gradient, at ``(0, 0)``."""
-    ok = (x * x + y * y) > tiny(x.dtype)
+    ok = ~((x * x + y * y) <= tiny(x.dtype))
     return torch.where(ok, torch.atan2(torch.where(ok, y, 0.0), torch.where(ok, x, 1.0)), 0.0)
 
 

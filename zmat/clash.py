@@ -45,39 +45,61 @@ Methods:
   The reference, and the fastest for small N.
 - ``"neighbors"``: a cell list built without gradient finds the candidate pairs
   (O(N k) memory); distances and penalties with gradient are computed on those
-  pairs only. Building the list synchronises with the device once (the number
-  of pairs depends on the data). To keep that out of a training step, build the
-  list with :func:`candidate_pairs` (with a ``skin``) every few steps and pass
-  it as ``pairs=``: then ``clash_loss`` makes no host-device sync.
+  pairs only. The number of pairs depends on the data, so this method makes
+  exactly two host-device syncs (sizing the candidates, then compacting them;
+  or, above the memory budget, sizing and cutting them into chunks). To keep
+  them out of a training step, build the list with :func:`candidate_pairs`
+  (with a ``skin``) every few steps and pass it as ``pairs=``: then
+  ``clash_loss`` makes no host-device sync and compiles into one graph.
 - ``"auto"``: ``"all_pairs"`` when the batch holds at most
   ``AUTO_MAX_PAIRS[device type]`` pairs, ``"neighbors"`` otherwise. On CPU the
   neighbour list wins from a few hundred atoms (measured: 18x faster at
   N = 1000), so the switch is at 50,000 pairs (N ~ 300); on accelerators
   all-pairs is cheap and sync-free, so it is kept up to 2,000,000 pairs
   (N ~ 2000, ~0.3 GB in float32).
+
+Memory: the neighbour method holds at most ``memory_budget`` bytes
+(``MEMORY_BUDGET``, 512 MiB by default) of per-pair intermediates at a time.
+Above that it evaluates the candidates in chunks and recomputes each chunk in
+the backward pass, so a collapsed structure (thousands of atoms within an
+Angstrom, as a model may emit at initialisation) costs time in proportion to
+its clashing pairs, not memory. ``"all_pairs"`` is O(B N^2) by design; ``"auto"``
+uses it only below ``AUTO_MAX_PAIRS``.
+
+NaN policy (the same as ``to_xyz`` and ``to_internal``): non-finite
+coordinates are propagated, never checked, because a check would cost a
+host sync in every training step. The loss of a structure with a NaN or
+infinite coordinate in an unmasked atom is NaN, whatever the method; the
+other structures of the batch are unaffected; masked atoms may hold anything.
+Mixed precision: under ``torch.autocast`` the loss is computed in float32.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from zmat._neighbors import cell_list_pairs
+from ._amp import float32_under_autocast
+from ._geometry import safe_norm
+from ._neighbors import CellList, build_cell_list
 
 __all__ = [
     "ALPHAFOLD_RADII",
     "CLASH_METHODS",
     "KINDS",
+    "MEMORY_BUDGET",
     "alphafold_radii",
     "candidate_pairs",
     "clash_loss",
+    "exclusion_keys",
     "exclusions_from_bonds",
     "exclusions_from_table",
+    "is_excluded",
     "vdw_radii",
 ]
 
@@ -95,6 +117,16 @@ ALPHAFOLD_RADII = {"C": 1.7, "N": 1.55, "O": 1.52, "S": 1.8}
 # Slack on the no-grad distance filter, so that float rounding there can never
 # drop a pair whose (differentiable) penalty is nonzero.
 _FILTER_SLACK = 1e-3
+
+#: Default ``memory_budget`` (bytes) of the neighbour search and the chunked
+#: evaluation: per-pair intermediates held at a time. Set it per call, or
+#: assign ``zmat.clash.MEMORY_BUDGET`` to change the default.
+MEMORY_BUDGET = 512 * 2**20
+
+# Bytes a candidate row costs at the peak of a chunk (indices, gathered
+# positions, distances, penalty and their gradients): a 512 MiB budget took
+# 480-590 MB, 64 MiB took 120 MB (benchmarks/clash.py --collapsed, N = 5000).
+_BYTES_PER_ROW = 200
 
 
 # ----------------------------------------------------------------------------
@@ -285,8 +317,25 @@ def exclusions_from_table(table: Any, depth: int = 3, extra_bonds: Any = None) -
     return exclusions_from_bonds(bonds, n, depth)
 
 
-def _exclusion_keys(exclude, n: int, depth: int, device) -> torch.Tensor | None:
-    """Sorted int64 keys ``i * n + j`` (i < j) of the excluded pairs, or None."""
+def exclusion_keys(exclude, n: int, depth: int = 3, device=None) -> torch.Tensor | None:
+    """Sorted int64 keys ``i * n + j`` (``i < j``) of excluded atom pairs, or None.
+
+    Args:
+        exclude: None; an integer (E, 2) tensor or array of atom pairs; or a
+            construction table (a ``.refs`` attribute or an (N, 3) integer
+            array), turned into pairs within ``depth`` bonds on the CPU.
+        n: number of atoms N per structure.
+        depth: bond depth for a construction table.
+        device: of the result.
+
+    Returns:
+        int64 tensor of shape (E,), sorted (duplicates kept), or None when
+        nothing is excluded. For :func:`is_excluded`.
+
+    Raises:
+        ValueError, TypeError: for a bad shape or dtype, or (for host data
+            only, where it costs no device sync) an index out of range.
+    """
     if exclude is None:
         return None
     if hasattr(exclude, "refs"):  # a construction table
@@ -305,12 +354,11 @@ def _exclusion_keys(exclude, n: int, depth: int, device) -> torch.Tensor | None:
         if pairs.shape[0] != n:
             raise ValueError(f"clash_loss: construction table has {pairs.shape[0]} rows, xyz has N = {n}")
         pairs = exclusions_from_table(pairs.cpu().numpy(), depth)
-    elif pairs.device.type == "cpu":
-        # Range check only where it costs no device sync.
-        if int(pairs.min()) < 0 or int(pairs.max()) >= n:
+    elif pairs.device.type == "cpu" and not torch.compiler.is_compiling():
+        host = pairs.numpy()  # host memory: checking it involves no device
+        if host.min() < 0 or host.max() >= n:
             raise ValueError(
-                f"clash_loss: exclude index out of range [0, {n}): "
-                f"min {int(pairs.min())}, max {int(pairs.max())}"
+                f"clash_loss: exclude index out of range [0, {n}): min {host.min()}, max {host.max()}"
             )
     pairs = pairs.to(device=device, dtype=torch.long)
     lo = torch.minimum(pairs[:, 0], pairs[:, 1])
@@ -318,29 +366,49 @@ def _exclusion_keys(exclude, n: int, depth: int, device) -> torch.Tensor | None:
     return torch.sort(lo * n + hi).values  # sort, not unique: unique would sync
 
 
-def _is_member(keys: torch.Tensor, sorted_ref: torch.Tensor) -> torch.Tensor:
-    """``keys`` found in ``sorted_ref``, without a host sync (unlike torch.unique)."""
-    if sorted_ref.numel() == 0:
-        return torch.zeros_like(keys, dtype=torch.bool)
-    pos = torch.searchsorted(sorted_ref, keys).clamp_(max=sorted_ref.numel() - 1)
-    return sorted_ref[pos] == keys
+def is_excluded(i: torch.Tensor, j: torch.Tensor, n: int, keys: torch.Tensor | None) -> torch.Tensor:
+    """Whether pairs ``(i, j)`` of a flattened batch are excluded (no host sync).
+
+    Args:
+        i, j: int64 tensors of shape (P,), indices into ``xyz.reshape(-1, 3)``
+            of an ``(..., N, 3)`` batch (atom ``a`` of member ``b`` is ``b * n + a``).
+        n: atoms per structure N; the pair tested is ``(i % n, j % n)``.
+        keys: sorted int64 keys ``min * n + max`` of the excluded pairs (as
+            :func:`exclusion_keys` makes them), or None.
+
+    Returns:
+        bool tensor of shape (P,).
+
+    Example:
+        >>> keys = exclusion_keys([[0, 1]], n=3)
+        >>> is_excluded(torch.tensor([1, 4, 0]), torch.tensor([0, 3, 2]), 3, keys).tolist()
+        [True, True, False]
+    """
+    if keys is None or keys.numel() == 0:
+        return torch.zeros_like(i, dtype=torch.bool)
+    li, lj = i % n, j % n
+    key = torch.minimum(li, lj) * n + torch.maximum(li, lj)
+    # searchsorted, not isin/unique: no sync on any device.
+    pos = torch.searchsorted(keys, key).clamp_(max=keys.numel() - 1)
+    return keys[pos] == key
 
 
 # ----------------------------------------------------------------------------
 # per-pair penalties (differentiable)
 
 
-def _safe_norm(v: torch.Tensor) -> torch.Tensor:
-    """|v| over the last axis, with a zero (not NaN) gradient at v = 0."""
-    sq = (v * v).sum(-1)
-    nonzero = sq > 0
-    # Double where: the unused branch must not produce inf * 0 = NaN either.
-    return torch.where(nonzero, torch.sqrt(torch.where(nonzero, sq, torch.ones_like(sq))), 0.0)
+class _Penalty(NamedTuple):
+    kind: str
+    tolerance: float
+    temperature: float
+    tail: float
+    cap: float
 
 
-def _penalty(kind: str, d, c, temperature: float, tail: float, cap: float):
+def _penalty(pen: _Penalty, d, c):
     """Per-pair penalty for distances ``d`` and contact distances ``c``."""
     o = c - d
+    kind, temperature, tail, cap = pen.kind, pen.temperature, pen.tail, pen.cap
     if kind == "flat_bottom":
         return F.relu(o)
     if kind == "flat_bottom_squared":
@@ -365,43 +433,131 @@ def _penalty(kind: str, d, c, temperature: float, tail: float, cap: float):
     return torch.where(clash, p, 0.0)
 
 
-def _pair_sum(xyz_f, radii_f, i, j, keep, n_batch, n, kind, tolerance, temperature, tail, cap):
+def _pair_sum(xyz_f, radii_f, i, j, keep, n_batch: int, n: int, pen: _Penalty):
     """Sum of penalties over pairs (i, j) of the flattened batch: shape (B,)."""
     # index_select, whose backward is an index_add: no sync on any device.
-    d = _safe_norm(xyz_f.index_select(0, i) - xyz_f.index_select(0, j))
-    c = radii_f.index_select(0, i) + radii_f.index_select(0, j) - tolerance
-    p = _penalty(kind, d, c, temperature, tail, cap)
+    # safe_norm's zero threshold (1e-24 in float64, 1e-12 in float32, on the
+    # squared distance) only affects coincident atoms: value 0, gradient 0.
+    d = safe_norm(xyz_f.index_select(0, i) - xyz_f.index_select(0, j))
+    c = radii_f.index_select(0, i) + radii_f.index_select(0, j) - pen.tolerance
+    p = _penalty(pen, d, c)
     if keep is not None:
         p = torch.where(keep, p, 0.0)
     out = torch.zeros(n_batch, dtype=p.dtype, device=p.device)
     return out.index_add(0, torch.div(i, n, rounding_mode="floor"), p)
 
 
+class _ChunkedPairSum(torch.autograd.Function):
+    """:func:`_pair_sum` over the candidate rows of a cell list, chunk by chunk.
+
+    No per-pair tensor outlives its chunk: backward recomputes the rows and
+    the penalties of each chunk, so memory stays within the budget however
+    many pairs clash. Double backward works (the recomputation is then
+    recorded, chunk by chunk, in the graph).
+    """
+
+    @staticmethod
+    def forward(xyz_f, radii_f, rows, n_batch, n, pen):
+        out = torch.zeros(n_batch, dtype=xyz_f.dtype, device=xyz_f.device)
+        for i, j, keep in rows():
+            out = out + _pair_sum(xyz_f, radii_f, i, j, keep, n_batch, n, pen)
+        return out
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        xyz_f, radii_f, ctx.rows, ctx.n_batch, ctx.n, ctx.pen = inputs
+        ctx.save_for_backward(xyz_f, radii_f)
+
+    @staticmethod
+    def backward(ctx, grad):
+        xyz_f, radii_f = ctx.saved_tensors
+        need = ctx.needs_input_grad[:2]
+        create = torch.is_grad_enabled()  # double backward: record the recomputation
+        grads = [None, None]
+        for i, j, keep in ctx.rows():
+            with torch.enable_grad():
+                x = xyz_f if create else xyz_f.detach().requires_grad_(need[0])
+                r = radii_f if create else radii_f.detach().requires_grad_(need[1])
+                s = (_pair_sum(x, r, i, j, keep, ctx.n_batch, ctx.n, ctx.pen) * grad).sum()
+                wrt = [t for t, k in zip((x, r), need, strict=True) if k]
+                got = iter(torch.autograd.grad(s, wrt, create_graph=create))
+            for k in range(2):
+                if need[k]:
+                    g = next(got)
+                    grads[k] = g if grads[k] is None else grads[k] + g
+        return grads[0], grads[1], None, None, None, None
+
+
+# ----------------------------------------------------------------------------
+# neighbour search (no gradient)
+
+
+def _max_rows(memory_budget: int | None) -> int:
+    budget = MEMORY_BUDGET if memory_budget is None else memory_budget
+    if not budget > 0:
+        raise ValueError(f"clash_loss: memory_budget must be > 0 bytes, got {budget}")
+    return max(int(budget) // _BYTES_PER_ROW, 1)
+
+
+@torch.no_grad()
+def _search(xyz_f, radii_f, mask_f, n: int, tolerance: float, reach: float) -> CellList:
+    """Cell list of the flat batch for pairs closer than ``2 max(r) - tolerance + reach``."""
+    x, r = xyz_f.detach(), radii_f.detach()
+    valid = torch.isfinite(x).all(-1)  # non-finite atoms: NaN loss, not a search
+    if mask_f is not None:
+        valid = valid & mask_f
+    r_max = torch.where(valid, r, -torch.inf).amax()
+    cutoff = (2 * r_max - tolerance + reach).nan_to_num(neginf=0.0)
+    group = torch.div(torch.arange(x.shape[0], device=x.device), n, rounding_mode="floor")
+    return build_cell_list(x, group, cutoff, valid)
+
+
+def _near(xyz_f, radii_f, i, j, excl, n: int, tolerance: float, reach: float):
+    """Pairs within ``r_i + r_j - tolerance + reach`` of each other, not excluded."""
+    x, r = xyz_f.detach(), radii_f.detach()
+    d2 = ((x[i] - x[j]) ** 2).sum(-1)
+    lim = (r[i] + r[j] - tolerance + reach).clamp(min=0) + _FILTER_SLACK
+    return (d2 < lim * lim) & ~is_excluded(i, j, n, excl)
+
+
+@torch.no_grad()
+def _pair_list(cells: CellList, chunks, xyz_f, radii_f, excl, n, tolerance, reach):
+    """Compact (P,) lists ``i, j`` of the pairs within reach: one sync per chunk."""
+    out_i, out_j = [xyz_f.new_zeros(0, dtype=torch.long)], [xyz_f.new_zeros(0, dtype=torch.long)]
+    for lo, hi, n_rows in chunks:
+        i, j = cells.rows(lo, hi, n_rows)
+        keep = _near(xyz_f, radii_f, i, j, excl, n, tolerance, reach)
+        sel = keep.nonzero().squeeze(1)  # the one sync of a chunk: the number of pairs
+        out_i.append(i.index_select(0, sel))
+        out_j.append(j.index_select(0, sel))
+    return torch.cat(out_i), torch.cat(out_j)
+
+
+def _neighbor_sum(xyz_f, radii_f, mask_f, excl, n_batch, n, pen: _Penalty, memory_budget):
+    """Loss by the neighbour list: 2 host syncs; per-chunk recomputation if it is large."""
+    if xyz_f.shape[0] < 2:
+        return xyz_f.new_zeros(n_batch)
+    cells = _search(xyz_f, radii_f, mask_f, n, pen.tolerance, pen.tail)
+    chunks = cells.chunks(_max_rows(memory_budget))  # sync: sizing
+    if len(chunks) <= 1:  # fits the budget: compact once, plain autograd
+        i, j = _pair_list(cells, chunks, xyz_f, radii_f, excl, n, pen.tolerance, pen.tail)
+        return _pair_sum(xyz_f, radii_f, i, j, None, n_batch, n, pen)
+
+    def rows():  # candidate rows chunk by chunk; no compaction, hence no sync
+        for lo, hi, n_rows in chunks:
+            i, j = cells.rows(lo, hi, n_rows)  # integer tensors: no graph
+            yield i, j, None if excl is None else ~is_excluded(i, j, n, excl)
+
+    return _ChunkedPairSum.apply(xyz_f, radii_f, rows, n_batch, n, pen)
+
+
 # ----------------------------------------------------------------------------
 # public entry points
 
 
-def _prepare(xyz, radii, mask, kind, tolerance, temperature, tail, cap):
-    """Validate, broadcast and flatten; returns everything the methods need."""
-    if not isinstance(xyz, torch.Tensor):
-        raise TypeError(f"clash_loss: xyz must be a torch.Tensor, got {type(xyz).__name__}")
-    if not xyz.is_floating_point():
-        raise TypeError(f"clash_loss: xyz must be a float tensor, got {xyz.dtype}")
-    if xyz.ndim < 2 or xyz.shape[-1] != 3:
-        raise ValueError(f"clash_loss: xyz must have shape (..., N, 3), got {tuple(xyz.shape)}")
-    if kind not in KINDS:
-        raise ValueError(f"clash_loss: unknown kind {kind!r}; choose one of {KINDS}")
-    if not tolerance >= 0:
-        raise ValueError(f"clash_loss: tolerance must be >= 0, got {tolerance}")
-    if not temperature > 0:
-        raise ValueError(f"clash_loss: temperature must be > 0, got {temperature}")
-    if not cap > 0:
-        raise ValueError(f"clash_loss: cap must be > 0, got {cap}")
-    if tail is None:
-        tail = 10.0 * temperature if kind in _TAILED else 0.0
-    if not (tail >= 0 and math.isfinite(tail)):
-        raise ValueError(f"clash_loss: tail must be finite and >= 0, got {tail}")
-
+def _prepare(xyz, radii, mask, pen: _Penalty):
+    """Validate, broadcast and flatten: ``xyz_f (B*N, 3), radii_f (B*N,), mask_f, batch, n``."""
+    _check_scalars(xyz, pen)
     *batch, n, _ = xyz.shape
     full = (*batch, n)
     if isinstance(radii, torch.Tensor) and radii.device != xyz.device:
@@ -430,7 +586,32 @@ def _prepare(xyz, radii, mask, kind, tolerance, temperature, tail, cap):
         # Padded atoms may hold garbage (NaN): a where, not a product, keeps
         # it out of the values and the gradient.
         xyz_f = torch.where(mask_f[:, None], xyz_f, 0.0)
-    return xyz_f, radii_f, mask_f, tuple(batch), n_batch, n, tail
+    return xyz_f, radii_f, mask_f, tuple(batch), n
+
+
+def _check_scalars(xyz, pen: _Penalty) -> None:
+    if not isinstance(xyz, torch.Tensor):
+        raise TypeError(f"clash_loss: xyz must be a torch.Tensor, got {type(xyz).__name__}")
+    if not xyz.is_floating_point():
+        raise TypeError(f"clash_loss: xyz must be a float tensor, got {xyz.dtype}")
+    if xyz.ndim < 2 or xyz.shape[-1] != 3:
+        raise ValueError(f"clash_loss: xyz must have shape (..., N, 3), got {tuple(xyz.shape)}")
+    if pen.kind not in KINDS:
+        raise ValueError(f"clash_loss: unknown kind {pen.kind!r}; choose one of {KINDS}")
+    if not pen.tolerance >= 0:
+        raise ValueError(f"clash_loss: tolerance must be >= 0, got {pen.tolerance}")
+    if not pen.temperature > 0:
+        raise ValueError(f"clash_loss: temperature must be > 0, got {pen.temperature}")
+    if not pen.cap > 0:
+        raise ValueError(f"clash_loss: cap must be > 0, got {pen.cap}")
+    if not (pen.tail >= 0 and math.isfinite(pen.tail)):
+        raise ValueError(f"clash_loss: tail must be finite and >= 0, got {pen.tail}")
+
+
+def _penalty_params(kind, tolerance, temperature, tail, cap) -> _Penalty:
+    if tail is None:
+        tail = 10.0 * temperature if kind in _TAILED else 0.0
+    return _Penalty(kind, tolerance, temperature, tail, cap)
 
 
 def _broadcast(a, b):
@@ -438,29 +619,6 @@ def _broadcast(a, b):
         return tuple(torch.broadcast_shapes(a, b))
     except RuntimeError:
         return None
-
-
-def _neighbor_list(xyz_f, radii_f, mask_f, excl, n, tolerance, reach):
-    """Pairs (i, j) of the flat batch closer than r_i + r_j - tolerance + reach."""
-    with torch.no_grad():
-        x = xyz_f.detach()
-        r = radii_f.detach()
-        idx = torch.arange(x.shape[0], device=x.device)
-        if mask_f is not None:
-            idx = idx[mask_f]  # syncs: part of the (already syncing) search
-        empty = torch.zeros(0, dtype=torch.long, device=x.device)
-        if idx.numel() < 2:
-            return empty, empty.clone()
-        cutoff = float(2 * r[idx].max()) - tolerance + reach
-        a, b = cell_list_pairs(x[idx], idx // n, cutoff)
-        i, j = idx[a], idx[b]
-        d2 = ((x[i] - x[j]) ** 2).sum(-1)
-        lim = (r[i] + r[j] - tolerance + reach).clamp(min=0) + _FILTER_SLACK
-        keep = d2 < lim * lim
-        if excl is not None:
-            li, lj = i % n, j % n
-            keep &= ~_is_member(torch.minimum(li, lj) * n + torch.maximum(li, lj), excl)
-        return i[keep], j[keep]
 
 
 def candidate_pairs(
@@ -475,6 +633,7 @@ def candidate_pairs(
     skin: float = 0.0,
     mask: torch.Tensor | None = None,
     exclusion_depth: int = 3,
+    memory_budget: int | None = None,
 ) -> torch.Tensor:
     """Pair list for :func:`clash_loss` (``pairs=``), from a cell list, no gradient.
 
@@ -482,14 +641,20 @@ def candidate_pairs(
     member closer than ``r_i + r_j - tolerance + tail + skin``. With
     ``skin > 0`` the list stays valid (gives the exact loss) while no atom has
     moved more than ``skin / 2`` since it was built: a Verlet list, so one
-    search serves many optimisation steps. This call synchronises with the
-    device (the number of pairs depends on the data).
+    search serves many optimisation steps. Atoms with non-finite coordinates
+    are left out (``clash_loss`` is NaN for their structure anyway).
+
+    Host syncs: the number of pairs depends on the data, so this call syncs
+    with the device: once to size the candidates (twice if they are split
+    into chunks), then once per chunk to compact them.
 
     Args:
         xyz, radii, exclude, tolerance, kind, temperature, tail, mask, exclusion_depth: as in
             :func:`clash_loss` (``kind``, ``temperature`` and ``tail`` only set the
             default search distance).
         skin: extra search distance, >= 0.
+        memory_budget: bytes of search intermediates at a time (default
+            ``MEMORY_BUDGET``); the returned list itself takes 16 bytes a pair.
 
     Returns:
         int64 tensor of shape (P, 2): rows ``(i, j)``, ``i != j``, indices into
@@ -508,14 +673,18 @@ def candidate_pairs(
     """
     if not skin >= 0:
         raise ValueError(f"candidate_pairs: skin must be >= 0, got {skin}")
-    xyz_f, radii_f, mask_f, _, _, n, tail = _prepare(
-        xyz, radii, mask, kind, tolerance, temperature, tail, 1.0
-    )
-    excl = _exclusion_keys(exclude, n, exclusion_depth, xyz.device)
-    i, j = _neighbor_list(xyz_f, radii_f, mask_f, excl, n, tolerance, tail + skin)
+    pen = _penalty_params(kind, tolerance, temperature, tail, 1.0)
+    xyz_f, radii_f, mask_f, _, n = _prepare(xyz, radii, mask, pen)
+    excl = exclusion_keys(exclude, n, exclusion_depth, xyz.device)
+    if xyz_f.shape[0] < 2:
+        return xyz_f.new_zeros(0, 2, dtype=torch.long)
+    cells = _search(xyz_f, radii_f, mask_f, n, tolerance, pen.tail + skin)
+    chunks = cells.chunks(_max_rows(memory_budget))
+    i, j = _pair_list(cells, chunks, xyz_f, radii_f, excl, n, tolerance, pen.tail + skin)
     return torch.stack([i, j], dim=1)
 
 
+@float32_under_autocast
 def clash_loss(
     xyz: torch.Tensor,
     radii: Any,
@@ -530,12 +699,16 @@ def clash_loss(
     method: str = "auto",
     exclusion_depth: int = 3,
     pairs: torch.Tensor | None = None,
+    memory_budget: int | None = None,
 ) -> torch.Tensor:
     """Sum of smooth clash penalties over pairs of atoms (see the module doc).
 
-    Differentiable in ``xyz`` (and in ``radii``). Pairs are unordered pairs of
-    distinct atoms of one structure, not excluded and not masked; the penalty
-    formulas of each ``kind`` are in the module docstring.
+    Differentiable in ``xyz`` (and in ``radii``), first and second
+    derivatives. Pairs are unordered pairs of distinct atoms of one structure,
+    not excluded and not masked; the penalty formulas of each ``kind`` are in
+    the module docstring. Under ``torch.autocast`` it computes in float32
+    (float16/bfloat16 inputs are upcast). Non-finite coordinates of an
+    unmasked atom make the loss of its structure NaN (no error, no sync).
 
     Args:
         xyz: float tensor of shape (..., N, 3).
@@ -563,14 +736,20 @@ def clash_loss(
         exclusion_depth: bond depth for a construction table ``exclude``.
         pairs: optional (P, 2) pair list from :func:`candidate_pairs`, reused
             as is (then no host-device sync at all).
+        memory_budget: bytes the neighbour method may hold in per-pair
+            intermediates at a time (default ``MEMORY_BUDGET``, 512 MiB).
+            Above it the pairs are evaluated in chunks and recomputed in the
+            backward pass, so memory stays bounded however many atoms clash.
 
     Returns:
-        Tensor of shape ``xyz.shape[:-2]``, dtype of ``xyz``.
+        Tensor of shape ``xyz.shape[:-2]``, dtype of ``xyz`` (float32 under
+        autocast).
 
     Raises:
         ValueError: for mismatched shapes of ``xyz``, ``radii``, ``mask`` or the
             table, an unknown kind or method, a negative tolerance or tail, a
-            non-positive temperature or cap, exclusion indices out of range.
+            non-positive temperature, cap or memory budget, exclusion indices
+            out of range.
         TypeError: for a non-float ``xyz``, a non-bool mask or non-integer
             exclusions.
 
@@ -579,45 +758,55 @@ def clash_loss(
         >>> clash_loss(xyz, alphafold_radii("CC"))  # relu(1.7 + 1.7 - 1.5 - 1.5)
         tensor(0.4000)
     """
-    xyz_f, radii_f, mask_f, batch, n_batch, n, tail = _prepare(
-        xyz, radii, mask, kind, tolerance, temperature, tail, cap
-    )
+    pen = _penalty_params(kind, tolerance, temperature, tail, cap)
+    xyz_f, radii_f, mask_f, batch, n = _prepare(xyz, radii, mask, pen)
     if method not in CLASH_METHODS:
         raise ValueError(f"clash_loss: unknown method {method!r}; choose one of {CLASH_METHODS}")
-    excl = _exclusion_keys(exclude, n, exclusion_depth, xyz.device)
-    args = (kind, tolerance, temperature, tail, cap)
-
+    excl = exclusion_keys(exclude, n, exclusion_depth, xyz.device)
+    n_batch = math.prod(batch)
     if pairs is not None:
-        if not isinstance(pairs, torch.Tensor) or pairs.ndim != 2 or pairs.shape[1] != 2:
-            raise ValueError(
-                f"clash_loss: pairs must be a (P, 2) tensor, got {getattr(pairs, 'shape', pairs)}"
-            )
-        i, j = pairs[:, 0], pairs[:, 1]
-        keep = None
-        if mask_f is not None:
-            keep = mask_f[i] & mask_f[j]
-        if excl is not None:
-            li, lj = i % n, j % n
-            out = ~_is_member(torch.minimum(li, lj) * n + torch.maximum(li, lj), excl)
-            keep = out if keep is None else keep & out
-        return _pair_sum(xyz_f, radii_f, i, j, keep, n_batch, n, *args).reshape(batch)
+        out = _given_pairs_sum(xyz_f, radii_f, mask_f, excl, pairs, n_batch, n, pen)
+    elif _resolve_method(method, xyz.device, n_batch, n) == "neighbors":
+        out = _neighbor_sum(xyz_f, radii_f, mask_f, excl, n_batch, n, pen, memory_budget)
+    else:
+        out = _all_pairs_sum(xyz_f, radii_f, mask_f, excl, n_batch, n, pen)
+    return _propagate_nan(out, xyz_f, n_batch, n).reshape(batch)
 
-    if method == "auto":
-        limit = AUTO_MAX_PAIRS.get(xyz.device.type, AUTO_MAX_PAIRS["default"])
-        method = "all_pairs" if n_batch * n * (n - 1) // 2 <= limit else "neighbors"
-    if method == "neighbors":
-        i, j = _neighbor_list(xyz_f, radii_f, mask_f, excl, n, tolerance, tail)
-        return _pair_sum(xyz_f, radii_f, i, j, None, n_batch, n, *args).reshape(batch)
 
-    # all_pairs: a fixed-size pair list (shape known from N alone: no sync);
-    # exclusions and padding become a keep mask rather than a filter.
-    li, lj = torch.triu_indices(n, n, 1, device=xyz.device)
-    keep = None if excl is None else ~_is_member(li * n + lj, excl)
-    offset = (torch.arange(n_batch, device=xyz.device) * n)[:, None]
+def _resolve_method(method: str, device: torch.device, n_batch: int, n: int) -> str:
+    if method != "auto":
+        return method
+    limit = AUTO_MAX_PAIRS.get(device.type, AUTO_MAX_PAIRS["default"])
+    return "all_pairs" if n_batch * n * (n - 1) // 2 <= limit else "neighbors"
+
+
+def _given_pairs_sum(xyz_f, radii_f, mask_f, excl, pairs, n_batch, n, pen: _Penalty):
+    """Loss over a given (P, 2) pair list: no sync; exclusions and padding become a mask."""
+    if not isinstance(pairs, torch.Tensor) or pairs.ndim != 2 or pairs.shape[1] != 2:
+        raise ValueError(f"clash_loss: pairs must be a (P, 2) tensor, got {getattr(pairs, 'shape', pairs)}")
+    i, j = pairs[:, 0], pairs[:, 1]
+    keep = None
+    if mask_f is not None:
+        keep = mask_f[i] & mask_f[j]
+    if excl is not None:
+        out = ~is_excluded(i, j, n, excl)
+        keep = out if keep is None else keep & out
+    return _pair_sum(xyz_f, radii_f, i, j, keep, n_batch, n, pen)
+
+
+def _all_pairs_sum(xyz_f, radii_f, mask_f, excl, n_batch, n, pen: _Penalty):
+    """Every pair: a fixed-size list (shape known from N alone: no sync), O(B N^2) memory."""
+    li, lj = torch.triu_indices(n, n, 1, device=xyz_f.device)
+    offset = (torch.arange(n_batch, device=xyz_f.device) * n)[:, None]
     i, j = (li + offset).reshape(-1), (lj + offset).reshape(-1)
-    if keep is not None:
-        keep = keep.expand(n_batch, -1).reshape(-1)
+    keep = None if excl is None else (~is_excluded(li, lj, n, excl)).expand(n_batch, -1).reshape(-1)
     if mask_f is not None:
         both = mask_f[i] & mask_f[j]
         keep = both if keep is None else keep & both
-    return _pair_sum(xyz_f, radii_f, i, j, keep, n_batch, n, *args).reshape(batch)
+    return _pair_sum(xyz_f, radii_f, i, j, keep, n_batch, n, pen)
+
+
+def _propagate_nan(out, xyz_f, n_batch: int, n: int):
+    """NaN policy: the loss of a structure with a non-finite (unmasked) coordinate
+    is NaN, whatever the method; ``0 * x`` is NaN exactly there (no sync)."""
+    return out + (xyz_f * 0).sum(-1).view(n_batch, n).sum(-1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from ._amp import float32_under_autocast
 from ._analytic import place_analytic, place_prefix
 from ._geometry import dihedral_from_bonds, safe_atan2, safe_norm
 from ._levels import place_levels
@@ -57,6 +58,7 @@ def _check(values: torch.Tensor, table: ConstructionTable, name: str) -> torch.T
     return values
 
 
+@float32_under_autocast  # computes in float32 under torch.autocast (zmat/_amp.py)
 def to_xyz(C: torch.Tensor, table, method: str = "auto") -> torch.Tensor:
     """Cartesian coordinates from internal coordinates.
 
@@ -92,6 +94,7 @@ def to_xyz(C: torch.Tensor, table, method: str = "auto") -> torch.Tensor:
     return place(C, table)  # each method resolves missing references its own way
 
 
+@float32_under_autocast
 def to_internal(xyz: torch.Tensor, table) -> torch.Tensor:
     """Internal coordinates from Cartesian coordinates.
 
