@@ -78,7 +78,7 @@ TINY = [
 ]
 
 #: suites that are scripts of their own (``python -m benchmarks.torsions``); ``__main__`` dispatches to them
-SCRIPTS = {"torsions": "benchmarks.torsions"}
+SCRIPTS = {"torsions": "benchmarks.torsions", "gpu": "benchmarks.gpu"}
 
 SUITES = {"quick": QUICK, "methods": METHODS, "targets": TARGETS, "full": FULL, "tiny": TINY, "fresh": []}
 #: default seconds per record (cold call + timed calls) before a size is skipped as too slow

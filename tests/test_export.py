@@ -104,13 +104,15 @@ def test_exported_program_matches_eager(method):
         x = internal((n_batch,), seed=n_batch)
         want = model(x)
         assert want[1][0] > 0
+        # a symbolic batch takes the analytic method's general scan, eager a
+        # small batch the pointer-jumping one: same math, float32 rounding apart
         for got, ref in zip(program.module()(x), want, strict=True):
-            torch.testing.assert_close(got, ref, rtol=0, atol=0)
+            torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
     buffer = io.BytesIO()  # a saved program loads back and runs the same
     torch.export.save(program, buffer)
     buffer.seek(0)
     loaded = torch.export.load(buffer).module()
-    torch.testing.assert_close(loaded(c)[1], model(c)[1], rtol=0, atol=0)
+    torch.testing.assert_close(loaded(c)[1], program.module()(c)[1], rtol=0, atol=0)
 
 
 def test_exported_program_has_no_host_sync():

@@ -209,7 +209,13 @@ def forest_plan(table: ConstructionTable, device: torch.device) -> _ForestPlan:
 
 
 def _small(m: int, b: int) -> bool:
-    """Whether a call on ``b`` structures of ``m - 1`` atoms takes the paths for small calls."""
+    """Whether a call on ``b`` structures of ``m - 1`` atoms takes the paths for small calls.
+
+    A symbolic batch size (``torch.export`` with a dynamic batch dimension)
+    takes the general path, so the exported program serves every batch size
+    without a guard on it."""
+    if not isinstance(b, int):
+        return False
     return m * b <= (JUMP_FRAMES if b == 1 else JUMP_FRAMES_BATCHED)
 
 

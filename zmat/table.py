@@ -273,7 +273,9 @@ class ConstructionTable:
             # outside a compiled graph call it directly: torch.compiler.disable
             # imports torch._dynamo (a second or more, once per process)
             run = torch.compiler.disable(build) if torch.compiler.is_compiling() else build
-            plan = plans[key] = run(self, torch.device(device))
+            plan = run(self, torch.device(device))
+            if torch._guards.detect_fake_mode() is None:  # never cache torch.export's fake tensors
+                plans[key] = plan
         return plan
 
     def plan(self, device: torch.device | str) -> _DevicePlan:

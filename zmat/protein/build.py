@@ -36,7 +36,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from ..clash import alphafold_radii, candidate_pairs, exclusions_from_bonds
+from ..clash import alphafold_radii, candidate_pairs, exclusions_from_bonds, is_excluded
 from ..table import ConstructionTable
 from ..transform import to_internal, to_xyz
 from .layout import (
@@ -309,11 +309,7 @@ class ProteinBatch:
                 xyz.detach(), self.radii.to(xyz), mask=self.atom_mask.to(xyz.device), skin=skin, **kwargs
             )
         size = len(self) * self.N_max
-        li, lj = pairs[:, 0] % size, pairs[:, 1] % size
-        key = torch.minimum(li, lj) * size + torch.maximum(li, lj)
-        ex = self._exclusion_keys.to(key.device)
-        pos = torch.searchsorted(ex, key).clamp_max(max(len(ex) - 1, 0))
-        excluded = (ex[pos] == key) if len(ex) else torch.zeros_like(key, dtype=torch.bool)
+        excluded = is_excluded(pairs[:, 0], pairs[:, 1], size, self._exclusion_keys.to(pairs.device))
         return pairs[~excluded]
 
 
