@@ -253,6 +253,27 @@ class Protein:
         return cls(lay, xyz)
 
 
+    # ------------------------------------ AlphaFold tensors (zmat.protein.atom37)
+    @property
+    def aatype(self) -> torch.Tensor:
+        """``(L,)`` int64 residue types in AlphaFold's order (``atom37.RESTYPES``)."""
+        from .atom37 import aatype_from_names
+
+        return torch.from_numpy(aatype_from_names(self.res_names))
+
+    def to_atom37(self, xyz=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(..., L, 37, 3)`` positions and ``(L, 37)`` mask (:func:`zmat.protein.atom37.to_atom37`)."""
+        from .atom37 import to_atom37
+
+        return to_atom37(self, xyz)
+
+    def to_atom14(self, xyz=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(..., L, 14, 3)`` positions and ``(L, 14)`` mask (:func:`zmat.protein.atom37.to_atom14`)."""
+        from .atom37 import to_atom14
+
+        return to_atom14(self, xyz)
+
+
 def from_pdb(path, chain=None, model: int | None = None, altloc: str = "first") -> Protein:
     """Read a PDB or mmCIF file into a :class:`Protein`.
 
