@@ -17,6 +17,7 @@ Conventions: Angstrom, radians, IUPAC dihedral signs; torsion columns in
 """
 
 from ..transform import dihedrals
+from .atom37 import atom14_to_atom37, atom37_to_atom14, from_atom14, from_atom37
 from .build import (
     DEFAULT_TORSIONS,
     FOLDINGDIFF_ANGLES,
@@ -30,7 +31,6 @@ from .build import (
     six_angles_from_backbone,
     to_xyz_from_torsions,
 )
-from .atom37 import atom14_to_atom37, atom37_to_atom14, from_atom14, from_atom37
 from .layout import Layout, layout
 from .structure import Protein, from_pdb, from_structure
 from .topology import CHI_ATOMS, RESIDUES, TORSION_NAMES, ResidueTemplate, one_to_three
