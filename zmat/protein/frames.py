@@ -144,7 +144,8 @@ def backbone_frames_from_torsions(torsions: torch.Tensor, frame0=None):
     nca, cac, cn = IDEAL["N-CA"], IDEAL["CA-C"], IDEAL["C-N"]
     t_nca_c, t_cac_n, t_cnca = rad(IDEAL["N-CA-C"]), rad(IDEAL["CA-C-N"]), rad(IDEAL["C-N-CA"])
     full = lambda v, x: torch.full_like(x, v)  # noqa: E731
-    # backbone_table rows: N_k (C, CA, N)_{k-1} psi; CA_k (N_k, C_{k-1}, CA_{k-1}) omega; C_k (CA_k, N_k, C_{k-1}) phi
+    # backbone_table rows: N_k (C, CA, N)_{k-1} psi_{k-1}; CA_k (N_k, C_{k-1}, CA_{k-1})
+    # omega_{k-1}; C_k (CA_k, N_k, C_{k-1}) phi_k
     n_row = torch.stack([full(cn, psi), full(t_cac_n, psi), psi.roll(1, -1)], -1)
     ca_row = torch.stack([full(nca, psi), full(t_cnca, psi), omega.roll(1, -1)], -1)
     c_row = torch.stack([full(cac, psi), full(t_nca_c, psi), phi], -1)
