@@ -252,7 +252,6 @@ class Protein:
             xyz = to_xyz_from_torsions(nan, sequence).detach()
         return cls(lay, xyz)
 
-
     # ------------------------------------ AlphaFold tensors (zmat.protein.atom37)
     @property
     def aatype(self) -> torch.Tensor:

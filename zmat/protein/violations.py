@@ -299,7 +299,7 @@ def between_residue_clash_loss(pos14, exists14, aatype, residue_index, overlap_t
         pen = torch.relu(rf[i] + rf[j] - overlap_tolerance_soft - d)
         hit = (d < rf[i] + rf[j] - overlap_tolerance_hard).to(xf.dtype)
         per_atom = torch.zeros_like(rf).index_add(0, i, pen).index_add(0, j, pen)
-        mask = torch.zeros_like(rf).index_reduce(0, i, hit, "amax").index_reduce(0, j, hit, "amax")
+        mask = torch.zeros_like(rf).scatter_reduce(0, torch.cat([i, j]), torch.cat([hit, hit]), "amax")
     n_pairs = _n_between_pairs(exists14, residue_index).to(total.dtype)
     return {
         "mean_loss": total / (1e-6 + n_pairs),
