@@ -193,6 +193,15 @@ def residue_distance_bounds(overlap_tolerance: float = 1.5, bond_length_toleranc
     return lower, upper
 
 
+@functools.lru_cache(maxsize=16)
+def _bounds(overlap_tolerance, factor, dtype, device):
+    """:func:`residue_distance_bounds` as tensors, copied to each device once."""
+    return tuple(
+        torch.as_tensor(b, dtype=dtype, device=device)
+        for b in residue_distance_bounds(overlap_tolerance, factor)
+    )
+
+
 def within_residue_violations(pos14, exists14, lower, upper, tighten_bounds_for_loss=0.0):
     """Within-residue bound violations (AlphaFold's ``within_residue_violations``).
 
@@ -335,7 +344,8 @@ def structural_violations(atom37, aatype, mask, residue_index=None, tolerance_fa
         ``loss`` (AlphaFold's violation loss, differentiable) ``(...)``;
         ``connections_per_residue_loss_sum``,
         ``connections_per_residue_violation_mask``, ``per_residue_violation_mask``
-        (any violation) ``(..., L)``; ``clashes_per_atom_loss_sum``,
+        (any violation) ``(..., L)`` (the loss sum is unmasked, as AlphaFold's:
+        it also counts pairs across gaps and into padding); ``clashes_per_atom_loss_sum``,
         ``clashes_per_atom_clash_mask``, ``per_atom_loss_sum``,
         ``per_atom_violations`` ``(..., L, 14)``; metrics ``(...)``:
         ``violations_extreme_ca_ca_distance``, ``violations_between_residue_bond``,
@@ -366,8 +376,7 @@ def structural_violations(atom37, aatype, mask, residue_index=None, tolerance_fa
     clashes = between_residue_clash_loss(
         pos14, exists14, aatype, residue_index, clash_overlap_tolerance, clash_overlap_tolerance, pairs=pairs
     )
-    lower, upper = (torch.as_tensor(b, dtype=atom37.dtype, device=dev)[aatype]
-                    for b in residue_distance_bounds(clash_overlap_tolerance, tolerance_factor))  # fmt: skip
+    lower, upper = (b[aatype] for b in _bounds(clash_overlap_tolerance, tolerance_factor, atom37.dtype, dev))
     within = within_residue_violations(pos14, exists14, lower, upper)
     clash_res = clashes["per_atom_clash_mask"].amax(-1)
     within_res = within["per_atom_violations"].amax(-1)
