@@ -79,3 +79,7 @@ SUITES = {"quick": QUICK, "methods": METHODS, "targets": TARGETS, "full": FULL, 
 BUDGETS = {"quick": 4.0, "methods": 10.0, "targets": 10.0, "full": 10.0, "tiny": 2.0}
 #: seconds of timed (warm) calls per record: floor(REPEAT_TIME / cold call) calls, at least 1
 REPEAT_TIME = {"quick": 0.5, "methods": 1.0, "targets": 1.0, "full": 1.0, "tiny": 0.02}
+
+#: Standalone benchmark scripts beside the grid (``python -m benchmarks.NAME``; ``--tiny``
+#: where a test runs them): AlphaFold-tensor conversions, frames and violation losses.
+SCRIPTS = {"protein_tensors": "benchmarks.protein_tensors"}

@@ -154,3 +154,20 @@ def test_pairs_given_no_host_sync():
 def test_errors():
     with pytest.raises(ValueError, match=r"\(\.\.\., L, 37, 3\)"):
         zp.structural_violations(torch.zeros(5, 14, 3), torch.zeros(5, dtype=torch.long), torch.ones(5, 14))
+
+
+def test_benchmark_runs(tmp_path):
+    """benchmarks/protein_tensors.py at its tiny size, so it never rots."""
+    import json
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(root))
+    try:
+        from benchmarks import protein_tensors
+    finally:
+        sys.path.remove(str(root))
+    assert protein_tensors.main(["--tiny", "--out", str(tmp_path)]) == 0
+    recs = json.loads((tmp_path / "protein_tensors.json").read_text())["records"]
+    assert {r["op"] for r in recs} >= {"to_atom37", "violations", "atom14_from_frames"}
+    assert all(r["fwd"] > 0 and r["fwd+bwd"] > 0 for r in recs)
