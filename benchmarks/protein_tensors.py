@@ -114,8 +114,9 @@ def main(argv=None) -> int:
     dtype = getattr(torch, a.dtype)
     t0 = time.perf_counter()
     d = setup(a.batch, a.length, dtype)
-    print(f"protein tensors: {a.batch} x {a.length} residues, {a.dtype}, CPU {torch.get_num_threads()} threads "
-          f"(setup {time.perf_counter() - t0:.1f} s, {len(d['pairs'])} clash pairs)")  # fmt: skip
+    setup_s, threads = time.perf_counter() - t0, torch.get_num_threads()
+    print(f"protein tensors: {a.batch} x {a.length} residues, {a.dtype}, CPU {threads} threads")
+    print(f"  (setup {setup_s:.1f} s, {len(d['pairs'])} clash pairs)")
     records = []
     for name, (fn, inputs) in operations(d).items():
         row = {"op": name}
@@ -126,8 +127,9 @@ def main(argv=None) -> int:
         print(f"  {name:22s} fwd {row['fwd'] * 1e3:9.1f} ms   fwd+bwd {row['fwd+bwd'] * 1e3:9.1f} ms")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"batch": a.batch, "length": a.length, "dtype": a.dtype, "repeats": a.repeats,
-            "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine()}  # fmt: skip
+    machine = platform.processor() or platform.machine()
+    meta = {"batch": a.batch, "length": a.length, "dtype": a.dtype, "repeats": a.repeats, "threads": threads}
+    meta["machine"] = machine
     (out / "protein_tensors.json").write_text(json.dumps({"meta": meta, "records": records}, indent=1))
     return 0
 
