@@ -196,6 +196,14 @@ def _residue_rows():
 
 
 @functools.lru_cache(maxsize=16)
+def _row_tensors(dtype, device):
+    """:func:`_residue_rows` and the atom14 mask as tensors, copied to a device once."""
+    _, ideal, tors = _residue_rows()
+    as_t = functools.partial(torch.as_tensor, device=device)
+    return as_t(ideal, dtype=dtype), as_t(tors), as_t(RESTYPE_ATOM14_MASK)
+
+
+@functools.lru_cache(maxsize=16)
 def _forest(aatype_bytes: bytes) -> ConstructionTable:
     aa = np.frombuffer(aatype_bytes, np.int64)
     refs = _residue_rows()[0][aa]  # (M, 14, 3)
@@ -213,8 +221,10 @@ def atom14_from_frames(R: torch.Tensor, t: torch.Tensor, aatype, torsions: torch
 
     Args:
         R, t: ``(..., L, 3, 3)``, ``(..., L, 3)`` frames.
-        aatype: ``(L,)`` or ``(..., L)`` residue types (AlphaFold order); read
-            on the host once per sequence to build the table (cached).
+        aatype: ``(L,)`` or ``(..., L)`` residue types (AlphaFold order), read
+            on the host to pick the construction table (one per sequence,
+            cached): pass a CPU tensor or a list, and a CUDA step makes no
+            device-to-host sync.
         torsions: ``(..., L, 7)`` in ``TORSION_NAMES`` order (phi, psi, omega,
             chi1..chi4); psi and the chis are used, NaN allowed where unused.
 
@@ -230,16 +240,16 @@ def atom14_from_frames(R: torch.Tensor, t: torch.Tensor, aatype, torsions: torch
     aa = torch.as_tensor(aatype).long().expand(shape)
     flat_aa = aa.reshape(-1).cpu().numpy().clip(0, UNK).astype(np.int64)
     table = _forest(flat_aa.tobytes())
-    refs, ideal, tors = _residue_rows()
     dev, dt = t.device, t.dtype
+    ideal, tors, has = _row_tensors(dt, dev)
     a = torch.as_tensor(flat_aa, device=dev)
-    base = torch.as_tensor(ideal, dtype=dt, device=dev)[a]  # (M, 14, 3)
-    col = torch.as_tensor(tors, device=dev)[a]  # (M, 14)
+    base = ideal[a]  # (M, 14, 3)
+    col = tors[a]  # (M, 14)
     tor = torch.gather(torsions.reshape(-1, 7), 1, col.clamp(min=0))
     dihedral = torch.where(col >= 0, base[..., 2] + tor, base[..., 2])
     internal = torch.cat([base[..., :2], dihedral[..., None]], -1).reshape(-1, 3)
     local = to_xyz(internal, table).reshape(*shape, 14, 3)
-    mask = torch.as_tensor(RESTYPE_ATOM14_MASK, device=dev)[aa.to(dev)]
+    mask = has[a].reshape(*shape, 14)
     pos = apply_frames(R, t, local)
     return torch.where(mask[..., None], pos, torch.zeros((), dtype=dt, device=dev)), mask
 
