@@ -356,7 +356,7 @@ def structural_violations(atom37, aatype, mask, residue_index=None, tolerance_fa
         >>> p = zmat.protein.from_pdb("tests/data/1ubi.pdb")
         >>> pos, mask = p.to_atom37()
         >>> v = structural_violations(pos, p.aatype, mask)
-        >>> float(v["violations_per_residue"])  # a crystal structure: few
+        >>> rate = float(v["violations_per_residue"])  # fraction of residues violating
     """
     if not isinstance(atom37, torch.Tensor) or atom37.ndim < 3 or atom37.shape[-2:] != (37, 3):
         raise ValueError(
