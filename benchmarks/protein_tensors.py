@@ -39,7 +39,7 @@ import torch
 
 def setup(batch: int, length: int, dtype, seed: int = 0) -> dict:
     import zmat.protein as zp
-    from zmat.protein.atom37 import to_atom37
+    from zmat.protein.atom37 import aatype_of, to_atom37
 
     g = torch.Generator().manual_seed(seed)
     letters = "ACDEFGHIKLMNPQRSTVWY"
@@ -50,18 +50,12 @@ def setup(batch: int, length: int, dtype, seed: int = 0) -> dict:
     tor[..., 3:] = (torch.rand(batch, length, 4, generator=g, dtype=torch.float64) - 0.5) * 2 * math.pi
     xyz = pb.to_xyz(tor).to(dtype)
     pos37, mask37 = to_atom37(pb, xyz)
-    aatype = torch.stack([zp.Protein.from_sequence("A").aatype.new_tensor(_aatype(s)) for s in seqs])
+    aatype = aatype_of(pb)
     R, t = zp.backbone_frames(pos37)
     pos14, mask14 = zp.atom37_to_atom14(pos37, aatype, mask37)
     pairs = zp.clash_pairs(pos14, mask14, aatype, torch.arange(length), skin=1.0)
     return dict(pb=pb, xyz=xyz, tor=tor.to(dtype), pos37=pos37, mask37=mask37, aatype=aatype, R=R, t=t,
                 pairs=pairs)  # fmt: skip
-
-
-def _aatype(seq: str) -> list[int]:
-    from zmat.protein.atom37 import RESTYPES
-
-    return [RESTYPES.index(c) for c in seq]
 
 
 def operations(d: dict) -> dict:

@@ -116,12 +116,15 @@ def test_protein_batch():
     batch = zp.ProteinBatch(seqs)
     xyz = batch.to_xyz(torch.randn(2, 3, batch.L_max, 7, dtype=torch.float64))
     pos, mask = a37.to_atom37(batch, xyz)
+    aatype = a37.aatype_of(batch)
+    assert aatype.shape == (3, batch.L_max) and (aatype[1, 2:] == a37.UNK).all()
     assert pos.shape == (2, 3, batch.L_max, 37, 3) and mask.shape == (3, batch.L_max, 37)
     for b, s in enumerate(seqs):
         q = batch.protein(b, xyz[1, b])
         ref, ref_mask = q.to_atom37()
         assert torch.equal(pos[1, b, : len(s)], ref) and torch.equal(mask[b, : len(s)], ref_mask)
         assert not mask[b, len(s) :].any()
+        assert torch.equal(aatype[b, : len(s)], q.aatype)
 
 
 def test_no_host_sync():

@@ -40,6 +40,7 @@ __all__ = [
     "UNK",
     "VAN_DER_WAALS_RADIUS",
     "aatype_from_names",
+    "aatype_of",
     "atom14_to_atom37",
     "atom37_to_atom14",
     "from_atom14",
@@ -117,6 +118,17 @@ def aatype_from_names(res_names: Sequence[str]) -> np.ndarray:
     """Three-letter names -> ``(L,)`` int64 AlphaFold residue types (20 for anything
     else, as AlphaFold's PDB parser does)."""
     return np.array([_AATYPE_OF.get(str(n), UNK) for n in res_names], np.int64)
+
+
+def aatype_of(protein) -> torch.Tensor:
+    """``(L,)`` residue types of a ``Protein``, or ``(B, L_max)`` of a
+    ``ProteinBatch`` (``UNK`` = 20 on padding)."""
+    if hasattr(protein, "layouts"):
+        out = np.full((len(protein.layouts), protein.L_max), UNK, np.int64)
+        for b, lay in enumerate(protein.layouts):
+            out[b, : lay.n_residues] = aatype_from_names(lay.res_names)
+        return torch.from_numpy(out)
+    return torch.from_numpy(aatype_from_names(protein.res_names))
 
 
 # -------------------------------------------------- atom14 <-> atom37 tensors

@@ -256,9 +256,9 @@ class Protein:
     @property
     def aatype(self) -> torch.Tensor:
         """``(L,)`` int64 residue types in AlphaFold's order (``atom37.RESTYPES``)."""
-        from .atom37 import aatype_from_names
+        from .atom37 import aatype_of
 
-        return torch.from_numpy(aatype_from_names(self.res_names))
+        return aatype_of(self)
 
     def to_atom37(self, xyz=None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(..., L, 37, 3)`` positions and ``(L, 37)`` mask (:func:`zmat.protein.atom37.to_atom37`)."""
