@@ -71,6 +71,15 @@ def test_equal_to_alphafold(k):
             assert v[key] > 0, key
 
 
+def test_float32_close_to_alphafold():
+    pos, aatype, mask, ri = _case(0)
+    v = zp.structural_violations(pos.float(), aatype, mask, ri)
+    for key in ("loss", "c_n_loss_mean", "ca_c_n_loss_mean", "c_n_ca_loss_mean", "clashes_mean_loss"):
+        ref = REF[f"v0_out_{next((k for k, n in RENAME.items() if n == key), key)}"]
+        assert v[key].dtype == torch.float32
+        np.testing.assert_allclose(v[key].numpy(), ref, rtol=1e-4, err_msg=key)
+
+
 def test_ragged_batch_equals_one_by_one():
     cases = [_case(0), _case(1), _case(2)]
     Lm = max(c[0].shape[0] for c in cases)
