@@ -204,11 +204,24 @@ def _row_tensors(dtype, device):
 
 
 @functools.lru_cache(maxsize=16)
-def _forest(aatype_bytes: bytes) -> ConstructionTable:
+def _forest(aatype_bytes: bytes, device: str):
+    """Table over the existing atoms of the residues (one tree each; absent
+    slots left out: thousands of lone roots would slow ``to_xyz`` down), the
+    atom14 cell of each atom, and for each atom14 cell its atom (or the
+    appended zero row)."""
     aa = np.frombuffer(aatype_bytes, np.int64)
-    refs = _residue_rows()[0][aa]  # (M, 14, 3)
-    offset = (np.arange(len(aa)) * 14)[:, None, None]
-    return ConstructionTable(np.where(refs >= 0, refs + offset, -1).reshape(-1, 3))
+    has = RESTYPE_ATOM14_MASK[aa].reshape(-1)  # (M * 14,)
+    cells = np.flatnonzero(has)
+    atom_of = np.full(len(has) + 1, len(cells), np.int64)  # cell -> compact atom; extra cell: none
+    atom_of[cells] = np.arange(len(cells))
+    refs = _residue_rows()[0][aa] + (np.arange(len(aa)) * 14)[:, None, None]
+    refs = np.where(_residue_rows()[0][aa] >= 0, atom_of[refs.clip(min=0)], -1).reshape(-1, 3)[cells]
+    dev = torch.device(device)
+    return (
+        ConstructionTable(refs),
+        torch.as_tensor(cells, device=dev),
+        torch.as_tensor(atom_of[:-1], device=dev),
+    )
 
 
 def atom14_from_frames(R: torch.Tensor, t: torch.Tensor, aatype, torsions: torch.Tensor):
@@ -239,16 +252,17 @@ def atom14_from_frames(R: torch.Tensor, t: torch.Tensor, aatype, torsions: torch
     shape = t.shape[:-1]
     aa = torch.as_tensor(aatype).long().expand(shape)
     flat_aa = aa.reshape(-1).cpu().numpy().clip(0, UNK).astype(np.int64)
-    table = _forest(flat_aa.tobytes())
     dev, dt = t.device, t.dtype
+    table, cells, atom_of = _forest(flat_aa.tobytes(), str(dev))
     ideal, tors, has = _row_tensors(dt, dev)
     a = torch.as_tensor(flat_aa, device=dev)
     base = ideal[a]  # (M, 14, 3)
     col = tors[a]  # (M, 14)
     tor = torch.gather(torsions.reshape(-1, 7), 1, col.clamp(min=0))
     dihedral = torch.where(col >= 0, base[..., 2] + tor, base[..., 2])
-    internal = torch.cat([base[..., :2], dihedral[..., None]], -1).reshape(-1, 3)
-    local = to_xyz(internal, table).reshape(*shape, 14, 3)
+    internal = torch.cat([base[..., :2], dihedral[..., None]], -1).reshape(-1, 3).index_select(0, cells)
+    local = to_xyz(internal, table)
+    local = torch.cat([local, local.new_zeros(1, 3)]).index_select(0, atom_of).reshape(*shape, 14, 3)
     mask = has[a].reshape(*shape, 14)
     pos = apply_frames(R, t, local)
     return torch.where(mask[..., None], pos, torch.zeros((), dtype=dt, device=dev)), mask
