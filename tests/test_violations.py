@@ -71,6 +71,20 @@ def test_equal_to_alphafold(k):
             assert v[key] > 0, key
 
 
+def test_parts_equal_to_alphafold():
+    """The AlphaFold-named parts on their own (atom14 in, AlphaFold's signatures)."""
+    g = lambda n: torch.as_tensor(REF[f"v0_in_{n}"])  # noqa: E731
+    pos14, exists, aatype, ri = g("positions").double(), g("exists"), g("aatype").long(), g("residue_index")
+    lower, upper = (torch.as_tensor(b)[aatype] for b in V.residue_distance_bounds())
+    w = V.within_residue_violations(pos14, exists, lower, upper)
+    np.testing.assert_allclose(w["per_atom_loss_sum"].numpy(), REF["v0_out_per_atom_loss_sum"], atol=1e-5)
+    np.testing.assert_array_equal(w["per_atom_violations"].numpy(), REF["v0_out_per_atom_violations"])
+    b = V.between_residue_bond_loss(pos14, exists, ri, aatype)
+    np.testing.assert_allclose(b["c_n_loss_mean"].numpy(), REF["v0_out_bonds_c_n_loss_mean"], rtol=1e-5)
+    ca = V.extreme_ca_ca_distance_violations(pos14, exists, ri)
+    assert float(ca) == float(REF["v0_out_violations_extreme_ca_ca_distance"])
+
+
 def test_float32_close_to_alphafold():
     pos, aatype, mask, ri = _case(0)
     v = zp.structural_violations(pos.float(), aatype, mask, ri)

@@ -193,11 +193,14 @@ def residue_distance_bounds(overlap_tolerance: float = 1.5, bond_length_toleranc
     return lower, upper
 
 
+_I, _J = np.triu_indices(14, 1)  # the 91 atom pairs of a residue (bounds are symmetric)
+
+
 @functools.lru_cache(maxsize=16)
-def _bounds(overlap_tolerance, factor, dtype, device):
-    """:func:`residue_distance_bounds` as tensors, copied to each device once."""
+def _pair_bounds(overlap_tolerance, factor, dtype, device):
+    """:func:`residue_distance_bounds` on the 91 pairs, ``(21, 91)`` tensors, one copy per device."""
     return tuple(
-        torch.as_tensor(b, dtype=dtype, device=device)
+        torch.as_tensor(b[:, _I, _J], dtype=dtype, device=device)
         for b in residue_distance_bounds(overlap_tolerance, factor)
     )
 
@@ -207,23 +210,29 @@ def within_residue_violations(pos14, exists14, lower, upper, tighten_bounds_for_
 
     Args:
         pos14: ``(..., L, 14, 3)``; exists14 ``(..., L, 14)``; lower, upper
-            ``(..., L, 14, 14)`` bounds (``residue_distance_bounds()[k][aatype]``).
+            ``(..., L, 14, 14)`` symmetric bounds (``residue_distance_bounds()[k][aatype]``).
 
     Returns:
         dict: ``per_atom_loss_sum`` and ``per_atom_violations`` ``(..., L, 14)``.
     """
+    return _within(pos14, exists14, lower[..., _I, _J], upper[..., _I, _J], tighten_bounds_for_loss)
+
+
+def _within(pos14, exists14, lower, upper, tighten=0.0):
+    """:func:`within_residue_violations` on the 91 pairs ``i < j`` (``(..., L, 91)``
+    bounds): half the work of the dense 14 x 14 form, same values."""
+    i, j = (torch.as_tensor(x, device=pos14.device) for x in (_I, _J))
     e = exists14.to(pos14.dtype)
-    eye = torch.eye(14, dtype=torch.bool, device=pos14.device)
-    pm = e[..., :, None] * e[..., None, :] * (~eye).to(pos14.dtype)
-    d = torch.sqrt(1e-10 + ((pos14[..., :, None, :] - pos14[..., None, :, :]) ** 2).sum(-1))
-    loss = pm * (
-        torch.relu(lower + tighten_bounds_for_loss - d) + torch.relu(d - (upper - tighten_bounds_for_loss))
-    )
+    pm = e[..., i] * e[..., j]
+    d = torch.sqrt(1e-10 + ((pos14[..., i, :] - pos14[..., j, :]) ** 2).sum(-1))
+    loss = pm * (torch.relu(lower + tighten - d) + torch.relu(d - (upper - tighten)))
     bad = pm * ((d < lower) | (d > upper)).to(pos14.dtype)
-    return {
-        "per_atom_loss_sum": loss.sum(-2) + loss.sum(-1),
-        "per_atom_violations": torch.maximum(bad.amax(-2), bad.amax(-1)),
-    }
+    ij = torch.cat([i, j])
+    zero = torch.zeros_like(e)
+    # AlphaFold sums the symmetric 14 x 14 loss over both axes: each pair counts twice per atom
+    per_atom = 2 * zero.index_add(-1, ij, torch.cat([loss, loss], -1))
+    worst = zero.scatter_reduce(-1, ij.expand(*bad.shape[:-1], -1), torch.cat([bad, bad], -1), "amax")
+    return {"per_atom_loss_sum": per_atom, "per_atom_violations": worst}
 
 
 # ------------------------------------------------------------ between residues
@@ -376,8 +385,10 @@ def structural_violations(atom37, aatype, mask, residue_index=None, tolerance_fa
     clashes = between_residue_clash_loss(
         pos14, exists14, aatype, residue_index, clash_overlap_tolerance, clash_overlap_tolerance, pairs=pairs
     )
-    lower, upper = (b[aatype] for b in _bounds(clash_overlap_tolerance, tolerance_factor, atom37.dtype, dev))
-    within = within_residue_violations(pos14, exists14, lower, upper)
+    lower, upper = (
+        b[aatype] for b in _pair_bounds(clash_overlap_tolerance, tolerance_factor, atom37.dtype, dev)
+    )
+    within = _within(pos14, exists14, lower, upper)
     clash_res = clashes["per_atom_clash_mask"].amax(-1)
     within_res = within["per_atom_violations"].amax(-1)
     per_residue = torch.maximum(torch.maximum(bonds["per_residue_violation_mask"], clash_res), within_res)
