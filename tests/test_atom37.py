@@ -120,7 +120,8 @@ def test_protein_batch():
     assert aatype.shape == (3, batch.L_max) and (aatype[1, 2:] == a37.UNK).all()
     assert pos.shape == (2, 3, batch.L_max, 37, 3) and mask.shape == (3, batch.L_max, 37)
     for b, s in enumerate(seqs):
-        q = batch.protein(b, xyz[1, b])
+        lay = batch.layouts[b]
+        q = zp.Protein(lay, xyz[1, b, : lay.n_atoms])
         ref, ref_mask = q.to_atom37()
         assert torch.equal(pos[1, b, : len(s)], ref) and torch.equal(mask[b, : len(s)], ref_mask)
         assert not mask[b, len(s) :].any()
