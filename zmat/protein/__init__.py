@@ -21,7 +21,8 @@ Conventions: Angstrom, radians, IUPAC dihedral signs; torsion columns in
 """
 
 from ..transform import dihedrals
-from .atom37 import atom14_to_atom37, atom37_to_atom14, from_atom14, from_atom37
+from .atom37 import atom14_to_atom37, atom37_to_atom14
+from .atom37_io import from_atom14, from_atom37
 from .build import (
     DEFAULT_TORSIONS,
     FOLDINGDIFF_ANGLES,

@@ -39,6 +39,7 @@ from .._geometry import safe_unit
 from ..table import ConstructionTable
 from ..transform import to_xyz
 from .atom37 import ATOM14_NAMES, RESTYPE_3, RESTYPE_ATOM14_MASK, UNK, atom14_to_atom37
+from .build import backbone_table
 from .topology import IDEAL, RESIDUES, TORSION_NAMES
 
 __all__ = [
@@ -109,13 +110,6 @@ def apply_frames(R: torch.Tensor, t: torch.Tensor, local: torch.Tensor) -> torch
 
 
 # ------------------------------------------------------ backbone from torsions
-@functools.lru_cache(maxsize=32)
-def _backbone_table(n: int) -> ConstructionTable:
-    from .build import backbone_table
-
-    return backbone_table(n)
-
-
 def backbone_frames_from_torsions(torsions: torch.Tensor, frame0=None):
     """Frames of an ideal backbone with the given phi, psi, omega.
 
@@ -154,7 +148,7 @@ def backbone_frames_from_torsions(torsions: torch.Tensor, frame0=None):
     first = torch.tensor([[0.0, 0, 0], [nca, 0, 0], [cac, t_nca_c, 0]], dtype=psi.dtype, device=psi.device)
     head = (torch.arange(L, device=psi.device) == 0)[:, None, None]
     internal = torch.where(head, first, internal)
-    xyz = to_xyz(internal.flatten(-3, -2), _backbone_table(L)).unflatten(-2, (L, 3))
+    xyz = to_xyz(internal.flatten(-3, -2), backbone_table(L)).unflatten(-2, (L, 3))
     R, t = backbone_frames(xyz)
     R0, t0 = R[..., :1, :, :], t[..., :1, :]
     if frame0 is None:  # express in residue 0's frame

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from ..transform import dihedrals, to_internal
+from . import atom37
 from .layout import (
     _ALL_NAMES,
     _LETTERS,
@@ -256,21 +257,15 @@ class Protein:
     @property
     def aatype(self) -> torch.Tensor:
         """``(L,)`` int64 residue types in AlphaFold's order (``atom37.RESTYPES``)."""
-        from .atom37 import aatype_of
-
-        return aatype_of(self)
+        return atom37.aatype_of(self)
 
     def to_atom37(self, xyz=None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(..., L, 37, 3)`` positions and ``(L, 37)`` mask (:func:`zmat.protein.atom37.to_atom37`)."""
-        from .atom37 import to_atom37
-
-        return to_atom37(self, xyz)
+        return atom37.to_atom37(self, xyz)
 
     def to_atom14(self, xyz=None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(..., L, 14, 3)`` positions and ``(L, 14)`` mask (:func:`zmat.protein.atom37.to_atom14`)."""
-        from .atom37 import to_atom14
-
-        return to_atom14(self, xyz)
+        return atom37.to_atom14(self, xyz)
 
 
 def from_pdb(path, chain=None, model: int | None = None, altloc: str = "first") -> Protein:
