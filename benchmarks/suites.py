@@ -78,7 +78,11 @@ TINY = [
 ]
 
 #: suites that are scripts of their own (``python -m benchmarks.torsions``); ``__main__`` dispatches to them
-SCRIPTS = {"torsions": "benchmarks.torsions", "gpu": "benchmarks.gpu"}
+SCRIPTS = {
+    "torsions": "benchmarks.torsions",
+    "gpu": "benchmarks.gpu",
+    "protein_tensors": "benchmarks.protein_tensors",  # AlphaFold tensors, frames, violation losses
+}
 
 SUITES = {"quick": QUICK, "methods": METHODS, "targets": TARGETS, "full": FULL, "tiny": TINY, "fresh": []}
 #: default seconds per record (cold call + timed calls) before a size is skipped as too slow

@@ -118,3 +118,11 @@ def test_docs_build(tmp_path):
     for name in ("zmat.to_xyz", "zmat.to_internal", "zmat.ConstructionTable", "zmat.ZMatrix", "clash_loss"):
         assert name in api, name
     assert "zmat.chemcoord.from_chemcoord_arrays" in api and "zmat.protein.ProteinBatch" in api
+
+
+def test_frames_and_violations():
+    out = run([EXAMPLES / "frames_and_violations.py"])
+    before, after = floats(r"residues violating ([\d.]+) -> ([\d.]+);", out)
+    loss_before, loss_after = floats(r"violation loss ([\d.]+) -> ([\d.]+);", out)
+    rmsd_before, rmsd_after = floats(r"atom RMSD ([\d.]+) -> ([\d.]+) A", out)
+    assert after < before and loss_after < 0.5 * loss_before and rmsd_after < rmsd_before

@@ -10,6 +10,10 @@
   :class:`ProteinBatch` turn torsions (phi, psi, omega, chi1..chi4) and ideal
   geometry into coordinates, differentiably, for one sequence or a padded
   batch of different lengths.
+* AlphaFold's tensors: ``Protein.to_atom37`` / ``to_atom14`` / ``aatype``,
+  :func:`from_atom37`, :func:`from_atom14` (:mod:`zmat.protein.atom37`);
+  backbone frames and atoms from frames + torsions (:mod:`zmat.protein.frames`);
+  :func:`structural_violations` (:mod:`zmat.protein.violations`).
 * :func:`internal_from_six_angles` / :func:`six_angles_from_backbone`:
   FoldingDiff's six-angle backbone.
 
@@ -25,6 +29,8 @@ templates) <- ``layout`` (atoms and rows of a chain) <- ``build`` (torsions
 """
 
 from ..transform import dihedrals
+from .atom37 import atom14_to_atom37, atom37_to_atom14
+from .atom37_io import from_atom14, from_atom37
 from .build import (
     DEFAULT_TORSIONS,
     FOLDINGDIFF_ANGLES,
@@ -38,11 +44,32 @@ from .build import (
     six_angles_from_backbone,
     to_xyz_from_torsions,
 )
+from .frames import (
+    apply_frames,
+    atom14_from_frames,
+    atom37_from_frames,
+    backbone_frames,
+    backbone_frames_from_torsions,
+    rigid_from_three_points,
+)
 from .layout import Layout, layout_of
 from .structure import Protein, from_pdb, from_structure
 from .topology import CHI_ATOMS, RESIDUES, TORSION_NAMES, ResidueTemplate, one_to_three
+from .violations import clash_pairs, structural_violations
 
 __all__ = [
+    "apply_frames",
+    "atom14_from_frames",
+    "atom37_from_frames",
+    "backbone_frames",
+    "backbone_frames_from_torsions",
+    "clash_pairs",
+    "rigid_from_three_points",
+    "structural_violations",
+    "atom14_to_atom37",
+    "atom37_to_atom14",
+    "from_atom14",
+    "from_atom37",
     "CHI_ATOMS",
     "DEFAULT_TORSIONS",
     "FOLDINGDIFF_ANGLES",

@@ -29,7 +29,7 @@ import torch
 
 from ..clash import alphafold_radii, exclusions_from_bonds
 from ..transform import dihedrals, to_internal
-from . import io
+from . import atom37, io
 from .build import ProteinBatch, fill_internal, protein_layout, to_xyz_from_torsions
 from .layout import N_TORSIONS, Layout, residue_types, sequence_of
 from .topology import TORSION_NAMES
@@ -231,6 +231,20 @@ class Protein:
         if xyz is None:
             return cls.from_sequence(batch.sequences[b])
         return cls(lay, torch.as_tensor(xyz).detach()[: lay.n_atoms].to(torch.float64))
+
+    # ------------------------------------ AlphaFold tensors (zmat.protein.atom37)
+    @property
+    def aatype(self) -> torch.Tensor:
+        """``(L,)`` int64 residue types in AlphaFold's order (``atom37.RESTYPES``)."""
+        return atom37.aatype_of(self)
+
+    def to_atom37(self, xyz=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(..., L, 37, 3)`` positions and ``(L, 37)`` mask (:func:`zmat.protein.atom37.to_atom37`)."""
+        return atom37.to_atom37(self, xyz)
+
+    def to_atom14(self, xyz=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(..., L, 14, 3)`` positions and ``(L, 14)`` mask (:func:`zmat.protein.atom37.to_atom14`)."""
+        return atom37.to_atom14(self, xyz)
 
 
 def from_pdb(path, chain=None, model: int | None = None, altloc: str = "first") -> Protein:

@@ -1,0 +1,149 @@
+"""Backbone frames: AlphaFold's convention and values, torsion-built frames, atoms from frames.
+
+References: AlphaFold's own ``all_atom.atom37_to_frames`` output on the same
+files (``tests/data/alphafold_reference.npz``, see ``make_alphafold_reference.py``),
+AlphaFold's published ideal ALA coordinates in the backbone frame
+(``residue_constants.rigid_group_atom_positions``), the convention's defining
+properties (supplement Alg. 21), and zmat's full-chain builder for exactness.
+"""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import zmat
+import zmat.protein as zp
+from zmat.protein.atom37 import atom37_to_atom14
+
+DATA = Path(__file__).parent / "data"
+REF = np.load(DATA / "alphafold_reference.npz")
+F64 = torch.float64
+
+
+@pytest.mark.parametrize("name", ["1ubi", "1aki", "3wip"])
+def test_frames_match_alphafold(name):
+    p = zp.from_pdb(DATA / f"{name}.pdb", altloc="occupancy")
+    pos, _ = p.to_atom37()
+    R, t = zp.backbone_frames(pos)
+    keep = REF[f"{name}_aatype"] < 20
+    np.testing.assert_allclose(R.numpy(), REF[f"{name}_frame_rot"][keep], atol=2e-6)  # AlphaFold: float32
+    np.testing.assert_allclose(t.numpy(), REF[f"{name}_frame_trans"][keep], atol=1e-5)
+
+
+def test_frame_convention():
+    pos, _ = zp.from_pdb(DATA / "1ubi.pdb").to_atom37()
+    R, t = zp.backbone_frames(pos)
+    eye = torch.eye(3, dtype=F64).expand_as(R)
+    assert torch.allclose(R.transpose(-1, -2) @ R, eye, atol=1e-12)
+    assert torch.allclose(torch.linalg.det(R), torch.ones(len(R), dtype=F64))
+    local = torch.einsum("lji,laj->lai", R, pos[:, :3] - t[:, None])  # N, CA, C in the frame
+    assert torch.equal(t, pos[:, 1])  # origin at CA
+    assert torch.allclose(local[:, 2, 1:], torch.zeros(len(R), 2, dtype=F64), atol=1e-12)  # C on the x axis
+    assert (local[:, 2, 0] > 1.4).all()  # ... on +x
+    assert torch.allclose(local[:, 0, 2], torch.zeros(len(R), dtype=F64), atol=1e-12)  # N in the xy plane
+    assert (local[:, 0, 1] > 1.0).all()  # ... on +y
+    assert torch.allclose(zp.apply_frames(R, t, local), pos[:, :3], atol=1e-12)
+
+
+def test_ideal_residue_in_frame_matches_alphafold_literature_positions():
+    """AlphaFold's ALA in its backbone frame: N (-0.525, 1.363, 0), C (1.526, 0, 0),
+    CB (-0.529, -0.774, -1.205) (``rigid_group_atom_positions``). zmat's
+    Engh & Huber geometry differs by a few thousandths of an Angstrom."""
+    eye = torch.eye(3, dtype=F64)[None]
+    local, mask = zp.atom14_from_frames(eye, torch.zeros(1, 3, dtype=F64), [0], torch.zeros(1, 7, dtype=F64))
+    af = torch.tensor([[-0.525, 1.363, 0.0], [0, 0, 0], [1.526, 0, 0], [-0.529, -0.774, -1.205]], dtype=F64)
+    assert torch.allclose(local[0, [0, 1, 2, 4]], af, atol=0.02)
+    assert mask[0].tolist() == [True] * 5 + [False] * 9
+
+
+def _ideal_protein(seq, torsions):
+    xyz = zp.to_xyz_from_torsions(torsions, seq).detach()
+    return zp.Protein(zp.Protein.from_sequence(seq).layout, xyz)
+
+
+def test_atoms_from_frames_exact_on_ideal_geometry():
+    """Frames of a chain built by zmat with ideal geometry, plus its torsions,
+    give back every heavy atom (the same geometry, built residue by residue)."""
+    seq = "MKWVHCFLIDERNQSTYPGA"
+    tor = torch.randn(2, len(seq), 7, dtype=F64, generator=torch.Generator().manual_seed(0)) * 2
+    proteins = [_ideal_protein(seq, tor[b]) for b in range(2)]
+    ref = torch.stack([p.to_atom14()[0] for p in proteins])
+    pos37 = torch.stack([p.to_atom37()[0] for p in proteins])
+    R, t = zp.backbone_frames(pos37)
+    aatype = zp.Protein.from_sequence(seq).aatype
+    pos14, mask = zp.atom14_from_frames(R, t, aatype, tor)
+    assert pos14.shape == (2, len(seq), 14, 3)
+    assert (pos14 - ref).abs().max() < 1e-10
+    p37, m37 = zp.atom37_from_frames(R, t, aatype, tor)
+    assert torch.allclose(p37[m37], pos37[m37], atol=1e-10)
+
+
+def test_atoms_from_frames_on_real_structure():
+    """1ubi's frames and torsions rebuild its side chains within ideal-geometry error."""
+    p = zp.from_pdb(DATA / "1ubi.pdb")
+    pos, mask = p.to_atom37()
+    R, t = zp.backbone_frames(pos)
+    tor = p.torsion_tensor().clone()
+    tor[-1, 1] = (
+        zmat.dihedrals(pos[-1], torch.tensor([[0, 1, 2, 4]]))[0] - torch.pi
+    )  # psi of the C-terminus, from O
+    pos14, m14 = zp.atom14_from_frames(R, t, p.aatype, tor)
+    ref14, ref_mask = atom37_to_atom14(pos, p.aatype, mask)
+    assert torch.equal(m14 & ref_mask, ref_mask)
+    err = (pos14 - ref14).norm(dim=-1)[ref_mask]
+    rmsd = err.pow(2).mean().sqrt()
+    print(f"1ubi from frames + torsions: RMSD {rmsd:.3f} A, max {err.max():.2f} A")
+    assert rmsd < 0.25 and err.max() < 1.5
+    assert (pos14[:, 1] - pos[:, 1]).abs().max() < 1e-12  # CA is the origin
+
+
+def test_backbone_frames_from_torsions_exact():
+    seq = "ACDEFGHIKL"
+    tor = torch.randn(len(seq), 7, dtype=F64, generator=torch.Generator().manual_seed(1)) * 2
+    pos, _ = _ideal_protein(seq, tor).to_atom37()
+    R, t = zp.backbone_frames(pos)
+    R2, t2 = zp.backbone_frames_from_torsions(tor[:, :3], frame0=(R[0], t[0]))
+    assert torch.allclose(R2, R, atol=1e-10) and torch.allclose(t2, t, atol=1e-10)
+    R3, t3 = zp.backbone_frames_from_torsions(tor)  # default: residue 0 at the identity
+    assert torch.allclose(R3[0], torch.eye(3, dtype=F64), atol=1e-12) and t3[0].abs().max() < 1e-12
+    rel = R[0].T @ R
+    assert torch.allclose(R3, rel, atol=1e-10)
+    batch = torch.stack([tor, tor.flip(0)])
+    Rb, _ = zp.backbone_frames_from_torsions(batch)
+    assert Rb.shape == (2, len(seq), 3, 3) and torch.allclose(Rb[0], R3, atol=1e-12)
+
+
+def test_gradients():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(3, 3, 3, dtype=F64, generator=g).requires_grad_()
+    assert torch.autograd.gradcheck(lambda x: zp.rigid_from_three_points(x[0], x[1], x[2])[0], (x,))
+    assert torch.autograd.gradgradcheck(lambda x: zp.rigid_from_three_points(x[0], x[1], x[2])[0], (x,))
+    tor = (torch.randn(4, 3, dtype=F64, generator=g)).requires_grad_()
+    assert torch.autograd.gradcheck(lambda t: zp.backbone_frames_from_torsions(t)[0], (tor,))
+    assert torch.autograd.gradgradcheck(lambda t: zp.backbone_frames_from_torsions(t)[1], (tor,))
+    R, t = zp.backbone_frames(torch.randn(3, 3, 3, dtype=F64, generator=g))
+    chis = torch.randn(3, 7, dtype=F64, generator=g)
+    args = (R.requires_grad_(), t.requires_grad_(), chis.requires_grad_())
+    f = lambda R, t, c: zp.atom14_from_frames(R, t, [1, 13, 17], c)[0]  # noqa: E731  ARG, PHE, TRP
+    assert torch.autograd.gradcheck(f, args)
+    assert torch.autograd.gradgradcheck(f, args)
+
+
+def test_collinear_backbone_is_finite():
+    x = torch.tensor([[-1.0, 0, 0], [0, 0, 0], [1.5, 0, 0]], dtype=F64, requires_grad=True)
+    R, t = zp.rigid_from_three_points(x[0], x[1], x[2])
+    assert torch.isfinite(R).all() and torch.allclose(R.T @ R, torch.eye(3, dtype=F64))
+    R.sum().backward()
+    assert torch.isfinite(x.grad).all()
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="backbone_frames"):
+        zp.backbone_frames(torch.zeros(5, 3))
+    with pytest.raises(ValueError, match="torsions must have shape"):
+        zp.backbone_frames_from_torsions(torch.zeros(5, 4))
+    R, t = torch.eye(3).expand(2, 3, 3), torch.zeros(2, 3)
+    with pytest.raises(ValueError, match="torsions must have shape"):
+        zp.atom14_from_frames(R, t, [0, 0], torch.zeros(3, 7))

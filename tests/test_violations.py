@@ -1,0 +1,196 @@
+"""Structural violations: equal to AlphaFold's own functions on the same inputs.
+
+The reference values in ``tests/data/alphafold_reference.npz`` are the outputs
+of AlphaFold's ``folding.find_structural_violations``,
+``folding.compute_violation_metrics`` and the terms of
+``folding.structural_violation_loss`` (default config: tolerance factor 12,
+clash overlap 1.5 A) and of ``residue_constants.make_atom14_dists_bounds``,
+computed by AlphaFold (JAX, float32) on atom14 inputs stored beside them
+(``tests/data/make_alphafold_reference.py``): ubiquitin with 0.3 A noise,
+lysozyme as deposited (disulfides, no violation), ubiquitin with a numbering gap
+and 0.15 A noise. zmat computes in float64 from the same float32 inputs, so the
+tolerance is float32 round-off.
+"""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import zmat.protein as zp
+from zmat.protein import violations as V
+from zmat.testing import DispatchAudit
+
+DATA = Path(__file__).parent / "data"
+REF = np.load(DATA / "alphafold_reference.npz")
+# AlphaFold's nested names -> ours (the rest are the same)
+RENAME = {
+    "bonds_c_n_loss_mean": "c_n_loss_mean",
+    "angles_ca_c_n_loss_mean": "ca_c_n_loss_mean",
+    "angles_c_n_ca_loss_mean": "c_n_ca_loss_mean",
+    "total_per_residue_violations_mask": "per_residue_violation_mask",
+}
+
+
+def _case(k):
+    g = lambda n: torch.as_tensor(REF[f"v{k}_in_{n}"])  # noqa: E731
+    pos14, exists, aatype = g("positions").double(), g("exists") > 0, g("aatype").long()
+    pos37, mask37 = zp.atom14_to_atom37(pos14, aatype, exists)
+    return pos37, aatype, mask37, g("residue_index")
+
+
+def test_bounds_are_alphafolds():
+    lower, upper = V.residue_distance_bounds(1.5, 12.0)
+    np.testing.assert_allclose(lower, REF["const_lower_bound"], atol=1e-6)
+    np.testing.assert_allclose(upper, REF["const_upper_bound"], rtol=1e-6, atol=1e-6)
+
+
+def test_constants_are_alphafolds():
+    assert V.C_N_LENGTH + V.C_N_STDDEV == tuple(REF["const_c_n"].tolist())
+    assert V.COS_CA_C_N == tuple(REF["const_cos_ca_c_n"].tolist())
+    assert V.COS_C_N_CA == tuple(REF["const_cos_c_n_ca"].tolist())
+    assert V.CA_CA == float(REF["const_ca_ca"])
+
+
+@pytest.mark.parametrize("k", [0, 1, 2])
+def test_equal_to_alphafold(k):
+    v = zp.structural_violations(*_case(k))
+    names = [n for n in REF.files if n.startswith(f"v{k}_out_")]
+    assert len(names) == 17
+    for n in names:
+        key = n[len(f"v{k}_out_") :]
+        ref, mine = REF[n], v[RENAME.get(key, key)].numpy()
+        assert mine.shape == ref.shape, key
+        if "mask" in key or key == "per_atom_violations":
+            np.testing.assert_array_equal(mine, ref, err_msg=key)
+        else:
+            np.testing.assert_allclose(mine, ref, rtol=1e-5, atol=1e-6, err_msg=key)
+    if k == 0:  # the noisy case exercises every term
+        for key in ("c_n_loss_mean", "clashes_mean_loss", "loss", "violations_within_residue"):
+            assert v[key] > 0, key
+
+
+def test_parts_equal_to_alphafold():
+    """The AlphaFold-named parts on their own (atom14 in, AlphaFold's signatures)."""
+    g = lambda n: torch.as_tensor(REF[f"v0_in_{n}"])  # noqa: E731
+    pos14, exists, aatype, ri = g("positions").double(), g("exists"), g("aatype").long(), g("residue_index")
+    lower, upper = (torch.as_tensor(b)[aatype] for b in V.residue_distance_bounds())
+    w = V.within_residue_violations(pos14, exists, lower, upper)
+    np.testing.assert_allclose(w["per_atom_loss_sum"].numpy(), REF["v0_out_per_atom_loss_sum"], atol=1e-5)
+    np.testing.assert_array_equal(w["per_atom_violations"].numpy(), REF["v0_out_per_atom_violations"])
+    b = V.between_residue_bond_loss(pos14, exists, ri, aatype)
+    np.testing.assert_allclose(b["c_n_loss_mean"].numpy(), REF["v0_out_bonds_c_n_loss_mean"], rtol=1e-5)
+    ca = V.extreme_ca_ca_distance_violations(pos14, exists, ri)
+    assert float(ca) == float(REF["v0_out_violations_extreme_ca_ca_distance"])
+
+
+def test_float32_close_to_alphafold():
+    pos, aatype, mask, ri = _case(0)
+    v = zp.structural_violations(pos.float(), aatype, mask, ri)
+    for key in ("loss", "c_n_loss_mean", "ca_c_n_loss_mean", "c_n_ca_loss_mean", "clashes_mean_loss"):
+        ref = REF[f"v0_out_{next((k for k, n in RENAME.items() if n == key), key)}"]
+        assert v[key].dtype == torch.float32
+        np.testing.assert_allclose(v[key].numpy(), ref, rtol=1e-4, err_msg=key)
+
+
+def test_ragged_batch_equals_one_by_one():
+    cases = [_case(0), _case(1), _case(2)]
+    Lm = max(c[0].shape[0] for c in cases)
+
+    def pad(x, value=0):
+        out = torch.full((Lm, *x.shape[1:]), value, dtype=x.dtype)
+        out[: len(x)] = x
+        return out
+
+    pos = torch.stack([pad(c[0]) for c in cases])
+    aatype = torch.stack([pad(c[1], 20) for c in cases])
+    mask = torch.stack([pad(c[2]) for c in cases])
+    ri = torch.stack([pad(c[3], -100) for c in cases])
+    vb = zp.structural_violations(pos, aatype, mask, ri)
+    for b, c in enumerate(cases):
+        v = zp.structural_violations(*c)
+        L = len(c[0])
+        for key, val in v.items():
+            got = vb[key][b]
+            if key == "connections_per_residue_loss_sum":
+                # unmasked in AlphaFold: the last residue also sums its pair with the padding
+                got, val = got[: L - 1], val[:-1]
+            elif val.ndim >= 1:
+                got = got[:L]
+            torch.testing.assert_close(got, val, rtol=1e-10, atol=1e-12, msg=key)
+
+
+def _moving(pos, mask, k):
+    """``f(d)``: positions with residue ``k``'s atoms moved by ``d`` (few inputs keep
+    gradcheck fast)."""
+    cols = torch.nonzero(mask[k])[:, 0]
+    d0 = torch.zeros(len(cols), 3, dtype=pos.dtype)
+    return d0, lambda d: pos.index_put((torch.full_like(cols, k), cols), pos[k, cols] + d)
+
+
+def test_gradients():
+    pos, aatype, mask, ri = _case(2)
+    sl = slice(20, 23)  # three noisy residues: bond, angle and within-residue terms active
+    d0, moved = _moving(pos[sl], mask[sl], 1)
+    f = lambda d: zp.structural_violations(moved(d), aatype[sl], mask[sl], ri[sl])["loss"]  # noqa: E731
+    assert f(d0) > 0
+    d = (d0 + 0.01).requires_grad_()
+    assert torch.autograd.gradcheck(f, (d,))
+    assert torch.autograd.gradgradcheck(f, (d,))
+
+
+def test_clash_gradient_through_clash_loss():
+    """Two residues pushed together: the clash term drives the gradient."""
+    p = zp.Protein.from_sequence("GG")
+    pos, mask = p.to_atom37()
+    pos = pos.clone()
+    pos[1] = pos[0] + torch.tensor([0.3, 2.6, 0.0], dtype=pos.dtype)  # residue 1 on top of residue 0
+    x = pos.requires_grad_()
+    v = zp.structural_violations(x, p.aatype, mask)
+    assert v["clashes_mean_loss"] > 0 and abs(v["violations_between_residue_clash"] - 1) < 1e-9
+    v["clashes_mean_loss"].backward()
+    assert x.grad[1].abs().sum() > 0  # pushes residue 1 away
+    d0, moved = _moving(pos.detach(), mask, 1)
+    f = lambda d: zp.structural_violations(moved(d), p.aatype, mask)["clashes_mean_loss"]  # noqa: E731
+    assert torch.autograd.gradcheck(f, ((d0 + 0.01).requires_grad_(),))
+    # the gradient of clash_loss's pair sum, as AlphaFold's per-atom sums count each pair twice
+    per_atom = v["clashes_per_atom_loss_sum"].sum()
+    assert per_atom > 0
+
+
+def test_pairs_given_no_host_sync():
+    pos, aatype, mask, ri = _case(0)
+    pos14, ex14 = zp.atom37_to_atom14(pos, aatype, mask)
+    pairs = zp.clash_pairs(pos14, ex14, aatype, ri, skin=1.0)
+    ref = zp.structural_violations(pos, aatype, mask, ri)
+    zp.structural_violations(pos, aatype, mask, ri, pairs=pairs)  # warm the caches
+    x = pos.clone().requires_grad_()
+    with DispatchAudit() as audit:
+        v = zp.structural_violations(x, aatype, mask, ri, pairs=pairs)
+        v["loss"].backward()
+    assert audit.syncs == [], audit.syncs
+    for key in ref:
+        torch.testing.assert_close(v[key].detach(), ref[key], msg=key)
+
+
+def test_errors():
+    with pytest.raises(ValueError, match=r"\(\.\.\., L, 37, 3\)"):
+        zp.structural_violations(torch.zeros(5, 14, 3), torch.zeros(5, dtype=torch.long), torch.ones(5, 14))
+
+
+def test_benchmark_runs(tmp_path):
+    """benchmarks/protein_tensors.py at its tiny size, so it never rots."""
+    import json
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(root))
+    try:
+        from benchmarks import protein_tensors
+    finally:
+        sys.path.remove(str(root))
+    assert protein_tensors.main(["--tiny", "--out", str(tmp_path)]) == 0
+    recs = json.loads((tmp_path / "protein_tensors.json").read_text())["records"]
+    assert {r["op"] for r in recs} >= {"to_atom37", "violations", "atom14_from_frames"}
+    assert all(r["fwd"] > 0 and r["fwd+bwd"] > 0 for r in recs)

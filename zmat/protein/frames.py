@@ -1,0 +1,270 @@
+"""Per-residue backbone frames (AlphaFold's convention), and atoms from frames + torsions.
+
+Convention (AlphaFold supplement, Alg. 21 ``rigidFrom3Points`` applied to
+``(x1, x2, x3) = (N, CA, C)``, as in Alg. 20 line 1 and ``all_atom.atom37_to_frames``):
+
+* origin ``t = CA``;
+* ``e1 = (C - CA) / |C - CA|``: the x axis points from CA toward C;
+* ``e2``: ``N - CA`` made orthogonal to ``e1`` (Gram-Schmidt), normalised: N
+  lies in the xy plane on the ``+y`` side;
+* ``e3 = e1 x e2``.
+
+``R = [e1 e2 e3]`` holds the axes as *columns*, so a point with local
+coordinates ``p`` is at ``R @ p + t`` in the global frame (``(..., L, 3, 3)``
+and ``(..., L, 3)``, as AlphaFold's ``r3.Rigids``).
+
+Three ways in:
+
+* :func:`backbone_frames` from coordinates (atom37, atom14 or any layout with
+  N, CA, C in columns 0, 1, 2);
+* :func:`backbone_frames_from_torsions` from phi, psi, omega with ideal bond
+  lengths and angles (Engh & Huber, ``zmat.protein.topology.IDEAL``), through
+  ``zmat.to_xyz`` on a backbone-only table: no side chain is built;
+* and back out: :func:`atom14_from_frames` builds each residue's heavy atoms
+  in its own frame with ``zmat.to_xyz`` (a forest of one tree per residue,
+  rooted ``CA, C, N``, so zmat's first-atom rule *is* AlphaFold's frame: CA at
+  the origin, C on ``+x``, N in the xy plane with ``y > 0``), ideal geometry,
+  psi for O and chi1..chi4 for the side chain, then applies the frames.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+import torch
+
+from .._geometry import safe_unit
+from ..table import ConstructionTable
+from ..transform import to_xyz
+from .atom37 import ATOM14_NAMES, RESTYPE_3, RESTYPE_ATOM14_MASK, UNK, atom14_to_atom37
+from .build import backbone_table
+from .topology import IDEAL, RESIDUES, TORSION_NAMES
+
+__all__ = [
+    "apply_frames",
+    "atom14_from_frames",
+    "atom37_from_frames",
+    "backbone_frames",
+    "backbone_frames_from_torsions",
+    "rigid_from_three_points",
+]
+
+
+def rigid_from_three_points(x1: torch.Tensor, x2: torch.Tensor, x3: torch.Tensor):
+    """AlphaFold's ``rigidFrom3Points`` (supplement Alg. 21), differentiable.
+
+    Args:
+        x1, x2, x3: ``(..., 3)``; for a backbone frame N, CA, C.
+
+    Returns:
+        ``R`` ``(..., 3, 3)`` (axes as columns: ``e1`` along ``x3 - x2``, ``x1``
+        in the ``(e1, e2)`` half-plane with positive ``e2``) and ``t = x2``.
+        Collinear points give a finite frame (``e2`` falls back to a fixed
+        perpendicular), with finite gradients.
+    """
+    v1, v2 = x3 - x2, x1 - x2
+    ex = torch.eye(3, dtype=x1.dtype, device=x1.device)
+    e1 = safe_unit(v1, ex[0])
+    u2 = v2 - e1 * (e1 * v2).sum(-1, keepdim=True)
+    # fallback for a straight angle: any unit vector orthogonal to e1
+    other = torch.where(e1[..., :1].abs() < 0.9, ex[0], ex[1])
+    perp = other - e1 * (e1 * other).sum(-1, keepdim=True)
+    e2 = safe_unit(u2, safe_unit(perp, ex[2]))
+    e3 = torch.linalg.cross(e1, e2, dim=-1)
+    return torch.stack([e1, e2, e3], -1), x2
+
+
+def backbone_frames(atom37: torch.Tensor):
+    """Backbone frames of coordinates, AlphaFold's convention (module docstring).
+
+    Args:
+        atom37: ``(..., L, A, 3)`` with N, CA, C in columns 0, 1, 2 (atom37 or
+            atom14 positions, or a ``(..., L, 3, 3)`` backbone).
+
+    Returns:
+        ``R`` ``(..., L, 3, 3)`` and ``t`` ``(..., L, 3)``.
+
+    Example:
+        >>> pos, mask = zmat.protein.from_pdb("tests/data/1ubi.pdb").to_atom37()
+        >>> R, t = backbone_frames(pos)  # R[k].T @ (C - CA) is along +x
+    """
+    if (
+        not isinstance(atom37, torch.Tensor)
+        or atom37.ndim < 3
+        or atom37.shape[-1] != 3
+        or atom37.shape[-2] < 3
+    ):
+        raise ValueError(
+            f"backbone_frames: positions must have shape (..., L, 37, 3) (or A >= 3 atoms with N, CA, C "
+            f"first), got {tuple(getattr(atom37, 'shape', ()))}"
+        )
+    return rigid_from_three_points(atom37[..., 0, :], atom37[..., 1, :], atom37[..., 2, :])
+
+
+def apply_frames(R: torch.Tensor, t: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+    """``R @ local + t`` per residue: ``(..., L, 3, 3)``, ``(..., L, 3)`` and
+    ``(..., L, A, 3)`` local points -> ``(..., L, A, 3)`` global points."""
+    return torch.einsum("...ij,...aj->...ai", R, local) + t[..., None, :]
+
+
+# ------------------------------------------------------ backbone from torsions
+def backbone_frames_from_torsions(torsions: torch.Tensor, frame0=None):
+    """Frames of an ideal backbone with the given phi, psi, omega.
+
+    Bond lengths and angles are Engh & Huber's (``topology.IDEAL``); the
+    backbone N, CA, C is built by ``zmat.to_xyz`` (no side chain).
+
+    Args:
+        torsions: ``(..., L, 3)`` phi, psi, omega (or ``(..., L, 7)`` in
+            ``TORSION_NAMES`` order; only the first three are read), radians.
+            ``omega[k]`` is CA(k)-C(k)-N(k+1)-CA(k+1); ``phi[0]``, ``psi[L-1]``
+            and ``omega[L-1]`` are unused.
+        frame0: optional ``(R0, t0)`` frame of residue 0; default identity.
+
+    Returns:
+        ``R`` ``(..., L, 3, 3)``, ``t`` ``(..., L, 3)``, differentiable in
+        ``torsions`` (and ``frame0``).
+    """
+    if not isinstance(torsions, torch.Tensor) or torsions.ndim < 2 or torsions.shape[-1] not in (3, 7):
+        raise ValueError(
+            "backbone_frames_from_torsions: torsions must have shape (..., L, 3) or (..., L, 7), "
+            f"got {tuple(getattr(torsions, 'shape', ()))}"
+        )
+    L = torsions.shape[-2]
+    phi, psi, omega = torsions[..., 0], torsions[..., 1], torsions[..., 2]
+    rad = math.radians
+    nca, cac, cn = IDEAL["N-CA"], IDEAL["CA-C"], IDEAL["C-N"]
+    t_nca_c, t_cac_n, t_cnca = rad(IDEAL["N-CA-C"]), rad(IDEAL["CA-C-N"]), rad(IDEAL["C-N-CA"])
+    full = lambda v, x: torch.full_like(x, v)  # noqa: E731
+    # backbone_table rows: N_k (C, CA, N)_{k-1} psi_{k-1}; CA_k (N_k, C_{k-1}, CA_{k-1})
+    # omega_{k-1}; C_k (CA_k, N_k, C_{k-1}) phi_k
+    n_row = torch.stack([full(cn, psi), full(t_cac_n, psi), psi.roll(1, -1)], -1)
+    ca_row = torch.stack([full(nca, psi), full(t_cnca, psi), omega.roll(1, -1)], -1)
+    c_row = torch.stack([full(cac, psi), full(t_nca_c, psi), phi], -1)
+    internal = torch.stack([n_row, ca_row, c_row], -2)  # (..., L, 3, 3)
+    # residue 0: N at the origin, CA on +x, C in the xy plane (dihedrals unused)
+    first = torch.tensor([[0.0, 0, 0], [nca, 0, 0], [cac, t_nca_c, 0]], dtype=psi.dtype, device=psi.device)
+    head = (torch.arange(L, device=psi.device) == 0)[:, None, None]
+    internal = torch.where(head, first, internal)
+    xyz = to_xyz(internal.flatten(-3, -2), backbone_table(L)).unflatten(-2, (L, 3))
+    R, t = backbone_frames(xyz)
+    R0, t0 = R[..., :1, :, :], t[..., :1, :]
+    if frame0 is None:  # express in residue 0's frame
+        return R0.transpose(-1, -2) @ R, torch.einsum("...ji,...j->...i", R0, t - t0)
+    Rf, tf = frame0
+    M = Rf[..., None, :, :] @ R0.transpose(-1, -2)
+    return M @ R, torch.einsum("...ij,...j->...i", M, t - t0) + tf[..., None, :]
+
+
+# ------------------------------------------------- full atoms from frames
+@functools.lru_cache(maxsize=1)
+def _residue_rows():
+    """Per residue type, a local tree over atom14 slots rooted CA, C, N.
+
+    Returns ``refs`` ``(21, 14, 3)`` (local slots, -1 none), ``ideal``
+    ``(21, 14, 3)`` internal coordinates (NaN where a torsion goes) and
+    ``tors`` ``(21, 14)``: the ``TORSION_NAMES`` column of the dihedral, -1 for
+    a fixed one; O's dihedral N-CA-C-O is psi + pi (O is trans to the next N).
+    """
+    refs = np.full((21, 14, 3), -1, np.int64)
+    ideal = np.zeros((21, 14, 3))
+    tors = np.full((21, 14), -1, np.int64)
+    psi = TORSION_NAMES.index("psi")
+    for r, name in enumerate(RESTYPE_3[:UNK]):
+        tpl, slots = RESIDUES[name], {a: k for k, a in enumerate(ATOM14_NAMES[name])}
+        row = {a: tpl.ideal[tpl.index(a)] for a in tpl.atoms}
+        # CA root; C on +x (CA-C); N in the xy plane, y > 0 (N-CA, N-CA-C)
+        refs[r, 2, 0], ideal[r, 2] = 1, (row["C"][0], 0, 0)
+        refs[r, 0, :2], ideal[r, 0] = (1, 2), (row["CA"][0], row["C"][1], 0)
+        refs[r, 3], ideal[r, 3], tors[r, 3] = (2, 1, 0), (row["O"][0], row["O"][1], math.pi), psi
+        for a in ATOM14_NAMES[name][4:]:
+            k, j = slots[a], tpl.index(a)
+            refs[r, k] = [slots[x] for x in tpl.rows[j]]
+            ideal[r, k] = row[a]
+            if tpl.torsion[j] is not None:
+                tors[r, k] = tpl.torsion[j][0]
+                ideal[r, k, 2] = 0.0
+    return refs, ideal, tors
+
+
+@functools.lru_cache(maxsize=16)
+def _row_tensors(dtype, device):
+    """:func:`_residue_rows` and the atom14 mask as tensors, copied to a device once."""
+    _, ideal, tors = _residue_rows()
+    as_t = functools.partial(torch.as_tensor, device=device)
+    return as_t(ideal, dtype=dtype), as_t(tors), as_t(RESTYPE_ATOM14_MASK)
+
+
+@functools.lru_cache(maxsize=16)
+def _forest(aatype_bytes: bytes, device: str):
+    """Table over the existing atoms of the residues (one tree each; absent
+    slots left out: thousands of lone roots would slow ``to_xyz`` down), the
+    atom14 cell of each atom, and for each atom14 cell its atom (or the
+    appended zero row)."""
+    aa = np.frombuffer(aatype_bytes, np.int64)
+    has = RESTYPE_ATOM14_MASK[aa].reshape(-1)  # (M * 14,)
+    cells = np.flatnonzero(has)
+    atom_of = np.full(len(has) + 1, len(cells), np.int64)  # cell -> compact atom; extra cell: none
+    atom_of[cells] = np.arange(len(cells))
+    refs = _residue_rows()[0][aa] + (np.arange(len(aa)) * 14)[:, None, None]
+    refs = np.where(_residue_rows()[0][aa] >= 0, atom_of[refs.clip(min=0)], -1).reshape(-1, 3)[cells]
+    dev = torch.device(device)
+    return (
+        ConstructionTable(refs),
+        torch.as_tensor(cells, device=dev),
+        torch.as_tensor(atom_of[:-1], device=dev),
+    )
+
+
+def atom14_from_frames(R: torch.Tensor, t: torch.Tensor, aatype, torsions: torch.Tensor):
+    """Heavy atoms (atom14) from backbone frames and torsions, ideal geometry.
+
+    Each residue is built in its frame by ``zmat.to_xyz`` (module docstring):
+    N, CA, C at their ideal places in the frame, O from psi, the side chain
+    from chi1..chi4 (``RESIDUES`` templates, Engh & Huber), then moved by
+    ``R @ p + t``.
+
+    Args:
+        R, t: ``(..., L, 3, 3)``, ``(..., L, 3)`` frames.
+        aatype: ``(L,)`` or ``(..., L)`` residue types (AlphaFold order), read
+            on the host to pick the construction table (one per sequence,
+            cached): pass a CPU tensor or a list, and a CUDA step makes no
+            device-to-host sync.
+        torsions: ``(..., L, 7)`` in ``TORSION_NAMES`` order (phi, psi, omega,
+            chi1..chi4); psi and the chis are used, NaN allowed where unused.
+
+    Returns:
+        ``(..., L, 14, 3)`` positions (0 for absent slots) and the
+        ``(..., L, 14)`` bool mask; differentiable in ``R``, ``t``, ``torsions``.
+    """
+    if torsions.shape[-1] != len(TORSION_NAMES) or torsions.shape[:-1] != t.shape[:-1]:
+        raise ValueError(
+            f"atom14_from_frames: torsions must have shape {(*t.shape[:-1], 7)}, got {tuple(torsions.shape)}"
+        )
+    shape = t.shape[:-1]
+    aa = torch.as_tensor(aatype).long().expand(shape)
+    flat_aa = aa.reshape(-1).cpu().numpy().clip(0, UNK).astype(np.int64)
+    dev, dt = t.device, t.dtype
+    table, cells, atom_of = _forest(flat_aa.tobytes(), str(dev))
+    ideal, tors, has = _row_tensors(dt, dev)
+    a = torch.as_tensor(flat_aa, device=dev)
+    base = ideal[a]  # (M, 14, 3)
+    col = tors[a]  # (M, 14)
+    tor = torch.gather(torsions.reshape(-1, 7), 1, col.clamp(min=0))
+    dihedral = torch.where(col >= 0, base[..., 2] + tor, base[..., 2])
+    internal = torch.cat([base[..., :2], dihedral[..., None]], -1).reshape(-1, 3).index_select(0, cells)
+    local = to_xyz(internal, table)
+    local = torch.cat([local, local.new_zeros(1, 3)]).index_select(0, atom_of).reshape(*shape, 14, 3)
+    mask = has[a].reshape(*shape, 14)
+    pos = apply_frames(R, t, local)
+    return torch.where(mask[..., None], pos, torch.zeros((), dtype=dt, device=dev)), mask
+
+
+def atom37_from_frames(R: torch.Tensor, t: torch.Tensor, aatype, torsions: torch.Tensor):
+    """:func:`atom14_from_frames` in atom37 (``(..., L, 37, 3)``, mask ``(..., L, 37)``; no OXT)."""
+    pos14, mask14 = atom14_from_frames(R, t, aatype, torsions)
+    return atom14_to_atom37(
+        pos14, torch.as_tensor(aatype, device=t.device).long().expand(t.shape[:-1]), mask14
+    )

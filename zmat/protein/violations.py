@@ -1,0 +1,424 @@
+"""AlphaFold's structural violation losses (supplement 1.9.11), batched, in torch.
+
+Definitions are AlphaFold's (``all_atom.between_residue_bond_loss``,
+``between_residue_clash_loss``, ``within_residue_violations``,
+``extreme_ca_ca_distance_violations`` and ``folding.find_structural_violations``
+/ ``compute_violation_metrics`` / ``structural_violation_loss``), with the same
+epsilons, so values agree with AlphaFold's on the same inputs
+(``tests/test_violations.py`` compares with AlphaFold's own outputs):
+
+* **peptide bond** C(i)-N(i+1): length ``l`` against 1.329 +- 0.014 A (1.341 +-
+  0.016 before a proline); angles CA-C-N and C-N-CA through their cosines
+  against -0.4473 +- 0.0311 and -0.5203 +- 0.0353. Per pair of consecutive
+  residues (``residue_index`` differing by exactly 1) the loss is
+  ``relu(sqrt(1e-6 + (x - mean)**2) - tolerance_factor * std)``, averaged over
+  the pairs where the atoms exist; a pair violates where the error exceeds
+  ``tolerance_factor * std``.
+* **between-residue clashes**: atoms of different residues closer than
+  ``r_i + r_j - 1.5`` A (AlphaFold's radii C 1.7, N 1.55, O 1.52, S 1.8), the
+  C(i)-N(i+1) bond excluded, penalised by ``relu(r_i + r_j - 1.5 - d)``. This
+  is ``zmat.clash_loss`` with ``kind="flat_bottom"``, on a pair list from its
+  neighbour search (``clash_pairs``), so it scales to long chains; the mean is
+  over every existing pair of atoms of different residues, as AlphaFold's.
+  As in AlphaFold, pairs of atom14 slot 5 (CYS SG, so disulfides) are excluded
+  for every residue type.
+* **within-residue**: every pair of atoms of a residue kept within
+  ``[lower, upper]`` from AlphaFold's stereochemical table (``_stereo.py``):
+  bonds and the 1-3 distances of bond angles at ``mean +- tolerance_factor *
+  std``, other pairs above ``r_i + r_j - 1.5``.
+
+Positions are atom37 ``(..., L, 37, 3)`` (converted to atom14 inside) with any
+leading batch dimensions; padding residues (mask 0) take no part, so ragged
+batches are padded batches.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+import torch
+
+from ..clash import candidate_pairs, clash_loss
+from . import _stereo
+from .atom37 import (
+    ATOM14_NAMES,
+    ATOM37_RADIUS,
+    RESTYPE_3,
+    RESTYPE_ATOM14_TO_ATOM37,
+    VAN_DER_WAALS_RADIUS,
+    atom37_to_atom14,
+)
+
+__all__ = [
+    "between_residue_bond_loss",
+    "between_residue_clash_loss",
+    "clash_pairs",
+    "extreme_ca_ca_distance_violations",
+    "residue_distance_bounds",
+    "structural_violations",
+    "within_residue_violations",
+]
+
+#: AlphaFold's peptide-bond statistics (``residue_constants``): C-N length
+#: (trans, before proline) and its std, cosines of CA-C-N and C-N-CA with std.
+C_N_LENGTH, C_N_STDDEV = (1.329, 1.341), (0.014, 0.016)
+COS_CA_C_N, COS_C_N_CA = (-0.4473, 0.0311), (-0.5203, 0.0353)
+#: AlphaFold's CA-CA distance of a trans peptide (``residue_constants.ca_ca``).
+CA_CA = 3.80209737096
+_PRO = RESTYPE_3.index("PRO")
+_SG_SLOT = ATOM14_NAMES["CYS"].index("SG")
+
+
+def _pairs_mean(mask, value, eps):
+    return (mask * value).sum(-1) / (mask.sum(-1) + eps)
+
+
+def _pad_both(x: torch.Tensor, reduce):
+    """Per residue from per consecutive pair: combine pair k-1 and pair k."""
+    z = torch.zeros_like(x[..., :1])
+    return reduce(torch.cat([x, z], -1), torch.cat([z, x], -1))
+
+
+def between_residue_bond_loss(
+    pos, mask, residue_index, aatype, tolerance_factor_soft=12.0, tolerance_factor_hard=12.0
+):
+    """Peptide-bond length and angle losses (AlphaFold's ``between_residue_bond_loss``).
+
+    Args:
+        pos: ``(..., L, A, 3)`` with N, CA, C in columns 0, 1, 2 (atom14 or atom37).
+        mask: ``(..., L, A)`` atom mask.
+        residue_index: ``(..., L)`` residue numbers (gaps break the chain).
+        aatype: ``(..., L)`` residue types (``RESTYPES`` order).
+
+    Returns:
+        dict: ``c_n_loss_mean``, ``ca_c_n_loss_mean``, ``c_n_ca_loss_mean``
+        ``(...)``; ``per_residue_loss_sum``, ``per_residue_violation_mask`` ``(..., L)``.
+    """
+    eps = 1e-6
+    m = mask.to(pos.dtype)
+    ca, c, n_next, ca_next = pos[..., :-1, 1, :], pos[..., :-1, 2, :], pos[..., 1:, 0, :], pos[..., 1:, 1, :]
+    m_ca, m_c, m_n, m_ca_next = m[..., :-1, 1], m[..., :-1, 2], m[..., 1:, 0], m[..., 1:, 1]
+    ri = torch.as_tensor(residue_index, device=pos.device).to(pos.dtype)
+    no_gap = ((ri[..., 1:] - ri[..., :-1]) == 1.0).to(pos.dtype)
+    pro = (torch.as_tensor(aatype, device=pos.device)[..., 1:] == _PRO).to(pos.dtype)
+
+    def length(a, b):
+        return torch.sqrt(eps + ((a - b) ** 2).sum(-1))
+
+    c_n = length(c, n_next)
+    ca_c, n_ca = length(ca, c), length(n_next, ca_next)
+    u_c_ca = (ca - c) / ca_c[..., None]
+    u_c_n = (n_next - c) / c_n[..., None]
+    u_n_ca = (ca_next - n_next) / n_ca[..., None]
+    terms = [
+        (c_n, C_N_LENGTH[0] + pro * (C_N_LENGTH[1] - C_N_LENGTH[0]),
+         C_N_STDDEV[0] + pro * (C_N_STDDEV[1] - C_N_STDDEV[0]), m_c * m_n),
+        ((u_c_ca * u_c_n).sum(-1), COS_CA_C_N[0], COS_CA_C_N[1], m_ca * m_c * m_n),
+        ((-u_c_n * u_n_ca).sum(-1), COS_C_N_CA[0], COS_C_N_CA[1], m_c * m_n * m_ca_next),
+    ]  # fmt: skip
+    out, per_pair, violation = {}, 0.0, torch.zeros_like(c_n)
+    for key, (x, mean, std, pm) in zip(("c_n", "ca_c_n", "c_n_ca"), terms, strict=True):
+        pm = pm * no_gap
+        err = torch.sqrt(eps + (x - mean) ** 2)
+        loss = torch.relu(err - tolerance_factor_soft * std)
+        out[f"{key}_loss_mean"] = _pairs_mean(pm, loss, eps)
+        per_pair = per_pair + loss
+        violation = torch.maximum(violation, pm * (err > tolerance_factor_hard * std).to(pos.dtype))
+    out["per_residue_loss_sum"] = 0.5 * _pad_both(per_pair, torch.add)
+    out["per_residue_violation_mask"] = _pad_both(violation, torch.maximum)
+    return out
+
+
+def extreme_ca_ca_distance_violations(pos, mask, residue_index, max_angstrom_tolerance=1.5):
+    """Fraction of consecutive CA pairs more than ``max_angstrom_tolerance`` beyond
+    ``CA_CA`` (AlphaFold's metric); ``(...)``."""
+    ca = pos[..., 1, :]
+    d = torch.sqrt(1e-6 + ((ca[..., :-1, :] - ca[..., 1:, :]) ** 2).sum(-1))
+    ri = torch.as_tensor(residue_index, device=pos.device).to(pos.dtype)
+    m = mask[..., 1].to(pos.dtype)
+    pm = m[..., :-1] * m[..., 1:] * ((ri[..., 1:] - ri[..., :-1]) == 1.0).to(pos.dtype)
+    return _pairs_mean(pm, (d - CA_CA > max_angstrom_tolerance).to(pos.dtype), 1e-10)
+
+
+# ------------------------------------------------------------ within residue
+def _parse(text: str):
+    rows = {}
+    for line in text.strip().splitlines():
+        atoms, res, mean, std = line.split()
+        rows.setdefault(res, []).append((atoms.split("-"), float(mean), float(std)))
+    return rows
+
+
+@functools.lru_cache(maxsize=8)
+def residue_distance_bounds(overlap_tolerance: float = 1.5, bond_length_tolerance_factor: float = 12.0):
+    """AlphaFold's within-residue distance bounds (``make_atom14_dists_bounds``).
+
+    Bonds of the stereochemical table bound their length to ``mean +- factor *
+    std``; a bond angle a-b-c bounds the 1-3 distance ``|a - c|`` (law of
+    cosines on the tabulated bond lengths) with a std propagated to first
+    order from the independent errors of both bonds and the angle; other
+    pairs are bounded below by ``r_a + r_b - overlap_tolerance`` and above by
+    1e10 (the diagonal stays 0).
+
+    Returns:
+        ``lower``, ``upper`` numpy arrays ``(21, 14, 14)`` (zeros for unknown).
+    """
+    bonds, angles = _parse(_stereo.BONDS), _parse(_stereo.ANGLES)
+    lower, upper = np.zeros((21, 14, 14)), np.zeros((21, 14, 14))
+    for r, name in enumerate(RESTYPE_3[:20]):
+        atoms = ATOM14_NAMES[name]
+        radius = np.array([VAN_DER_WAALS_RADIUS[a[0]] for a in atoms])
+        k = len(atoms)
+        lower[r, :k, :k] = radius[:, None] + radius[None, :] - overlap_tolerance
+        upper[r, :k, :k] = 1e10
+        lower[r, range(k), range(k)] = upper[r, range(k), range(k)] = 0.0  # AlphaFold leaves the diagonal 0
+        length = {frozenset(ab): mean for ab, mean, _ in bonds.get(name, [])}
+        limits = [(ab, mean, std) for ab, mean, std in bonds.get(name, [])]
+        std_of = {frozenset(ab): std for ab, _, std in bonds.get(name, [])}
+        for (a, b, c), deg, std_deg in angles.get(name, []):
+            k1, k2 = frozenset((a, b)), frozenset((b, c))
+            b1, b2, g = length[k1], length[k2], math.radians(deg)
+            d = math.sqrt(b1 * b1 + b2 * b2 - 2 * b1 * b2 * math.cos(g))
+            # first-order propagation of independent errors in b1, b2 and the angle
+            grad = ((b1 - b2 * math.cos(g)) / d, (b2 - b1 * math.cos(g)) / d, b1 * b2 * math.sin(g) / d)
+            sig = (std_of[k1], std_of[k2], math.radians(std_deg))
+            limits.append(((a, c), d, math.sqrt(sum((x * y) ** 2 for x, y in zip(grad, sig, strict=True)))))
+        for (a, b), mean, std in limits:
+            i, j = atoms.index(a), atoms.index(b)
+            lo, hi = mean - bond_length_tolerance_factor * std, mean + bond_length_tolerance_factor * std
+            lower[r, i, j] = lower[r, j, i] = lo
+            upper[r, i, j] = upper[r, j, i] = hi
+    return lower, upper
+
+
+_I, _J = np.triu_indices(14, 1)  # the 91 atom pairs of a residue (bounds are symmetric)
+
+
+@functools.lru_cache(maxsize=16)
+def _pair_bounds(overlap_tolerance, factor, dtype, device):
+    """:func:`residue_distance_bounds` on the 91 pairs, ``(21, 91)`` tensors, one copy per device."""
+    return tuple(
+        torch.as_tensor(b[:, _I, _J], dtype=dtype, device=device)
+        for b in residue_distance_bounds(overlap_tolerance, factor)
+    )
+
+
+def within_residue_violations(pos14, exists14, lower, upper, tighten_bounds_for_loss=0.0):
+    """Within-residue bound violations (AlphaFold's ``within_residue_violations``).
+
+    Args:
+        pos14: ``(..., L, 14, 3)``; exists14 ``(..., L, 14)``; lower, upper
+            ``(..., L, 14, 14)`` symmetric bounds (``residue_distance_bounds()[k][aatype]``).
+
+    Returns:
+        dict: ``per_atom_loss_sum`` and ``per_atom_violations`` ``(..., L, 14)``.
+    """
+    return _within(pos14, exists14, lower[..., _I, _J], upper[..., _I, _J], tighten_bounds_for_loss)
+
+
+def _within(pos14, exists14, lower, upper, tighten=0.0):
+    """:func:`within_residue_violations` on the 91 pairs ``i < j`` (``(..., L, 91)``
+    bounds): half the work of the dense 14 x 14 form, same values."""
+    i, j = (torch.as_tensor(x, device=pos14.device) for x in (_I, _J))
+    e = exists14.to(pos14.dtype)
+    pm = e[..., i] * e[..., j]
+    d = torch.sqrt(1e-10 + ((pos14[..., i, :] - pos14[..., j, :]) ** 2).sum(-1))
+    loss = pm * (torch.relu(lower + tighten - d) + torch.relu(d - (upper - tighten)))
+    bad = pm * ((d < lower) | (d > upper)).to(pos14.dtype)
+    ij = torch.cat([i, j])
+    zero = torch.zeros_like(e)
+    # AlphaFold sums the symmetric 14 x 14 loss over both axes: each pair counts twice per atom
+    per_atom = 2 * zero.index_add(-1, ij, torch.cat([loss, loss], -1))
+    worst = zero.scatter_reduce(-1, ij.expand(*bad.shape[:-1], -1), torch.cat([bad, bad], -1), "amax")
+    return {"per_atom_loss_sum": per_atom, "per_atom_violations": worst}
+
+
+# ------------------------------------------------------------ between residues
+def _radii14(aatype, exists14, dtype):
+    idx = torch.as_tensor(RESTYPE_ATOM14_TO_ATOM37, device=exists14.device)[aatype.long().clamp(0, 20)]
+    r = torch.as_tensor(ATOM37_RADIUS, dtype=dtype, device=exists14.device)[idx.clamp(min=0)]
+    return r * exists14.to(dtype)
+
+
+def clash_pairs(pos14, exists14, aatype, residue_index, overlap_tolerance=1.5, skin=0.0):
+    """Candidate pairs of AlphaFold's between-residue clash, for ``pairs=``.
+
+    ``zmat.clash.candidate_pairs`` (cell list) on the flattened atom14 atoms,
+    minus pairs within a residue, pairs of equal residue number, the peptide
+    bond C(i)-N(i+1) and (as AlphaFold) slot-5/slot-5 pairs. With ``skin > 0``
+    the list stays valid while atoms move less than ``skin / 2``, so one
+    search serves many steps. Synchronises with the device (a data-dependent
+    number of pairs).
+
+    Returns:
+        ``(P, 2)`` int64 indices into ``pos14.reshape(-1, 3)``.
+    """
+    L = pos14.shape[-3]
+    x = pos14.detach().flatten(-3, -2)
+    radii = _radii14(torch.as_tensor(aatype, device=pos14.device), exists14, pos14.dtype).flatten(-2)
+    pairs = candidate_pairs(
+        x, radii, mask=exists14.bool().flatten(-2), tolerance=overlap_tolerance, skin=skin
+    )
+    n = 14 * L
+    ri = torch.as_tensor(residue_index, device=pos14.device).expand(pos14.shape[:-2]).reshape(-1, L)
+    b, a = pairs // n, pairs % n
+    res, slot = a // 14, a % 14
+    num = ri[b, res]  # residue numbers of both atoms
+    lo = torch.where(num[:, :1] <= num[:, 1:], 0, 1)  # column of the lower-numbered residue
+    s_lo, s_hi = slot.gather(1, lo).squeeze(1), slot.gather(1, 1 - lo).squeeze(1)
+    n_lo, n_hi = num.gather(1, lo).squeeze(1), num.gather(1, 1 - lo).squeeze(1)
+    peptide = (n_lo + 1 == n_hi) & (s_lo == 2) & (s_hi == 0)
+    keep = (n_lo != n_hi) & ~peptide & ~((slot[:, 0] == _SG_SLOT) & (slot[:, 1] == _SG_SLOT))
+    return pairs[keep]  # boolean indexing: syncs, as the search itself
+
+
+def _n_between_pairs(exists14, residue_index):
+    """Number of pairs in AlphaFold's clash mask (no pair list needed): pairs of
+    existing atoms of different residues, minus peptide bonds and slot-5 pairs."""
+    e = exists14.to(torch.float64)
+    per_res = e.sum(-1)
+    n = per_res.sum(-1)
+    ri = torch.as_tensor(residue_index, device=e.device)
+    consecutive = (ri[..., 1:] - ri[..., :-1]) == 1
+    bonds = (e[..., :-1, 2] * e[..., 1:, 0] * consecutive).sum(-1)
+    sg = e[..., _SG_SLOT].sum(-1)
+    return 0.5 * (n * n - (per_res * per_res).sum(-1)) - bonds - 0.5 * sg * (sg - 1)
+
+
+def between_residue_clash_loss(pos14, exists14, aatype, residue_index, overlap_tolerance_soft=1.5,
+                               overlap_tolerance_hard=1.5, pairs=None):  # fmt: skip
+    """Between-residue clashes (AlphaFold's ``between_residue_clash_loss``) on ``zmat.clash_loss``.
+
+    Args:
+        pos14: ``(..., L, 14, 3)``; exists14 ``(..., L, 14)``; aatype, residue_index ``(..., L)``.
+        pairs: optional list from :func:`clash_pairs` (default: searched now,
+            with ``overlap_tolerance = min(soft, hard)``).
+
+    Returns:
+        dict: ``mean_loss`` ``(...)`` (differentiable, through ``clash_loss``),
+        ``per_atom_loss_sum`` and ``per_atom_clash_mask`` ``(..., L, 14)``
+        (per-atom diagnostics, same values as AlphaFold's; not differentiated).
+    """
+    aatype = torch.as_tensor(aatype, device=pos14.device)
+    if pairs is None:
+        tol = min(overlap_tolerance_soft, overlap_tolerance_hard)
+        pairs = clash_pairs(pos14, exists14, aatype, residue_index, overlap_tolerance=tol)
+    x = pos14.flatten(-3, -2)
+    radii = _radii14(aatype, exists14, pos14.dtype).expand(exists14.shape).flatten(-2)
+    total = clash_loss(
+        x, radii, pairs=pairs, tolerance=overlap_tolerance_soft, mask=exists14.bool().flatten(-2)
+    )
+    with torch.no_grad():
+        xf, rf = x.detach().reshape(-1, 3), radii.reshape(-1)
+        i, j = pairs[:, 0], pairs[:, 1]
+        d = torch.sqrt(1e-10 + ((xf[i] - xf[j]) ** 2).sum(-1))
+        pen = torch.relu(rf[i] + rf[j] - overlap_tolerance_soft - d)
+        hit = (d < rf[i] + rf[j] - overlap_tolerance_hard).to(xf.dtype)
+        per_atom = torch.zeros_like(rf).index_add(0, i, pen).index_add(0, j, pen)
+        mask = torch.zeros_like(rf).scatter_reduce(0, torch.cat([i, j]), torch.cat([hit, hit]), "amax")
+    n_pairs = _n_between_pairs(exists14, residue_index).to(total.dtype)
+    return {
+        "mean_loss": total / (1e-6 + n_pairs),
+        "total": total,
+        "per_atom_loss_sum": per_atom.reshape(exists14.shape),
+        "per_atom_clash_mask": mask.reshape(exists14.shape),
+    }
+
+
+# ------------------------------------------------------------------ together
+def structural_violations(atom37, aatype, mask, residue_index=None, tolerance_factor=12.0,
+                          clash_overlap_tolerance=1.5, pairs=None) -> dict[str, torch.Tensor]:  # fmt: skip
+    """All of AlphaFold's structural violations, metrics and loss, batched.
+
+    ``find_structural_violations`` + ``compute_violation_metrics`` +
+    ``structural_violation_loss`` of AlphaFold, in one flat dict. The atoms
+    are those of ``mask`` (AlphaFold uses every atom of the residue type,
+    which is the same for a full-atom prediction); the residue mask of the
+    metrics is "has any atom", so padded residues of a ragged batch are left out.
+
+    Args:
+        atom37: ``(..., L, 37, 3)`` positions.
+        aatype: ``(L,)`` or ``(..., L)`` residue types (AlphaFold order).
+        mask: ``(L, 37)`` or ``(..., L, 37)`` atom mask.
+        residue_index: ``(..., L)`` residue numbers; default ``0..L-1``.
+        tolerance_factor: AlphaFold's ``violation_tolerance_factor`` (12).
+        clash_overlap_tolerance: AlphaFold's ``clash_overlap_tolerance`` (1.5 A).
+        pairs: optional clash pair list from :func:`clash_pairs` (then no host sync).
+
+    Returns:
+        dict of tensors (``...`` the batch shape): ``c_n_loss_mean``,
+        ``ca_c_n_loss_mean``, ``c_n_ca_loss_mean``, ``clashes_mean_loss``,
+        ``loss`` (AlphaFold's violation loss, differentiable) ``(...)``;
+        ``connections_per_residue_loss_sum``,
+        ``connections_per_residue_violation_mask``, ``per_residue_violation_mask``
+        (any violation) ``(..., L)`` (the loss sum is unmasked, as AlphaFold's:
+        it also counts pairs across gaps and into padding); ``clashes_per_atom_loss_sum``,
+        ``clashes_per_atom_clash_mask``, ``per_atom_loss_sum``,
+        ``per_atom_violations`` ``(..., L, 14)``; metrics ``(...)``:
+        ``violations_extreme_ca_ca_distance``, ``violations_between_residue_bond``,
+        ``violations_between_residue_clash``, ``violations_within_residue``,
+        ``violations_per_residue`` (fraction of residues violating).
+
+    Example:
+        >>> p = zmat.protein.from_pdb("tests/data/1ubi.pdb")
+        >>> pos, mask = p.to_atom37()
+        >>> v = structural_violations(pos, p.aatype, mask)
+        >>> rate = float(v["violations_per_residue"])  # fraction of residues violating
+    """
+    if not isinstance(atom37, torch.Tensor) or atom37.ndim < 3 or atom37.shape[-2:] != (37, 3):
+        raise ValueError(
+            f"structural_violations: atom37 must have shape (..., L, 37, 3), got "
+            f"{tuple(getattr(atom37, 'shape', ()))}"
+        )
+    shape, dev = atom37.shape[:-2], atom37.device
+    aatype = torch.as_tensor(aatype, device=dev).long().expand(shape)
+    mask = torch.as_tensor(mask, device=dev).bool().expand(atom37.shape[:-1])
+    if residue_index is None:
+        residue_index = torch.arange(shape[-1], device=dev)
+    residue_index = torch.as_tensor(residue_index, device=dev).expand(shape)
+    pos14, exists14 = atom37_to_atom14(atom37, aatype, mask)
+    bonds = between_residue_bond_loss(
+        pos14, exists14, residue_index, aatype, tolerance_factor, tolerance_factor
+    )
+    clashes = between_residue_clash_loss(
+        pos14, exists14, aatype, residue_index, clash_overlap_tolerance, clash_overlap_tolerance, pairs=pairs
+    )
+    lower, upper = (
+        b[aatype] for b in _pair_bounds(clash_overlap_tolerance, tolerance_factor, atom37.dtype, dev)
+    )
+    within = _within(pos14, exists14, lower, upper)
+    clash_res = clashes["per_atom_clash_mask"].amax(-1)
+    within_res = within["per_atom_violations"].amax(-1)
+    per_residue = torch.maximum(torch.maximum(bonds["per_residue_violation_mask"], clash_res), within_res)
+    n_atoms = exists14.to(atom37.dtype).sum((-1, -2))
+    loss = (
+        bonds["c_n_loss_mean"]
+        + bonds["ca_c_n_loss_mean"]
+        + bonds["c_n_ca_loss_mean"]
+        + (2 * clashes["total"] + within["per_atom_loss_sum"].sum((-1, -2))) / (1e-6 + n_atoms)
+    )  # sum of the per-atom clash sums = twice the pair sum; the gradient flows through clash_loss
+    seq = exists14.any(-1).to(atom37.dtype)
+    metric = lambda v: _pairs_mean(seq, v, 1e-10)  # noqa: E731
+    return {
+        "c_n_loss_mean": bonds["c_n_loss_mean"],
+        "ca_c_n_loss_mean": bonds["ca_c_n_loss_mean"],
+        "c_n_ca_loss_mean": bonds["c_n_ca_loss_mean"],
+        "connections_per_residue_loss_sum": bonds["per_residue_loss_sum"],
+        "connections_per_residue_violation_mask": bonds["per_residue_violation_mask"],
+        "clashes_mean_loss": clashes["mean_loss"],
+        "clashes_per_atom_loss_sum": clashes["per_atom_loss_sum"],
+        "clashes_per_atom_clash_mask": clashes["per_atom_clash_mask"],
+        "per_atom_loss_sum": within["per_atom_loss_sum"],
+        "per_atom_violations": within["per_atom_violations"],
+        "per_residue_violation_mask": per_residue,
+        "violations_extreme_ca_ca_distance": extreme_ca_ca_distance_violations(
+            pos14, exists14, residue_index
+        ),
+        "violations_between_residue_bond": metric(bonds["per_residue_violation_mask"]),
+        "violations_between_residue_clash": metric(clash_res),
+        "violations_within_residue": metric(within_res),
+        "violations_per_residue": metric(per_residue),
+        "loss": loss,
+    }
