@@ -25,7 +25,7 @@ def _check(mobile: torch.Tensor, target: torch.Tensor) -> None:
         )
 
 
-def _rotation(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+def kabsch_rotation(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """Proper rotation ``R`` (``(..., 3, 3)``) minimising ``|p R^T - q|`` for centred ``p, q``."""
     h = p.transpose(-1, -2) @ q  # (..., 3, 3) covariance
     u, _, vh = torch.linalg.svd(h)
@@ -62,7 +62,7 @@ def superpose(mobile: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     _check(mobile, target)
     cm, ct = mobile.mean(-2, keepdim=True), target.mean(-2, keepdim=True)
     p, q = mobile - cm, target - ct
-    return p @ _rotation(p, q).transpose(-1, -2) + ct
+    return p @ kabsch_rotation(p, q).transpose(-1, -2) + ct
 
 
 def rmsd(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -88,6 +88,6 @@ def rmsd(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     p = a - a.mean(-2, keepdim=True)
     q = b - b.mean(-2, keepdim=True)
     with torch.no_grad():
-        rot = _rotation(p.detach(), q.detach())
+        rot = kabsch_rotation(p.detach(), q.detach())
     diff = p @ rot.transpose(-1, -2) - q
     return safe_norm(diff.flatten(-2)) / math.sqrt(a.shape[-2])

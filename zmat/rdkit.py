@@ -85,10 +85,11 @@ except ImportError as err:  # pragma: no cover - exercised only without RDKit
         "zmat.rdkit needs RDKit: install it with `pip install 'zmat[rdkit]'` (or `pip install rdkit`)"
     ) from err
 
-from ._align import _rotation, superpose
+from ._align import kabsch_rotation, superpose
 from .batch import Ragged, concatenate_tables
 from .table import ConstructionTable, index_tensor
 from .transform import dihedrals, to_internal, to_xyz
+from .zmatrix import ZMatrix
 
 __all__ = ["STRICT_SMARTS", "TorsionSpace", "rotatable_bonds", "torsion_table", "zmatrix_from_mol"]
 
@@ -317,8 +318,6 @@ def zmatrix_from_mol(mol, conf_id: int = -1):
     Its table is the torsion-space table (module docstring): each rotatable
     bond of RDKit's strict pattern is the dihedral of one row.
     """
-    from .zmatrix import ZMatrix
-
     refs, _, _ = torsion_table(mol, None, conf_id)
     table = ConstructionTable(refs)
     pos = torch.as_tensor(_positions(mol, conf_id))
@@ -409,7 +408,7 @@ class TorsionSpace:
         canonical = to_xyz(internal, table)
         # the one rigid motion from zmat's canonical frame to the conformer's
         p, q = canonical - canonical.mean(0), pos - pos.mean(0)
-        rot = _rotation(p, q)
+        rot = kabsch_rotation(p, q)
         shift = pos.mean(0) - canonical.mean(0) @ rot.T
         _check_rebuilt(canonical @ rot.T + shift, pos)
         copy = Chem.Mol(mol, confId=mol.GetConformer(conf_id).GetId())

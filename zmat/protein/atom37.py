@@ -133,7 +133,7 @@ def aatype_of(protein) -> torch.Tensor:
 
 
 # -------------------------------------------------- atom14 <-> atom37 tensors
-def _check_positions(pos: torch.Tensor, width: int, name: str) -> None:
+def check_positions(pos: torch.Tensor, width: int, name: str) -> None:
     if not isinstance(pos, torch.Tensor) or not pos.is_floating_point():
         raise TypeError(f"{name}: positions must be a float tensor, got {type(pos).__name__}")
     if pos.ndim < 3 or pos.shape[-2:] != (width, 3):
@@ -174,7 +174,7 @@ def atom14_to_atom37(positions: torch.Tensor, aatype, mask=None) -> tuple[torch.
     Returns:
         ``(..., L, 37, 3)`` positions (0 where absent) and ``(..., L, 37)`` bool mask.
     """
-    _check_positions(positions, 14, "atom14_to_atom37")
+    check_positions(positions, 14, "atom14_to_atom37")
     return _convert(positions, aatype, mask, RESTYPE_ATOM37_TO_ATOM14, 14, "atom14_to_atom37")
 
 
@@ -189,7 +189,7 @@ def atom37_to_atom14(positions: torch.Tensor, aatype, mask=None) -> tuple[torch.
     Returns:
         ``(..., L, 14, 3)`` positions (0 where absent) and ``(..., L, 14)`` bool mask.
     """
-    _check_positions(positions, 37, "atom37_to_atom14")
+    check_positions(positions, 37, "atom37_to_atom14")
     return _convert(positions, aatype, mask, RESTYPE_ATOM14_TO_ATOM37, 37, "atom37_to_atom14")
 
 

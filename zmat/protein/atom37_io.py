@@ -17,8 +17,8 @@ from .atom37 import (
     RESTYPE_3,
     RESTYPE_ATOM37_MASK,
     UNK,
-    _check_positions,
     atom14_to_atom37,
+    check_positions,
 )
 from .structure import Protein, from_structure
 
@@ -44,7 +44,7 @@ def from_atom37(positions, aatype, mask, residue_index=None, chain_index=None):
             the residue type does not have (naming the residue and atom).
     """
     pos = torch.as_tensor(positions).detach().to("cpu", torch.float64)
-    _check_positions(pos, 37, "from_atom37")
+    check_positions(pos, 37, "from_atom37")
     if pos.ndim != 3:
         raise ValueError(f"from_atom37: one structure (L, 37, 3) at a time, got {tuple(pos.shape)}")
     L = pos.shape[0]
@@ -97,7 +97,7 @@ def _chain_letter(c: int) -> str:
 def from_atom14(positions, aatype, mask, residue_index=None, chain_index=None):
     """:func:`from_atom37` from atom14 tensors (``(L, 14, 3)``, ``(L,)``, ``(L, 14)``)."""
     pos = torch.as_tensor(positions).detach().to("cpu", torch.float64)
-    _check_positions(pos, 14, "from_atom14")
+    check_positions(pos, 14, "from_atom14")
     m = torch.as_tensor(mask).bool().cpu()
     if m.shape != pos.shape[:-1]:
         raise ValueError(f"from_atom14: mask must have shape {tuple(pos.shape[:-1])}, got {tuple(m.shape)}")
