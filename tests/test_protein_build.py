@@ -119,6 +119,51 @@ def test_batch_clash_pairs():
         assert torch.allclose(loss[b], want, atol=1e-9), (b, loss[b], want)
 
 
+def _same(x, y) -> bool:
+    """Equal values, dtype and shape (NaN equal to NaN)."""
+    if isinstance(x, list):
+        return len(x) == len(y) and all(_same(a, b) for a, b in zip(x, y, strict=True))
+    x, y = (v.numpy() if isinstance(v, torch.Tensor) else v for v in (x, y))
+    if not isinstance(x, np.ndarray):
+        return x == y and type(x) is type(y)
+    return x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x, y, equal_nan=x.dtype.kind == "f")
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_batch_from_pieces_equals_the_general_path(seed):
+    """The fast path (table and arrays stamped from per-type pieces, no
+    validation) gives exactly the validated general path's table (every array
+    of ConstructionTable), padded arrays and coordinates: random batches with
+    every residue type, one-residue proteins and padding."""
+    rng = np.random.default_rng(seed)
+    seqs = ["".join(rng.choice(list(ALL20), int(n))) for n in rng.integers(1, 30, 7)] + ["W", ALL20]
+    batch = zp.ProteinBatch(seqs)
+    layouts, refs, arrays, L_max, N_max = batch._general  # the general path, for reference
+    assert (L_max, N_max) == (batch.L_max, batch.N_max)
+    ref = zmat.ConstructionTable(refs)
+    fast = batch.table
+    for name in zmat.ConstructionTable._ARRAYS:
+        assert _same(getattr(ref, name), getattr(fast, name)), name
+    assert ref.n_levels == fast.n_levels and np.array_equal(ref.topo_order, fast.topo_order)
+    got = {**{k: getattr(batch._flat, k) for k in ("ideal", "ideal_mask", "torsion_slot")}}
+    got.update({k: getattr(batch, k) for k in ("atom_mask", "residue_mask", "atom_names", "elements")})
+    got["residue_index"] = batch.residue_index
+    assert set(got) == set(arrays)
+    for k, v in arrays.items():
+        assert _same(v, got[k]), k
+    t = _random_torsions(batch.L_max, len(seqs), seed=seed)
+    C = batch.internal_from_torsions(t)
+    assert torch.equal(zmat.to_xyz(C, fast), zmat.to_xyz(C, ref))
+
+
+def test_batch_with_an_empty_sequence_takes_the_general_path():
+    batch = zp.ProteinBatch(["", "MK"])
+    assert batch._stamp is None and batch.atom_mask[0].sum() == 0
+    xyz = batch.to_xyz(torch.zeros(2, 2, 7, dtype=torch.float64))
+    want = zp.to_xyz_from_torsions(torch.zeros(2, 7, dtype=torch.float64), "MK")
+    assert torch.equal(xyz[1, : want.shape[0]], want)
+
+
 # ------------------------------------------------------------- FoldingDiff
 def _foldingdiff_nerf(angles, lengths, first):
     """A transcription of FoldingDiff's sequential NERFBuilder loop (numpy)."""

@@ -139,3 +139,33 @@ def test_concatenate_validates_raw_pieces_and_rejects_empty_input():
         ConstructionTable.concatenate([])
     with pytest.raises(ValueError, match="row 1: atom 1 refers to itself"):
         ConstructionTable.concatenate([[[-1, -1, -1]], [[-1, -1, -1], [1, -1, -1]]])
+
+
+def test_trusted_takes_exactly_the_planned_arrays():
+    t = ConstructionTable([[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0]])
+    arrays = {name: getattr(t, name) for name in ConstructionTable._ARRAYS}
+    copy = ConstructionTable._trusted(arrays)
+    assert copy == t and copy.n_atoms == 4 and copy.n_levels == t.n_levels
+    x = zmat.to_xyz(torch.rand(4, 3, dtype=torch.float64) + 0.5, copy)
+    assert torch.isfinite(x).all()
+    with pytest.raises(ValueError, match="exactly the arrays"):
+        ConstructionTable._trusted({k: v for k, v in arrays.items() if k != "kind"})
+
+
+def test_a_planned_table_is_freed_without_the_cycle_collector():
+    """No table -> plan -> table cycle: a fresh batch's table and plans are
+    freed (their memory reused) as soon as the caller drops them."""
+    import gc
+    import weakref
+
+    gc.disable()
+    try:
+        t = ConstructionTable(chain_table(40))
+        C = (torch.rand(40, 3, dtype=torch.float64) + 0.5).requires_grad_(True)
+        zmat.to_xyz(C, t).sum().backward()
+        zmat.to_xyz(C.expand(3, 40, 3), t).sum().backward()  # the batched plans too
+        ref = weakref.ref(t)
+        del t
+        assert ref() is None
+    finally:
+        gc.enable()

@@ -34,6 +34,7 @@ uses the transpose: path sums from the root instead of subtree sums.
 from __future__ import annotations
 
 import math
+import weakref
 
 import numpy as np
 import torch
@@ -70,7 +71,11 @@ class _ForestPlan:
     def __init__(self, table: ConstructionTable, device: torch.device) -> None:
         n = table.n_atoms
         self.n = n
-        self.table = table  # for the scans' own plans (table.cached)
+        # The scans' own plans are kept here (``table_plan``); the table only
+        # weakly: a table -> plan -> table cycle would keep every fresh batch's
+        # arrays alive until the cyclic garbage collector runs.
+        self._table = weakref.ref(table)
+        self.sub: dict = {}
         self.max_depth = table.max_depth
         dfs = table.dfs_order
         self.dfs_order = index_tensor(dfs, device)
@@ -81,18 +86,29 @@ class _ForestPlan:
         self.parent = index_tensor(parent, device)
         self.end = index_tensor(table.subtree_end, device)
 
-        # Gather of C's entries: rows r, theta, then phi along the offset chain.
-        slots = np.append(dfs, np.argmax(table.kind == ROOT))  # + the identity slot
-        chain = table.offset_chain[slots]  # (N + 1, L), n = none
-        kind = table.kind[slots]
-        self.k = 2 + chain.shape[1]
-        gather = np.concatenate([[3 * slots], [3 * slots + 1], 3 * np.minimum(chain, n - 1).T + 2])
-        link_kind = np.append(table.kind, ROOT)[chain.T]  # a PLANAR link's phi is ignored too
-        keep = np.concatenate([[kind != ROOT], [kind > BOND], link_kind > PLANAR])
+        # Gather of C's entries: rows r, theta, then phi along the offset chain
+        # (each array written once, in place: this runs on every fresh batch).
+        root = np.argmax(table.kind == ROOT)
+        slots = np.append(dfs, root)  # + the identity slot
+        chain = np.take(table.offset_chain.T, slots, 1)  # (L, N + 1), n = none
+        kind = np.take(table.kind, slots)
+        self.k = 2 + chain.shape[0]
+        gather = np.empty((self.k, n + 1), np.int64)
+        np.multiply(slots, 3, out=gather[0])
+        np.add(gather[0], 1, out=gather[1])
+        link_kind = np.take(np.append(table.kind, ROOT), chain)  # a PLANAR link's phi is ignored too
+        np.minimum(chain, n - 1, out=gather[2:])
+        gather[2:] *= 3
+        gather[2:] += 2
+        keep = np.empty((self.k, n + 1), bool)
+        np.not_equal(kind, ROOT, out=keep[0])
+        np.greater(kind, BOND, out=keep[1])
+        np.greater(link_kind, PLANAR, out=keep[2:])
         keep[:, n] = False
         self.gather = index_tensor(gather.reshape(-1), device)  # (K * (N + 1),)
         self.keep = torch.as_tensor(keep[..., None], device=device)  # (K, N + 1, 1)
-        self.grad_index = index_tensor(gather[:, :n].reshape(-1), device)
+        # copies in numpy: torch's strided int64 copy is many times slower on the CPU
+        self.grad_index = index_tensor(np.ascontiguousarray(gather[:, :n]).reshape(-1), device)
         self.grad_keep = torch.as_tensor(np.ascontiguousarray(keep[:, :n, None]), device=device)
         self.zero = torch.zeros((1, 1, 1), dtype=torch.int8, device=device)
         # (0, 0, 0, 1) for compose_components: int8 multiplies with any float dtype
@@ -100,11 +116,13 @@ class _ForestPlan:
         self.grad_rows = index_tensor([0, 1] + [2] * (self.k - 2), device)
         # Rows T = (r, 1, 0, cos t, cos p, sin t, sin p): constants where a
         # reference is missing (theta = pi, phi = 0 make L the identity rotation).
-        trig_keep = np.stack(
-            [kind != ROOT, 0 * kind, 0 * kind, kind > BOND, kind > PLANAR, kind > BOND, kind > PLANAR]
-        )
+        # (kind[n] is ROOT: the identity slot keeps none)
+        trig_keep = np.zeros((7, n + 1, 1), bool)
+        trig_keep[0, :, 0] = keep[0]  # kind != ROOT
+        trig_keep[3::2, :, 0] = keep[1]  # kind > BOND
+        trig_keep[4::2, :, 0] = kind > PLANAR
         trig_const = np.array([0, 1, 0, -1, 1, 0, 0], np.int8)[:, None]  # per row, broadcast over atoms
-        self.trig_keep = torch.as_tensor(trig_keep[..., None].astype(bool), device=device)
+        self.trig_keep = torch.as_tensor(trig_keep, device=device)
         self.trig_const = torch.as_tensor(trig_const[..., None], device=device)
         self.factors = index_tensor(np.array(LOCAL_FACTORS).T.reshape(-1), device)  # (36,)
 
@@ -145,25 +163,30 @@ class _JumpPlan:
     def __init__(self, table: ConstructionTable, device: torch.device) -> None:
         n, depth, parent = table.n_atoms, table.dfs_depth, table.dfs_parent
         block = JUMP_BLOCK
-        anc = np.append(np.where((parent >= 0) & (depth % block != 0), parent, n), n)
+        level = depth % block
+        at_head = level == 0  # segment roots are at depth 0, so at a head
+        anc = np.empty(n + 1, np.int64)
+        anc[n] = n
+        np.copyto(anc[:n], np.where(at_head, n, parent))
         self.inside = []
         for _ in range(math.ceil(math.log2(min(block, table.max_depth + 1)))):
             self.inside.append(index_tensor(anc, device))
-            anc = anc[anc]
+            anc = np.take(anc, anc)
         self.blocked = table.max_depth >= block
         if not self.blocked:
             return
-        head = _ancestor(parent, depth % block)  # block head (dfs position) of every atom
-        heads = np.nonzero(depth % block == 0)[0]
+        flat, counts, head, _ = _levels(parent, level)  # head: block head (dfs position) of every atom
+        heads = flat[: counts[0]]  # in dfs order
+        rank = np.cumsum(at_head) - 1  # of each block head among heads
         h_parent = parent[heads]  # -1 for segment roots
         self.head_source = index_tensor(np.append(np.where(h_parent >= 0, h_parent, n), n), device)
-        up = np.where(h_parent >= 0, np.searchsorted(heads, head[np.maximum(h_parent, 0)]), len(heads))
+        up = np.where(h_parent >= 0, rank[head[np.maximum(h_parent, 0)]], len(heads))
         anc = np.append(up, len(heads))
         self.over = []
         for _ in range(math.ceil(math.log2(table.max_depth // block + 1))):
             self.over.append(index_tensor(anc, device))
-            anc = anc[anc]
-        self.head_of = index_tensor(np.searchsorted(heads, head), device)
+            anc = np.take(anc, anc)
+        self.head_of = index_tensor(rank[head], device)
 
 
 class _BlockPlan:
@@ -175,17 +198,12 @@ class _BlockPlan:
         n = table.n_atoms
         depth = table.dfs_depth
         block = _block_size(table.max_depth)
-        level = depth % block
-        head = _ancestor(table.dfs_parent, level)  # block root (dfs position) of every atom
-        # dfs positions grouped by level within blocks (dfs order inside a level)
-        flat = np.argsort(level, kind="stable")
-        counts = np.bincount(level)
+        flat, counts, head, parents = _levels(table.dfs_parent, depth % block)
         starts = np.cumsum(counts) - counts
         inv = np.empty(n, np.int64)
         inv[flat] = np.arange(n)
         self.steps = [(int(counts[0]), None)]
-        for k in range(1, len(counts)):  # a level's parents are the previous level's atoms
-            parent = table.dfs_parent[flat[starts[k] : starts[k] + counts[k]]]
+        for k, parent in enumerate(parents, 1):  # a level's parents are the previous level's atoms
             self.steps.append((int(counts[k]), index_tensor(inv[parent] - starts[k - 1], device)))
         self.step_order = index_tensor(flat, device)
         self.step_inverse = index_tensor(inv, device)
@@ -200,7 +218,7 @@ class _BlockPlan:
             self.jumps = []
             for _ in range(rounds):
                 self.jumps.append(index_tensor(anc, device))
-                anc = anc[anc]
+                anc = np.take(anc, anc)
             self.head_of = index_tensor(inv[head], device)
 
 
@@ -230,17 +248,25 @@ def prepare(table: ConstructionTable, device: torch.device | str, batch: int = 1
 
 
 # ------------------------------------------------------------------ helpers
-def _ancestor(parent: np.ndarray, k: np.ndarray) -> np.ndarray:
-    """The ``k[i]``-th ancestor of every node ``i`` (``k <= depth``), by binary
-    lifting: one vectorised step per bit of ``max(k)``."""
-    node = np.arange(len(parent))
-    up = np.where(parent >= 0, parent, node)  # 2**bit-th ancestor (roots stay)
-    bit = 0
-    while (k >> bit).any():
-        node = np.where((k >> bit) & 1, up[node], node)
-        up = up[up]
-        bit += 1
-    return node
+def _levels(parent: np.ndarray, level: np.ndarray):
+    """Nodes of a forest (``parent`` pointers, parents before children) grouped
+    by ``level`` (depth within a block, < 256, 0 at block heads): ``(flat,
+    counts, head)``, ``flat`` the nodes by level (index order within one),
+    ``counts`` per level, ``head`` the block head of every node (its ancestor
+    at level 0), ``parents`` per level from 1 on, its nodes' parents. A radix
+    sort and one gather per level: no search."""
+    level = level.astype(np.uint8)  # numpy's stable sort of 8-bit keys is a radix sort
+    flat = np.argsort(level, kind="stable")
+    counts = np.bincount(level)
+    head = np.empty(len(parent), np.int64)
+    head[flat[: counts[0]]] = flat[: counts[0]]
+    start, parents = counts[0], []
+    for c in counts[1:].tolist():  # a level's parents are on the level above
+        nodes = flat[start : start + c]
+        parents.append(parent[nodes])
+        head[nodes] = head[parents[-1]]
+        start += c
+    return flat, counts, head, parents
 
 
 def _block_size(max_depth: int) -> int:
@@ -365,8 +391,14 @@ def compose_paths(local: torch.Tensor, plan: _ForestPlan) -> torch.Tensor:
 
 
 def table_plan(plan: _ForestPlan, build, device):
-    """A further per-device plan of ``plan``'s table (built once, cached)."""
-    return plan.table.cached(build, device)
+    """A further per-device plan of ``plan``'s table (built once, cached on
+    ``plan``: a plain dict, which compiled code reads as a constant)."""
+    sub = plan.sub.get(build)
+    if sub is None:
+        sub = plan._table().cached(build, device)
+        if torch._guards.detect_fake_mode() is None:  # as ConstructionTable.cached
+            plan.sub[build] = sub
+    return sub
 
 
 def _split(frames: torch.Tensor):

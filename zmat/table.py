@@ -143,6 +143,25 @@ class ConstructionTable:
         out.constant_anchors = all(t.constant_anchors for t in pieces)
         return out
 
+    #: the arrays a table holds besides its cached properties (see ``_classify``)
+    _ARRAYS = (
+        "refs", "kind", "parent", "offset_of", "offset_chain", "dfs_order", "dfs_pos", "subtree_end",
+        "dfs_parent", "dfs_depth", "max_depth", "dfs_segment", "stage_atoms", "constant_anchors",
+    )  # fmt: skip
+
+    @classmethod
+    def _trusted(cls, arrays: dict) -> ConstructionTable:
+        """A table from its arrays (``_ARRAYS``, as ``_classify`` makes them),
+        with no validation or planning: for builders that assemble tables from
+        pieces already validated and classified (``zmat.protein.pieces``),
+        whose tests compare every array with the general path's."""
+        if set(arrays) != set(cls._ARRAYS):
+            raise ValueError(f"_trusted needs exactly the arrays {cls._ARRAYS}")
+        out = cls.__new__(cls)
+        out.__dict__.update(arrays)
+        out.n_atoms = int(arrays["refs"].shape[0])
+        return out
+
     # ------------------------------------------------------------------ info
     def __len__(self) -> int:
         return self.n_atoms

@@ -47,6 +47,7 @@ from .layout import (
     residue_types,
     sequence_types,
 )
+from .pieces import FORWARD, batch_arrays, batch_table, stamp
 from .topology import TORSION_NAMES, one_to_three
 
 __all__ = [
@@ -200,9 +201,63 @@ class ProteinBatch:
         if isinstance(sequences, str) or len(sequences) == 0:
             raise ValueError("ProteinBatch needs a non-empty list of sequences")
         self.sequences = list(sequences)
-        # one layout of the whole batch (a forest: each protein starts a tree),
-        # then cut into the proteins' layouts and scattered into the padding
-        types = [_sequence_types(s) for s in self.sequences]
+        self._types = [_sequence_types(s) for s in self.sequences]
+        if all(len(t) for t in self._types):  # the fast path: stamped from per-type pieces
+            self._stamp = stamp(self._types)
+            self.L_max, self.N_max = self._stamp.L_max, self._stamp.n_max
+            a = batch_arrays(self._stamp, FORWARD)
+        else:
+            self._stamp = None
+            a = self._arrays
+            self.L_max, self.N_max = self._general[3:]
+        self._flat = _Arrays(a["ideal"], a["ideal_mask"], a["torsion_slot"], len(self) * self.L_max)
+
+    @functools.cached_property
+    def _arrays(self) -> dict:
+        return batch_arrays(self._stamp) if self._stamp is not None else self._general[2]
+
+    # made on first use: a training step that does not read them does not pay for them
+    @functools.cached_property
+    def atom_mask(self) -> torch.Tensor:
+        return torch.from_numpy(self._arrays["atom_mask"])
+
+    @functools.cached_property
+    def residue_mask(self) -> torch.Tensor:
+        return torch.from_numpy(self._arrays["residue_mask"])
+
+    @functools.cached_property
+    def atom_names(self) -> np.ndarray:
+        return self._arrays["atom_names"]
+
+    @functools.cached_property
+    def elements(self) -> np.ndarray:
+        return self._arrays["elements"]
+
+    @functools.cached_property
+    def residue_index(self) -> torch.Tensor:
+        return torch.from_numpy(self._arrays["residue_index"])
+
+    @functools.cached_property
+    def layouts(self) -> list[Layout]:
+        """The proteins' :class:`~zmat.protein.layout.Layout` (built on first use)."""
+        return self._general[0]
+
+    @functools.cached_property
+    def table(self) -> ConstructionTable:
+        """``ConstructionTable`` over the ``B * N_max`` atoms (built on first use,
+        from per-residue-type pieces: ``zmat.protein.pieces``)."""
+        if self._stamp is not None:
+            return batch_table(self._stamp)
+        return ConstructionTable(self._general[1])
+
+    @functools.cached_property
+    def _general(self) -> tuple:
+        """The general path (and the reference of the fast one in the tests):
+        one layout of the whole batch (a forest: each protein starts a tree),
+        cut into the proteins' layouts and scattered into the padding. Returns
+        ``(layouts, refs, arrays, L_max, N_max)``, ``arrays`` as
+        :func:`~zmat.protein.pieces.batch_arrays`'s."""
+        types = self._types
         B = len(types)
         n_res = np.array([len(t) for t in types], np.int64)
         res0 = np.cumsum(n_res) - n_res  # first residue of each protein
@@ -215,44 +270,34 @@ class ProteinBatch:
         atom0 = np.cumsum(n_atoms) - n_atoms
         bond_end = np.searchsorted(prot_atom[big.bonds[:, 0]], np.arange(B), side="right")
         bond0 = np.concatenate([[0], bond_end[:-1]])
-        self.layouts = [
+        layouts = [
             _cut(big, res0[b], n_res[b], atom0[b], n_atoms[b], bond0[b], bond_end[b]) for b in range(B)
         ]
-        self.L_max = Lm = int(n_res.max())
-        self.N_max = n = int(n_atoms.max())
+        Lm, n = int(n_res.max()), int(n_atoms.max())
         pos = prot_atom * n + np.arange(big.n_atoms) - atom0[prot_atom]  # padded index of each atom
         res_pos = prot_res * Lm + np.arange(len(prot_res)) - res0[prot_res]  # ... of each residue
         refs = np.full((B * n, 3), -1, np.int64)
         refs[pos] = np.where(big.refs >= 0, pos[np.maximum(big.refs, 0)], -1)
-        ideal = np.zeros((B * n, 3))
-        ideal[pos] = big.ideal
-        mask = np.zeros((B * n, 3), bool)
-        mask[pos] = big.ideal_mask
+        a = {"ideal": np.zeros((B * n, 3)), "ideal_mask": np.zeros((B * n, 3), bool)}
+        a["ideal"][pos] = big.ideal
+        a["ideal_mask"][pos] = big.ideal_mask
         s = big.torsion_slot
-        slot = np.full(B * n, -1, np.int64)
-        slot[pos] = np.where(s >= 0, res_pos[s // N_TORSIONS] * N_TORSIONS + s % N_TORSIONS, -1)
-        atom_mask = np.zeros(B * n, bool)
-        atom_mask[pos] = True
-        residue_mask = np.zeros(B * Lm, bool)
-        residue_mask[res_pos] = True
-        self.atom_mask = torch.from_numpy(atom_mask.reshape(B, n))
-        self.residue_mask = torch.from_numpy(residue_mask.reshape(B, Lm))
-        self.atom_names = np.full(B * n, "", "U4")
-        self.atom_names[pos] = big.atom_names
-        self.atom_names = self.atom_names.reshape(B, n)
-        self.elements = np.full(B * n, "", "U2")
-        self.elements[pos] = big.elements
-        self.elements = self.elements.reshape(B, n)
-        residue_index = np.full(B * n, -1, np.int64)
-        residue_index[pos] = big.residue_index - res0[prot_atom]
-        self.residue_index = torch.from_numpy(residue_index.reshape(B, n))
-        self._refs = refs
-        self._flat = _Arrays(ideal, mask, slot, B * Lm)
-
-    @functools.cached_property
-    def table(self) -> ConstructionTable:
-        """``ConstructionTable`` over the ``B * N_max`` atoms (built on first use)."""
-        return ConstructionTable(self._refs)
+        a["torsion_slot"] = np.full(B * n, -1, np.int64)
+        a["torsion_slot"][pos] = np.where(s >= 0, res_pos[s // N_TORSIONS] * N_TORSIONS + s % N_TORSIONS, -1)
+        a["atom_mask"] = np.zeros(B * n, bool)
+        a["atom_mask"][pos] = True
+        a["residue_mask"] = np.zeros(B * Lm, bool)
+        a["residue_mask"][res_pos] = True
+        a["atom_names"] = np.full(B * n, "", "U4")
+        a["atom_names"][pos] = big.atom_names
+        a["elements"] = np.full(B * n, "", "U2")
+        a["elements"][pos] = big.elements
+        a["residue_index"] = np.full(B * n, -1, np.int64)
+        a["residue_index"][pos] = big.residue_index - res0[prot_atom]
+        for k in ("atom_mask", "atom_names", "elements", "residue_index"):
+            a[k] = a[k].reshape(B, n)
+        a["residue_mask"] = a["residue_mask"].reshape(B, Lm)
+        return layouts, refs, a, Lm, n
 
     def __len__(self) -> int:
         return len(self.sequences)
@@ -346,6 +391,17 @@ class _Arrays(SharedTensors):
     def __init__(self, ideal, ideal_mask, torsion_slot, n_residues):
         self.ideal, self.ideal_mask, self.torsion_slot = ideal, ideal_mask, torsion_slot
         self.n_residues = n_residues
+
+    def tensor(self, name: str, device: torch.device | str | None = None) -> torch.Tensor:
+        """As :meth:`SharedTensors.tensor`; on the CPU the tensor shares the
+        batch's own array (no copy on a fresh batch's first call)."""
+        if device is None or torch.device(device).type == "cpu":
+            cache = self.__dict__.setdefault("_tensors", {})
+            key = (name, torch.device("cpu"))
+            if key not in cache:
+                cache[key] = torch.from_numpy(np.ascontiguousarray(getattr(self, name)))
+            return cache[key]
+        return super().tensor(name, device)
 
 
 # ----------------------------------------------------------- FoldingDiff

@@ -1,0 +1,348 @@
+"""A padded batch's construction table assembled from per-residue-type pieces.
+
+A :class:`~zmat.protein.ProteinBatch` is a forest of full-atom chains, so every
+array of its :class:`~zmat.table.ConstructionTable` (rows, classification,
+depth-first order, subtree ends, depths) is a stamp of one small *piece* per
+residue: the residue's type and its place in the chain (first, middle, last,
+only residue). The pieces are taken once, at first use, from the validated
+general path (``layout_from_types`` + ``ConstructionTable``) on short example
+chains, every atom reference written as ``(residue offset, slot)``; a batch is
+then assembled by vectorised offsetting, with no validation or planning of its
+own (a chain stamped from valid pieces is what the general path would build).
+
+Why the depth-first order is a stamp: in a chain, residue ``k``'s atoms are
+placed before (its *head*: ``N, CA, C, O``) and after (its *tail*: the side
+chain) the subtree of the rest of the chain, so one protein's preorder is
+``head_0, head_1, ..., head_{L-1}, tail_{L-1}, ..., tail_0``; a padding atom is
+its own tree, after its protein's. The pieces check that shape when they are
+taken, and ``tests/test_protein_build.py`` compares every array with the
+general path's on random batches.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..table import OFFSET, ROOT, ConstructionTable
+from .layout import N_TORSIONS, TYPES, layout_from_types
+
+__all__ = ["Stamp", "batch_arrays", "batch_table", "stamp"]
+
+FIRST, MIDDLE, LAST, ONLY = range(4)
+#: the piece of a padding atom (a one-atom tree, a ROOT row): the last one
+PAD = 4 * len(TYPES)
+_PAD_PIECE = {
+    "atom_name": np.array([""], "U4"),
+    "element": np.array([""], "U2"),
+    "ideal": np.zeros((1, 3)),
+    "ideal_mask": np.zeros((1, 3), bool),
+    "tors_off": np.zeros(1, np.int64),
+    "tors": np.full(1, -1, np.int64),
+    "kind": np.full(1, ROOT, np.int64),
+    "off": np.zeros((1, 3), np.int64),
+    "slot": np.full((1, 3), -1, np.int64),
+    "in_head": np.ones(1, bool),
+    "rank": np.zeros(1, np.int64),
+    "end_tail": np.zeros(1, bool),
+    "end": np.ones(1, np.int64),
+    "depth": np.zeros(1, np.int64),
+    "head": 1,
+    "next_depth": 0,
+}
+NONE = -(1 << 40)  # a missing reference's delta: below -1 whatever the atom index
+
+
+@dataclass(frozen=True)
+class _Pieces:
+    """Pieces of every ``type * 4 + place`` (then ``PAD``), their atoms concatenated.
+
+    Per piece: ``start``, ``size`` (atoms), ``head`` (atoms before the rest of
+    the chain in depth-first order), ``next_depth`` (depth of the next
+    residue's ``N`` below this one's). Per piece atom: ``kind``; ``delta``
+    ``(atoms * S, 3)``: row ``a * S + s`` holds the references of piece atom
+    ``a`` minus its own index when the previous residue has ``s`` atoms
+    (``NONE`` where missing); ``in_head``, ``rank`` (position in the head or
+    in the tail), ``end_tail`` and ``end`` (subtree end relative to the
+    head's or the tail's start), ``depth`` (below the residue's ``N``); the
+    layout's ``atom_name``,
+    ``element``, ``ideal``, ``ideal_mask``, and its torsion slot as the
+    torsion ``tors`` (-1: none) of the residue at ``tors_off``.
+    """
+
+    start: np.ndarray
+    size: np.ndarray
+    head: np.ndarray
+    next_depth: np.ndarray
+    kind: np.ndarray
+    delta: np.ndarray
+    atom_name: np.ndarray
+    element: np.ndarray
+    ideal: np.ndarray
+    ideal_mask: np.ndarray
+    tors_off: np.ndarray
+    tors: np.ndarray
+    in_head: np.ndarray
+    rank: np.ndarray
+    end_tail: np.ndarray
+    end: np.ndarray
+    depth: np.ndarray
+
+
+def _piece(t: int, place: int) -> dict:
+    """The piece of type ``t`` at ``place``, cut from an example chain."""
+    n_res, r = {FIRST: (3, 0), MIDDLE: (3, 1), LAST: (3, 2), ONLY: (1, 0)}[place]
+    lay = layout_from_types(np.full(n_res, t))
+    table = ConstructionTable(lay.refs)
+    res = lay.residue_index
+    a0 = np.searchsorted(res, np.arange(n_res + 1))  # first atom of every residue
+    atoms = np.arange(a0[r], a0[r + 1])
+    kind = table.kind[atoms]
+    x = table.refs[atoms]
+    xs = np.maximum(x, 0)
+    off = np.where(x >= 0, res[xs] - r, 0)
+    slot = np.where(x >= 0, xs - a0[res[xs]], -1)
+    if (np.abs(off) > 1).any() or (slot[off != 0] > 3).any():
+        raise RuntimeError(f"{TYPES[t].name}: a reference beyond the neighbours' backbone")
+    # every row a rigid child of its bond reference (or a ROOT), offsets on their d
+    rigid = (table.parent[atoms] == np.where(kind == ROOT, -1, x[:, 0])).all()
+    if not rigid or not (table.offset_of[atoms] == np.where(kind == OFFSET, x[:, 2], -1)).all():
+        raise RuntimeError(f"{TYPES[t].name}: a row that is not a rigid child")
+    pos = table.dfs_pos[atoms]
+    later = table.dfs_pos[a0[r + 1] :]
+    split = later.min() if len(later) else pos.max() + 1
+    in_head = pos < split
+    h0, n_head = pos.min(), int(in_head.sum())
+    t0 = later.max() + 1 if len(later) else h0 + n_head
+    rank = np.where(in_head, pos - h0, pos - t0)
+    if (
+        not (np.sort(pos[in_head]) == h0 + np.arange(n_head)).all()
+        or not (np.sort(rank[~in_head]) == np.arange(len(atoms) - n_head)).all()
+    ):
+        raise RuntimeError(f"{TYPES[t].name}: the residue is not a head and a tail in depth-first order")
+    end = table.subtree_end[pos]
+    end_tail = end > h0 + n_head
+    depth = table.dfs_depth[pos]
+    n_depth = table.dfs_depth[table.dfs_pos[a0[r + 1]]] if r + 1 < n_res else 0
+    tors = lay.torsion_slot[atoms]
+    return {
+        "atom_name": lay.atom_names[atoms],
+        "element": lay.elements[atoms],
+        "ideal": lay.ideal[atoms],
+        "ideal_mask": lay.ideal_mask[atoms],
+        "tors_off": np.where(tors >= 0, tors // N_TORSIONS - r, 0),
+        "tors": np.where(tors >= 0, tors % N_TORSIONS, -1),
+        "kind": kind,
+        "off": off,
+        "slot": slot,
+        "in_head": in_head,
+        "rank": rank,
+        "end_tail": end_tail,
+        "end": np.where(end_tail, end - t0, end - h0),
+        "depth": depth - depth[0],
+        "head": n_head,
+        "next_depth": n_depth - depth[0],
+    }
+
+
+@functools.cache
+def _pieces() -> _Pieces:
+    pieces = [_piece(t, place) for t in range(len(TYPES)) for place in range(4)] + [_PAD_PIECE]
+    size = np.array([len(p["kind"]) for p in pieces], np.int64)
+    S = int(size.max()) + 1
+
+    def cat(name):
+        return np.concatenate([p[name] for p in pieces])
+
+    # a reference (offset, slot) of piece atom j is atom j itself plus
+    # slot - j, + the piece's size (next residue), - the previous residue's size
+    off, slot = cat("off")[:, None], cat("slot")[:, None]  # (atoms, 1, 3)
+    j = np.concatenate([np.arange(n) for n in size])[:, None, None]
+    own = np.repeat(size, size)[:, None, None]
+    prev = np.arange(S)[None, :, None]  # (1, S, 1): the previous residue's size
+    delta = slot - j + np.where(off == 1, own, 0) - np.where(off == -1, prev, 0)
+    delta = np.where(slot >= 0, delta, NONE).reshape(-1, 3)
+    return _Pieces(
+        start=np.cumsum(size) - size,
+        size=size,
+        head=np.array([p["head"] for p in pieces], np.int64),
+        next_depth=np.array([p["next_depth"] for p in pieces], np.int64),
+        kind=cat("kind"),
+        delta=delta,
+        atom_name=cat("atom_name"),
+        element=cat("element"),
+        ideal=cat("ideal"),
+        ideal_mask=cat("ideal_mask"),
+        tors_off=cat("tors_off"),
+        tors=cat("tors"),
+        in_head=cat("in_head"),
+        rank=cat("rank"),
+        end_tail=cat("end_tail"),
+        end=cat("end"),
+        depth=cat("depth"),
+    )
+
+
+@dataclass(frozen=True)
+class Stamp:
+    """Where the pieces of a batch go. The padded layout is cut into *units*:
+    the residues of protein 0, then its padding atoms one unit each, then
+    protein 1's residues, ... (so unit ``u``'s atoms start at ``atom0[u]``,
+    a padded index, with no gap). Per unit its ``piece``, ``size`` (atoms),
+    ``tree`` (its tree's first unit; a padding atom is its own tree),
+    ``last`` (its tree's last unit), ``pad`` (padded residue index ``b *
+    L_max + k``, residues only); per atom ``unit``, ``pa`` (piece atom)."""
+
+    n_max: int
+    L_max: int
+    n_res: np.ndarray
+    n_atoms: np.ndarray
+    piece: np.ndarray
+    size: np.ndarray
+    atom0: np.ndarray
+    tree: np.ndarray
+    last: np.ndarray
+    pad: np.ndarray
+    unit: np.ndarray
+    pa: np.ndarray
+
+    @property
+    def N(self) -> int:
+        return len(self.n_res) * self.n_max
+
+
+def stamp(types: list[np.ndarray]) -> Stamp:
+    """The :class:`Stamp` of sequences of residue ``types`` (each non-empty)."""
+    P = _pieces()
+    B, n_res = len(types), np.array([len(t) for t in types], np.int64)
+    R = int(n_res.sum())
+    res0 = np.cumsum(n_res) - n_res
+    prot = np.repeat(np.arange(B), n_res)
+    place = np.full(R, MIDDLE)
+    place[res0 + n_res - 1] = LAST
+    place[res0] = np.where(n_res == 1, ONLY, FIRST)
+    piece = np.concatenate(types) * 4 + place
+    n_atoms = np.add.reduceat(P.size[piece], res0)
+    n_max, L_max = int(n_atoms.max()), int(n_res.max())
+    units = n_res + n_max - n_atoms  # a protein's residues and padding atoms
+    u0 = np.cumsum(units) - units
+    real = np.arange(R) + (u0 - res0)[prot]  # unit of every residue
+    U = int(units.sum())
+    unit_piece = np.full(U, PAD, np.int64)
+    unit_piece[real] = piece
+    tree, last = np.arange(U), np.arange(U)
+    tree[real], last[real] = u0[prot], (u0 + n_res - 1)[prot]
+    pad = np.zeros(U, np.int64)
+    pad[real] = np.arange(R) + prot * L_max - res0[prot]
+    size = P.size[unit_piece]
+    atom0 = np.cumsum(size) - size
+    unit = np.repeat(np.arange(U), size)
+    return Stamp(
+        n_max=n_max,
+        L_max=L_max,
+        n_res=n_res,
+        n_atoms=n_atoms,
+        piece=unit_piece,
+        size=size,
+        atom0=atom0,
+        tree=tree,
+        last=last,
+        pad=pad,
+        unit=unit,
+        pa=np.take(P.start[unit_piece] - atom0, unit) + np.arange(len(unit)),
+    )
+
+
+def batch_table(st: Stamp) -> ConstructionTable:
+    """The table of ``ProteinBatch(sequences)`` from its :class:`Stamp`."""
+    P = _pieces()
+    N, piece, size, unit, pa, tree = st.N, st.piece, st.size, st.unit, st.pa, st.tree
+    ar = np.arange(N)
+    prev = np.append(0, size[:-1])  # atoms of the previous unit
+    S = P.delta.shape[0] // len(P.kind)
+    rows = pa * S
+    rows += np.take(prev, unit)
+    refs = np.take(P.delta, rows, 0)  # np.take: several times faster than [] on rows
+    refs += ar[:, None]
+    np.maximum(refs, -1, out=refs)
+    take = np.take  # per-atom gathers: faster than [] indexing
+    kind = take(P.kind, pa)
+    parent = refs[:, 0].copy()  # every row is a rigid child of its bond reference
+    offset = kind == OFFSET
+    offset_of = np.where(offset, refs[:, 2], -1)
+    chain = [ar]  # offset chains, as ConstructionTable._classify makes them
+    link = np.full(N + 1, N)
+    link[:N][offset] = refs[offset, 2]
+    while (nxt := link[chain[-1]]).min() < N:
+        chain.append(nxt)
+    chain = np.stack(chain, 1)
+
+    # depth-first positions in a tree: heads in unit order, then tails in reverse
+    head = P.head[piece]
+    heads = np.cumsum(head)
+    tails = np.cumsum(size - head)
+    tree_start = st.atom0[tree]
+    head_start = tree_start + heads - head - (heads - head)[tree]
+    tail_start = tree_start + heads[st.last] - (heads - head)[tree] + tails[st.last] - tails
+    hs, ts = take(head_start, unit), take(tail_start, unit)
+    pos = np.where(take(P.in_head, pa), hs, ts)
+    pos += take(P.rank, pa)
+    order = np.empty(N, np.int64)
+    order[pos] = ar
+    end = np.where(take(P.end_tail, pa), ts, hs)
+    end += take(P.end, pa)
+    unit_depth = np.cumsum(P.next_depth[piece]) - P.next_depth[piece]
+    depth = take(unit_depth - unit_depth[tree], unit)
+    depth += take(P.depth, pa)
+    po = take(parent, order)
+    dfs_parent = np.where(po >= 0, take(pos, po), -1)  # (pos[-1] where po = -1: discarded)
+    arrays = {
+        "refs": refs,
+        "kind": kind,
+        "parent": parent,
+        "offset_of": offset_of,
+        "offset_chain": chain,
+        "dfs_order": order,
+        "dfs_pos": pos,
+        "subtree_end": take(end, order),
+        "dfs_parent": dfs_parent,
+        "dfs_depth": take(depth, order),
+        "max_depth": int(depth.max()),
+        # a tree is one segment; its dfs positions are its atoms' indices
+        "dfs_segment": take(tree_start, unit),
+        "stage_atoms": [ar],  # every segment root is a ROOT row: one stage
+        "constant_anchors": True,
+    }
+    return ConstructionTable._trusted(arrays)
+
+
+#: the arrays :func:`fill_internal` reads; the others are made on first use
+FORWARD = ("ideal", "ideal_mask", "torsion_slot")
+
+
+def batch_arrays(st: Stamp, names=None) -> dict:
+    """``ProteinBatch``'s padded per-atom arrays from its :class:`Stamp`:
+    ``ideal``, ``ideal_mask``, ``torsion_slot`` (flat, ``(B * n_max, ...)``),
+    ``atom_mask``, ``atom_names``, ``elements``, ``residue_index``
+    (``(B, n_max)``) and ``residue_mask`` (``(B, L_max)``); ``names``: only those."""
+    P = _pieces()
+    B, pa, unit = len(st.n_res), st.pa, st.unit
+    tors = np.take(P.tors, pa)
+    code = P.tors_off * N_TORSIONS + P.tors  # per piece atom, beside its residue's base
+    makers = {
+        "ideal": lambda: np.take(P.ideal, pa, 0),
+        "ideal_mask": lambda: np.take(P.ideal_mask, pa, 0),
+        "torsion_slot": lambda: np.where(
+            tors >= 0, np.take(st.pad * N_TORSIONS, unit) + np.take(code, pa), -1
+        ),
+        "atom_mask": lambda: (st.piece != PAD)[unit].reshape(B, -1),
+        "residue_mask": lambda: (
+            np.bincount(st.pad[st.piece != PAD], minlength=B * st.L_max).astype(bool).reshape(B, -1)
+        ),
+        "atom_names": lambda: P.atom_name[pa].reshape(B, -1),
+        "elements": lambda: P.element[pa].reshape(B, -1),
+        "residue_index": lambda: np.where(st.piece != PAD, st.pad % st.L_max, -1)[unit].reshape(B, -1),
+    }
+    return {k: makers[k]() for k in (makers if names is None else names)}
