@@ -540,6 +540,8 @@ def place_analytic(C: torch.Tensor, table: ConstructionTable) -> torch.Tensor:
     compiled (``zmat/_kernel.py``, where it can be built and used)."""
     if _kernel.usable(C):
         kplan = table.cached(_kernel_plan, C.device)
+        # the torch path's plans too: code compiled after this eager call reads them
+        prepare(table, C.device, C.numel() // (3 * table.n_atoms) if table.n_atoms else 1)
         if table.constant_anchors:
             return _kernel.Positions.apply(C, kplan)[0]
         rot, pos = _kernel.Frames.apply(_flat(C), kplan)

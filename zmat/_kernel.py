@@ -107,6 +107,19 @@ class KernelPlan:
         self.twin_positions, self.twin_frames = twin_positions, twin_frames
 
 
+def _differentiable_backward(*grads) -> bool:
+    """A backward with ``create_graph=True`` or under ``vmap`` (batched
+    gradients, e.g. gradcheck's) differentiates the torch path instead of
+    calling the kernel, which needs plain tensors."""
+    if torch.is_grad_enabled() or torch._C._are_functorch_transforms_active():
+        return True
+    functorch = torch._C._functorch
+    return any(
+        g is not None and (functorch.is_legacy_batchedtensor(g) or functorch.is_functorch_wrapped_tensor(g))
+        for g in grads
+    )
+
+
 def _twin_grad(twin, x: torch.Tensor, grads) -> torch.Tensor:
     """Gradient of the torch path's outputs at ``x``, differentiable (double backward)."""
     with torch.enable_grad():
@@ -141,7 +154,7 @@ class Positions(torch.autograd.Function):
         plan = ctx.plan
         if g_xyz is None:
             return None, None
-        if torch.is_grad_enabled():  # create_graph: differentiate the torch path
+        if _differentiable_backward(g_xyz):
             return _twin_grad(lambda c: (plan.twin_positions(c),), C, (g_xyz,)), None
         g_pos = g_xyz.reshape(-1, plan.n, 3)
         args = (plan.order, plan.gather, plan.keep, plan.parent, 3 * plan.n)
@@ -172,7 +185,7 @@ class Frames(torch.autograd.Function):
         plan = ctx.plan
         if g_rot is None and g_pos is None:
             return None, None
-        if torch.is_grad_enabled():
+        if _differentiable_backward(g_rot, g_pos):
             return _twin_grad(plan.twin_frames, flat, (g_rot, g_pos)), None
         g_rot = None if g_rot is None else g_rot.permute(3, 2, 0, 1)
         g_pos = None if g_pos is None else g_pos.permute(2, 1, 0)

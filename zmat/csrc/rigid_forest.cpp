@@ -12,19 +12,23 @@
 namespace {
 
 // Frames are row-major 3x4 [R | x]: f[4 * i + k] is component i of column k
-// (columns 0..2 the axes, 3 the origin).
+// (columns 0..2 the axes, 3 the origin). Sequential products accumulate
+// rounding along the depth (a 10k-atom chain), so they are kept in double
+// whatever the input's dtype; only the stored frames are rounded.
+using A = double;
+
 template <typename T>
 void place_one(const T* c, int64_t sc, int64_t n, int64_t k_rows, const int64_t* gather,
-               const uint8_t* keep, const uint8_t* trig, const int64_t* parent, T* f) {
+               const uint8_t* keep, const uint8_t* trig, const int64_t* parent, A* f) {
   for (int64_t j = 0; j < n; ++j) {
-    T r = keep[j] ? c[gather[j] * sc] : T(0);
-    T phi = 0;
+    A r = keep[j] ? A(c[gather[j] * sc]) : A(0);
+    A phi = 0;
     for (int64_t k = 2; k < k_rows; ++k) {
       if (keep[k * n + j]) phi += c[gather[k * n + j] * sc];
     }
-    T ct = -1, st = 0, cp = 1, sp = 0;  // theta = pi, phi = 0: identity rotation
+    A ct = -1, st = 0, cp = 1, sp = 0;  // theta = pi, phi = 0: identity rotation
     if (trig[j]) {
-      T t = c[gather[n + j] * sc];
+      A t = c[gather[n + j] * sc];
       ct = std::cos(t);
       st = std::sin(t);
     }
@@ -32,18 +36,18 @@ void place_one(const T* c, int64_t sc, int64_t n, int64_t k_rows, const int64_t*
       cp = std::cos(phi);
       sp = std::sin(phi);
     }
-    const T L[12] = {-ct,      -st,      0,   -r * ct,      //
+    const A L[12] = {-ct,      -st,      0,   -r * ct,      //
                      st * cp,  -ct * cp, -sp, r * st * cp,  //
                      st * sp,  -ct * sp, cp,  r * st * sp};
-    T* out = f + 12 * j;
+    A* out = f + 12 * j;
     const int64_t p = parent[j];
     if (p < 0) {
       for (int q = 0; q < 12; ++q) out[q] = L[q];
       continue;
     }
-    const T* a = f + 12 * p;
+    const A* a = f + 12 * p;
     for (int i = 0; i < 3; ++i) {
-      const T a0 = a[4 * i], a1 = a[4 * i + 1], a2 = a[4 * i + 2];
+      const A a0 = a[4 * i], a1 = a[4 * i + 1], a2 = a[4 * i + 2];
       for (int k = 0; k < 4; ++k) out[4 * i + k] = a0 * L[k] + a1 * L[4 + k] + a2 * L[8 + k];
       out[4 * i + 3] += a[4 * i + 3];
     }
@@ -64,19 +68,20 @@ std::vector<at::Tensor> forward(const at::Tensor& c, const at::Tensor& gather, c
   auto frames = at::empty({b, n, 3, 4}, c.options());
   at::Tensor xyz;
   if (order) xyz = at::empty({b, n, 3}, c.options());
+  std::vector<A> work(12 * n);
   AT_DISPATCH_FLOATING_TYPES(c.scalar_type(), "zmat_forward", [&] {
     const scalar_t* cp = c.data_ptr<scalar_t>();
-    scalar_t* fp = frames.data_ptr<scalar_t>();
     for (int64_t s = 0; s < b; ++s) {
       place_one<scalar_t>(cp + s * c.stride(0), c.stride(1), n, k_rows, gather.data_ptr<int64_t>(),
                           keep.data_ptr<uint8_t>(), trig.data_ptr<uint8_t>(), parent.data_ptr<int64_t>(),
-                          fp + s * n * 12);
+                          work.data());
+      scalar_t* f = frames.data_ptr<scalar_t>() + s * n * 12;
+      for (int64_t q = 0; q < 12 * n; ++q) f[q] = static_cast<scalar_t>(work[q]);
       if (order) {
         const int64_t* o = order->data_ptr<int64_t>();
         scalar_t* x = xyz.data_ptr<scalar_t>() + s * n * 3;
-        const scalar_t* f = fp + s * n * 12;
         for (int64_t j = 0; j < n; ++j)
-          for (int i = 0; i < 3; ++i) x[3 * o[j] + i] = f[12 * j + 4 * i + 3];
+          for (int i = 0; i < 3; ++i) x[3 * o[j] + i] = static_cast<scalar_t>(work[12 * j + 4 * i + 3]);
       }
     }
   });
@@ -99,7 +104,7 @@ at::Tensor backward(const at::Tensor& rot, const at::Tensor& pos, const std::opt
     using T = scalar_t;
     auto R = rot.accessor<T, 4>();
     auto X = pos.accessor<T, 3>();
-    std::vector<T> s(6 * n);  // per dfs position: S2 (3), S1 (3)
+    std::vector<A> s(6 * n);  // per dfs position: S2 (3), S1 (3), summed in double
     const int64_t* g = gather.data_ptr<int64_t>();
     const uint8_t* kp = keep.data_ptr<uint8_t>();
     const int64_t* par = parent.data_ptr<int64_t>();
@@ -107,15 +112,15 @@ at::Tensor backward(const at::Tensor& rot, const at::Tensor& pos, const std::opt
     for (int64_t t = 0; t < b; ++t) {
       auto r = R[t];
       auto x = X[t];
-      std::fill(s.begin(), s.end(), T(0));
+      std::fill(s.begin(), s.end(), A(0));
       for (int64_t j = n - 1; j >= 0; --j) {  // children come later in dfs order
-        T gp[3] = {0, 0, 0};
+        A gp[3] = {0, 0, 0};
         if (g_pos) {
           auto gx = g_pos->accessor<T, 3>()[t][row ? row[j] : j];
           for (int i = 0; i < 3; ++i) gp[i] = gx[i];
         }
         // moment x_j x g_j, plus the torque sum_k R[:, k] x G[:, k]
-        T m[3] = {x[j][1] * gp[2] - x[j][2] * gp[1], x[j][2] * gp[0] - x[j][0] * gp[2],
+        A m[3] = {x[j][1] * gp[2] - x[j][2] * gp[1], x[j][2] * gp[0] - x[j][0] * gp[2],
                   x[j][0] * gp[1] - x[j][1] * gp[0]};
         if (g_rot) {
           auto G = g_rot->accessor<T, 4>()[t][j];
@@ -126,21 +131,21 @@ at::Tensor backward(const at::Tensor& rot, const at::Tensor& pos, const std::opt
             m[2] += A[0][k] * G[1][k] - A[1][k] * G[0][k];
           }
         }
-        T* sj = s.data() + 6 * j;
+        A* sj = s.data() + 6 * j;
         for (int i = 0; i < 3; ++i) {
           sj[i] += gp[i];
           sj[3 + i] += m[i];
         }
         if (par[j] >= 0) {
-          T* sp = s.data() + 6 * par[j];
+          A* sp = s.data() + 6 * par[j];
           for (int i = 0; i < 6; ++i) sp[i] += sj[i];
         }
       }
       T* out = grad.data_ptr<T>() + t * n3;
       for (int64_t j = 0; j < n; ++j) {
-        const T* s2 = s.data() + 6 * j;
-        const T* s1 = s2 + 3;
-        T xp[3] = {0, 0, 0}, up[3] = {1, 0, 0};  // anchor origin and first axis
+        const A* s2 = s.data() + 6 * j;
+        const A* s1 = s2 + 3;
+        A xp[3] = {0, 0, 0}, up[3] = {1, 0, 0};  // anchor origin and first axis
         const int64_t p = par[j];
         if (p >= 0) {
           for (int i = 0; i < 3; ++i) {
@@ -148,16 +153,16 @@ at::Tensor backward(const at::Tensor& rot, const at::Tensor& pos, const std::opt
             up[i] = r[p][i][0];
           }
         }
-        const T tq[3] = {s1[0] - (xp[1] * s2[2] - xp[2] * s2[1]), s1[1] - (xp[2] * s2[0] - xp[0] * s2[2]),
+        const A tq[3] = {s1[0] - (xp[1] * s2[2] - xp[2] * s2[1]), s1[1] - (xp[2] * s2[0] - xp[0] * s2[2]),
                          s1[2] - (xp[0] * s2[1] - xp[1] * s2[0])};
-        T d[3] = {0, 0, 0};
+        A d[3] = {0, 0, 0};
         for (int i = 0; i < 3; ++i) {
           d[0] += r[j][i][0] * s2[i];
           d[1] -= r[j][i][2] * tq[i];
           d[2] += up[i] * tq[i];
         }
         for (int64_t k = 0; k < k_rows; ++k) {
-          if (kp[k * n + j]) out[g[k * n + j]] += d[k < 2 ? k : 2];
+          if (kp[k * n + j]) out[g[k * n + j]] += static_cast<T>(d[k < 2 ? k : 2]);
         }
       }
     }
