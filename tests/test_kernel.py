@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies import chain_table, internal_coordinates, random_internal, tables
 
@@ -60,17 +60,22 @@ def both(c: torch.Tensor, table, weights: torch.Tensor):
     return out
 
 
-@settings(max_examples=60)
+# the spy is shared by the examples: the test counts calls as a difference
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=tables(min_atoms=1, max_atoms=14), linear=st.booleans(), data=st.data())
 def test_matches_torch_path_on_random_tables(spy, rows, linear, data):
     table = zmat.ConstructionTable(rows)
+    # Exactly linear references of a position-built anchor are ill-posed (the
+    # documented fallback axis is chosen by rounding-level residuals, which
+    # differ between any two summation orders, the reference method's too).
+    linear = linear and table.constant_anchors
     c = data.draw(internal_coordinates(len(rows), batch=(2,), linear=linear))
     w = torch.randn(2, len(rows), 3, dtype=torch.float64)
     calls = spy.calls["forward"]
     (x, g), (x_ref, g_ref) = both(c, table, w)
     assert spy.calls["forward"] == calls + 1
-    assert torch.allclose(x, x_ref, atol=1e-12, rtol=0)
-    assert torch.allclose(g, g_ref, atol=1e-12, rtol=0)
+    assert torch.allclose(x, x_ref, atol=1e-12, rtol=0), (x - x_ref).abs().max()
+    assert torch.allclose(g, g_ref, atol=1e-12, rtol=0), (g - g_ref).abs().max()
 
 
 @pytest.mark.parametrize("rows", [chain_table(30), POSITIONAL], ids=["chain", "positional"])
@@ -82,7 +87,7 @@ def test_both_kernel_paths_batched(spy, rows, batch):
     c[..., 3, 1] = math.pi  # a linear angle
     w = torch.randn(*batch, len(rows), 3, dtype=torch.float64)
     (x, g), (x_ref, g_ref) = both(c, table, w)
-    assert spy.calls == {"forward": 2, "backward": 2}
+    assert spy.calls == {"forward": 1, "backward": 1}
     assert torch.allclose(x, x_ref, atol=1e-12, rtol=0) and torch.allclose(g, g_ref, atol=1e-12, rtol=0)
 
 

@@ -105,6 +105,7 @@ class KernelPlan:
         self.parent = torch.as_tensor(table.dfs_parent, dtype=torch.int64)
         self.order = torch.as_tensor(table.dfs_order, dtype=torch.int64)
         self.twin_positions, self.twin_frames = twin_positions, twin_frames
+        self.placement = (self.gather, self.keep, self.trig, self.parent)  # the forward's arrays
 
 
 def _differentiable_backward(*grads) -> bool:
@@ -124,7 +125,7 @@ def _twin_grad(twin, x: torch.Tensor, grads) -> torch.Tensor:
     """Gradient of the torch path's outputs at ``x``, differentiable (double backward)."""
     with torch.enable_grad():
         outputs = twin(x)
-    pairs = [(o, g) for o, g in zip(outputs, grads) if g is not None]
+    pairs = [(o, g) for o, g in zip(outputs, grads, strict=True) if g is not None]
     (grad,) = torch.autograd.grad([o for o, _ in pairs], x, [g for _, g in pairs], create_graph=True)
     return grad
 
@@ -138,7 +139,7 @@ class Positions(torch.autograd.Function):
     @staticmethod
     def forward(C: torch.Tensor, plan: KernelPlan):
         flat = C.reshape(-1, 3 * plan.n)
-        frames, xyz = _state["module"].forward(flat, plan.gather, plan.keep, plan.trig, plan.parent, plan.order)
+        frames, xyz = _state["module"].forward(flat, *plan.placement, plan.order)
         return xyz.view(C.shape), frames
 
     @staticmethod
@@ -169,7 +170,7 @@ class Frames(torch.autograd.Function):
 
     @staticmethod
     def forward(flat: torch.Tensor, plan: KernelPlan):
-        (frames,) = _state["module"].forward(flat.t(), plan.gather, plan.keep, plan.trig, plan.parent, None)
+        (frames,) = _state["module"].forward(flat.t(), *plan.placement, None)
         frames = frames.permute(2, 3, 1, 0)  # (3, 4, N, B)
         return frames[:, :3], frames[:, 3]
 
