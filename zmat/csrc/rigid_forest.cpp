@@ -109,26 +109,32 @@ at::Tensor backward(const at::Tensor& rot, const at::Tensor& pos, const std::opt
     const uint8_t* kp = keep.data_ptr<uint8_t>();
     const int64_t* par = parent.data_ptr<int64_t>();
     const int64_t* row = rows ? rows->data_ptr<int64_t>() : nullptr;
+    // optional gradients as raw pointers and strides (an accessor per atom costs more than the math)
+    const T* gpp = g_pos ? g_pos->data_ptr<T>() : nullptr;
+    const T* grp = g_rot ? g_rot->data_ptr<T>() : nullptr;
+    const auto gps = g_pos ? g_pos->strides() : at::IntArrayRef();
+    const auto grs = g_rot ? g_rot->strides() : at::IntArrayRef();
     for (int64_t t = 0; t < b; ++t) {
       auto r = R[t];
       auto x = X[t];
       std::fill(s.begin(), s.end(), A(0));
       for (int64_t j = n - 1; j >= 0; --j) {  // children come later in dfs order
         A gp[3] = {0, 0, 0};
-        if (g_pos) {
-          auto gx = g_pos->accessor<T, 3>()[t][row ? row[j] : j];
-          for (int i = 0; i < 3; ++i) gp[i] = gx[i];
+        if (gpp) {
+          const T* gx = gpp + t * gps[0] + (row ? row[j] : j) * gps[1];
+          for (int i = 0; i < 3; ++i) gp[i] = gx[i * gps[2]];
         }
         // moment x_j x g_j, plus the torque sum_k R[:, k] x G[:, k]
         A m[3] = {x[j][1] * gp[2] - x[j][2] * gp[1], x[j][2] * gp[0] - x[j][0] * gp[2],
                   x[j][0] * gp[1] - x[j][1] * gp[0]};
-        if (g_rot) {
-          auto G = g_rot->accessor<T, 4>()[t][j];
+        if (grp) {
+          const T* G = grp + t * grs[0] + j * grs[1];  // G[i * grs[2] + k * grs[3]]: component i of axis k
           auto A = r[j];
           for (int k = 0; k < 3; ++k) {
-            m[0] += A[1][k] * G[2][k] - A[2][k] * G[1][k];
-            m[1] += A[2][k] * G[0][k] - A[0][k] * G[2][k];
-            m[2] += A[0][k] * G[1][k] - A[1][k] * G[0][k];
+            const T g0 = G[k * grs[3]], g1 = G[grs[2] + k * grs[3]], g2 = G[2 * grs[2] + k * grs[3]];
+            m[0] += A[1][k] * g2 - A[2][k] * g1;
+            m[1] += A[2][k] * g0 - A[0][k] * g2;
+            m[2] += A[0][k] * g1 - A[1][k] * g0;
           }
         }
         A* sj = s.data() + 6 * j;
