@@ -54,6 +54,14 @@ void place_one(const T* c, int64_t sc, int64_t n, int64_t k_rows, const int64_t*
   }
 }
 
+// Scratch of `size` doubles. Up to 32 MB it is kept between calls (per
+// thread): a fresh large buffer every call costs page faults, not arithmetic.
+A* scratch(std::vector<A>& kept, std::vector<A>& local, int64_t size) {
+  std::vector<A>& v = size <= (int64_t(1) << 22) ? kept : local;
+  if (v.size() < static_cast<size_t>(size)) v.resize(size);
+  return v.data();
+}
+
 }  // namespace
 
 // c: (B, 3N) flat internal coordinates (any strides); gather (K, N) int64,
@@ -68,13 +76,15 @@ std::vector<at::Tensor> forward(const at::Tensor& c, const at::Tensor& gather, c
   auto frames = at::empty({b, n, 3, 4}, c.options());
   at::Tensor xyz;
   if (order) xyz = at::empty({b, n, 3}, c.options());
-  std::vector<A> work(12 * n);
+  static thread_local std::vector<A> kept;
+  std::vector<A> local;
+  A* work = scratch(kept, local, 12 * n);
   AT_DISPATCH_FLOATING_TYPES(c.scalar_type(), "zmat_forward", [&] {
     const scalar_t* cp = c.data_ptr<scalar_t>();
     for (int64_t s = 0; s < b; ++s) {
       place_one<scalar_t>(cp + s * c.stride(0), c.stride(1), n, k_rows, gather.data_ptr<int64_t>(),
                           keep.data_ptr<uint8_t>(), trig.data_ptr<uint8_t>(), parent.data_ptr<int64_t>(),
-                          work.data());
+                          work);
       scalar_t* f = frames.data_ptr<scalar_t>() + s * n * 12;
       for (int64_t q = 0; q < 12 * n; ++q) f[q] = static_cast<scalar_t>(work[q]);
       if (order) {
@@ -104,7 +114,9 @@ at::Tensor backward(const at::Tensor& rot, const at::Tensor& pos, const std::opt
     using T = scalar_t;
     auto R = rot.accessor<T, 4>();
     auto X = pos.accessor<T, 3>();
-    std::vector<A> s(6 * n);  // per dfs position: S2 (3), S1 (3), summed in double
+    static thread_local std::vector<A> kept;
+    std::vector<A> local;
+    A* s = scratch(kept, local, 6 * n);  // per dfs position: S2 (3), S1 (3), summed in double
     const int64_t* g = gather.data_ptr<int64_t>();
     const uint8_t* kp = keep.data_ptr<uint8_t>();
     const int64_t* par = parent.data_ptr<int64_t>();
@@ -117,7 +129,7 @@ at::Tensor backward(const at::Tensor& rot, const at::Tensor& pos, const std::opt
     for (int64_t t = 0; t < b; ++t) {
       auto r = R[t];
       auto x = X[t];
-      std::fill(s.begin(), s.end(), A(0));
+      std::fill(s, s + 6 * n, A(0));
       for (int64_t j = n - 1; j >= 0; --j) {  // children come later in dfs order
         A gp[3] = {0, 0, 0};
         if (gpp) {
@@ -137,19 +149,19 @@ at::Tensor backward(const at::Tensor& rot, const at::Tensor& pos, const std::opt
             m[2] += A[0][k] * g1 - A[1][k] * g0;
           }
         }
-        A* sj = s.data() + 6 * j;
+        A* sj = s + 6 * j;
         for (int i = 0; i < 3; ++i) {
           sj[i] += gp[i];
           sj[3 + i] += m[i];
         }
         if (par[j] >= 0) {
-          A* sp = s.data() + 6 * par[j];
+          A* sp = s + 6 * par[j];
           for (int i = 0; i < 6; ++i) sp[i] += sj[i];
         }
       }
       T* out = grad.data_ptr<T>() + t * n3;
       for (int64_t j = 0; j < n; ++j) {
-        const A* s2 = s.data() + 6 * j;
+        const A* s2 = s + 6 * j;
         const A* s1 = s2 + 3;
         A xp[3] = {0, 0, 0}, up[3] = {1, 0, 0};  // anchor origin and first axis
         const int64_t p = par[j];
