@@ -109,7 +109,9 @@ at::Tensor backward(const at::Tensor& rot, const at::Tensor& pos, const std::opt
                     const std::optional<at::Tensor>& g_pos, const std::optional<at::Tensor>& rows,
                     const at::Tensor& gather, const at::Tensor& keep, const at::Tensor& parent, int64_t n3) {
   const int64_t b = rot.size(0), n = parent.size(0), k_rows = gather.size(0);
-  auto grad = at::zeros({b, n3}, rot.options());
+  // zeroed here, not by at::zeros: its fill is parallel on large tensors, and a
+  // parallel region waits for a busy core
+  auto grad = at::empty({b, n3}, rot.options());
   AT_DISPATCH_FLOATING_TYPES(rot.scalar_type(), "zmat_backward", [&] {
     using T = scalar_t;
     auto R = rot.accessor<T, 4>();
@@ -160,6 +162,7 @@ at::Tensor backward(const at::Tensor& rot, const at::Tensor& pos, const std::opt
         }
       }
       T* out = grad.data_ptr<T>() + t * n3;
+      std::fill(out, out + n3, T(0));
       for (int64_t j = 0; j < n; ++j) {
         const A* s2 = s + 6 * j;
         const A* s1 = s2 + 3;
