@@ -479,6 +479,7 @@ def markdown(records: list[dict]) -> str:
 
 # ---------------------------------------------------------------- running
 def run(sections, quick: bool, compile_: bool = False) -> list[dict]:
+    _kernel_load()  # the compiled kernel's one-time load is no part of a fresh step
     records = []
     if "fresh" in sections:
         records += run_fresh(quick)
