@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import statistics
@@ -287,9 +288,11 @@ class _NoKernel:
             os.environ["ZMAT_NO_KERNEL"] = self.old
 
 
+@functools.cache
 def _kernel_load() -> tuple[bool, float]:
     """Whether zmat has the compiled CPU kernel, and the seconds its first load
-    took (the one-time build on a fresh machine, else a load from the cache)."""
+    took in this process (the one-time build on a fresh machine, else a load
+    from the cache)."""
     try:
         from zmat import _kernel
     except ImportError:  # a zmat from before the kernel (--compare)
