@@ -543,8 +543,8 @@ def place_analytic(C: torch.Tensor, table: ConstructionTable) -> torch.Tensor:
         # the torch path's plans too: code compiled after this eager call reads them
         prepare(table, C.device, C.numel() // (3 * table.n_atoms) if table.n_atoms else 1)
         if table.constant_anchors:
-            return _kernel.Positions.apply(C, kplan)[0]
-        rot, pos = _kernel.Frames.apply(_flat(C), kplan)
+            return _kernel.positions(C, kplan)
+        rot, pos = _kernel.frames(_flat(C), kplan)
         return _place(rot, pos, forest_plan(table, C.device), C.shape)
     return _place_torch(C, table)
 

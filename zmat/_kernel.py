@@ -130,27 +130,44 @@ def _twin_grad(twin, x: torch.Tensor, grads) -> torch.Tensor:
     return grad
 
 
-class Positions(torch.autograd.Function):
-    """Internal coordinates ``C`` ``(..., N, 3)`` -> positions ``(..., N, 3)``
-    in atom order, for tables whose segments are all rooted at the origin
-    (``table.constant_anchors``). The second output, the frames ``(B, N, 3, 4)``
-    in dfs order, is for the backward only."""
+# The Functions below use the ctx form of ``forward``, not ``setup_context``:
+# ``Function.apply`` binds a ``setup_context`` Function's arguments with
+# ``inspect.signature`` (~8 us, more than the kernel on a small molecule), and
+# the kernel is never used under ``torch.func`` transforms, which would need it.
 
-    @staticmethod
-    def forward(C: torch.Tensor, plan: KernelPlan):
-        flat = C.reshape(-1, 3 * plan.n)
-        frames, xyz = _state["module"].forward(flat, *plan.placement, plan.order)
-        return xyz.view(C.shape), frames
 
+def positions(C: torch.Tensor, plan: KernelPlan) -> torch.Tensor:
+    """Positions ``(..., N, 3)`` in atom order from internal coordinates ``C``
+    ``(..., N, 3)``, for tables whose segments are all rooted at the origin
+    (``table.constant_anchors``)."""
+    if torch.is_grad_enabled() and C.requires_grad:
+        return _Positions.apply(C, plan)
+    return _place(C, plan)[1].view(C.shape)  # no graph: no Function
+
+
+def frames(flat: torch.Tensor, plan: KernelPlan):
+    """Flat internal coordinates ``(3 N, B)`` -> frames relative to their
+    segment anchors, component-major, dfs order: rotations ``(3, 3, N, B)``,
+    positions ``(3, N, B)`` (as ``RigidForest`` in ``zmat/_analytic.py``)."""
+    return _Frames.apply(flat, plan)
+
+
+def _place(C: torch.Tensor, plan: KernelPlan):
+    """Frames ``(B, N, 3, 4)`` in dfs order and positions ``(B, N, 3)`` in atom order."""
+    return _state["module"].forward(C.reshape(-1, 3 * plan.n), *plan.placement, plan.order)
+
+
+class _Positions(torch.autograd.Function):
     @staticmethod
-    def setup_context(ctx, inputs, output) -> None:
-        ctx.plan = inputs[1]
-        ctx.mark_non_differentiable(output[1])
-        ctx.save_for_backward(inputs[0], output[1])
+    def forward(ctx, C: torch.Tensor, plan: KernelPlan):
+        frames, xyz = _place(C, plan)
+        ctx.plan = plan
+        ctx.save_for_backward(C, frames)  # frames: for the kernel's backward only
         ctx.set_materialize_grads(False)
+        return xyz.view(C.shape)
 
     @staticmethod
-    def backward(ctx, g_xyz, _):
+    def backward(ctx, g_xyz):
         C, frames = ctx.saved_tensors
         plan = ctx.plan
         if g_xyz is None:
@@ -163,22 +180,16 @@ class Positions(torch.autograd.Function):
         return grad.view(C.shape), None
 
 
-class Frames(torch.autograd.Function):
-    """Flat internal coordinates ``(3 N, B)`` -> frames relative to their
-    segment anchors, component-major, dfs order: rotations ``(3, 3, N, B)``,
-    positions ``(3, N, B)`` (as ``RigidForest`` in ``zmat/_analytic.py``)."""
-
+class _Frames(torch.autograd.Function):
     @staticmethod
-    def forward(flat: torch.Tensor, plan: KernelPlan):
+    def forward(ctx, flat: torch.Tensor, plan: KernelPlan):
         (frames,) = _state["module"].forward(flat.t(), *plan.placement, None)
         frames = frames.permute(2, 3, 1, 0)  # (3, 4, N, B)
-        return frames[:, :3], frames[:, 3]
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:
-        ctx.plan = inputs[1]
-        ctx.save_for_backward(inputs[0], *output)
+        rot, pos = frames[:, :3], frames[:, 3]
+        ctx.plan = plan
+        ctx.save_for_backward(flat, rot, pos)
         ctx.set_materialize_grads(False)
+        return rot, pos
 
     @staticmethod
     def backward(ctx, g_rot, g_pos):
