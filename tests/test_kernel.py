@@ -121,7 +121,7 @@ def test_real_proteins(spy, name, dtype):
 def test_gradcheck_and_gradgradcheck(spy, rows):
     table = zmat.ConstructionTable(rows)
     c = random_internal(len(rows), batch=(2,), seed=4).requires_grad_()
-    assert torch.autograd.gradcheck(lambda x: zmat.to_xyz(x, table), (c,))
+    assert torch.autograd.gradcheck(lambda x: zmat.to_xyz(x, table), (c,), check_batched_grad=True)
     assert spy.calls["backward"] > 0  # first order through the kernel
     # second order: the backward with create_graph differentiates the torch path
     assert torch.autograd.gradgradcheck(lambda x: zmat.to_xyz(x, table), (c,))
@@ -165,3 +165,29 @@ def test_import_does_not_compile():
     code = "import zmat, zmat._kernel as k; print('module' in k._state)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("rows", [chain_table(8), POSITIONAL], ids=["chain", "positional"])
+def test_input_may_change_after_the_forward(spy, rows):
+    # the kernel saves its output frames, not C (as the torch path): an
+    # optimizer step between forward and backward is no error
+    table = zmat.ConstructionTable(rows)
+    c = random_internal(len(rows), seed=7).requires_grad_()
+    w = torch.randn(len(rows), 3, dtype=torch.float64)
+    (expected,) = torch.autograd.grad((zmat.to_xyz(c, table) * w).sum(), c)
+    x = zmat.to_xyz(c, table)
+    with torch.no_grad():
+        c.add_(0.1)
+    (g,) = torch.autograd.grad((x * w).sum(), c)
+    assert spy.calls["backward"] == 2 and torch.allclose(g, expected, atol=1e-12, rtol=0)
+
+
+def test_third_derivative_through_the_kernel_forward(spy):
+    table = zmat.ConstructionTable(chain_table(6))
+    c = random_internal(6, seed=8).requires_grad_()
+    out = {}
+    for name, place in (("kernel", zmat.to_xyz), ("torch", _analytic._place_torch)):
+        (g,) = torch.autograd.grad(place(c, table).square().sum(), c, create_graph=True)
+        (h,) = torch.autograd.grad(g.square().sum(), c, create_graph=True)
+        out[name] = torch.autograd.grad(h.sum(), c)[0]
+    assert spy.calls["forward"] == 1 and torch.allclose(out["kernel"], out["torch"], atol=1e-10)

@@ -33,6 +33,7 @@ uses the transpose: path sums from the root instead of subtree sums.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -559,13 +560,7 @@ def _place_torch(C: torch.Tensor, table: ConstructionTable) -> torch.Tensor:
 
 def _kernel_plan(table: ConstructionTable, device: torch.device) -> _kernel.KernelPlan:
     plan = forest_plan(table, device)
-    return _kernel.KernelPlan(
-        table,
-        plan.grad_index,
-        plan.grad_keep,
-        lambda C: _place_torch(C, table),
-        lambda flat: RigidForest.apply(flat, plan),
-    )
+    return _kernel.KernelPlan(table, plan.grad_index, plan.grad_keep, functools.partial(_vjp, plan=plan))
 
 
 def place_prefix(C: torch.Tensor, table: ConstructionTable) -> torch.Tensor:

@@ -91,11 +91,12 @@ class KernelPlan:
         gather: ``(K, N)`` int64, flat index into ``C`` of every atom's
             ``(r, theta, phi, phi of its offset chain...)`` entries.
         keep: ``(K, N)`` bool, which of them the table uses.
-        twin_positions: ``C -> positions`` by the torch path (for double backward).
-        twin_frames: ``flat (3 N, B) -> (rot, pos)`` by the torch path.
+        vjp: ``(rot, pos, g_rot, g_pos) -> flat gradient (3 N, B)`` in
+            differentiable torch ops (``_vjp`` of ``zmat/_analytic.py``), for
+            double backward and batched gradients.
     """
 
-    def __init__(self, table: ConstructionTable, gather, keep, twin_positions, twin_frames) -> None:
+    def __init__(self, table: ConstructionTable, gather, keep, vjp) -> None:
         self.n = table.n_atoms
         self.gather = gather.reshape(-1, self.n).contiguous()
         self.keep = keep.reshape(-1, self.n).to(torch.uint8).contiguous()
@@ -104,7 +105,7 @@ class KernelPlan:
         self.trig = torch.as_tensor(trig)
         self.parent = torch.as_tensor(table.dfs_parent, dtype=torch.int64)
         self.order = torch.as_tensor(table.dfs_order, dtype=torch.int64)
-        self.twin_positions, self.twin_frames = twin_positions, twin_frames
+        self.vjp = vjp
         self.placement = (self.gather, self.keep, self.trig, self.parent)  # the forward's arrays
 
 
@@ -121,15 +122,6 @@ def _differentiable_backward(*grads) -> bool:
     )
 
 
-def _twin_grad(twin, x: torch.Tensor, grads) -> torch.Tensor:
-    """Gradient of the torch path's outputs at ``x``, differentiable (double backward)."""
-    with torch.enable_grad():
-        outputs = twin(x)
-    pairs = [(o, g) for o, g in zip(outputs, grads, strict=True) if g is not None]
-    (grad,) = torch.autograd.grad([o for o, _ in pairs], x, [g for _, g in pairs], create_graph=True)
-    return grad
-
-
 # The Functions below use the ctx form of ``forward``, not ``setup_context``:
 # ``Function.apply`` binds a ``setup_context`` Function's arguments with
 # ``inspect.signature`` (~8 us, more than the kernel on a small molecule), and
@@ -141,7 +133,7 @@ def positions(C: torch.Tensor, plan: KernelPlan) -> torch.Tensor:
     ``(..., N, 3)``, for tables whose segments are all rooted at the origin
     (``table.constant_anchors``)."""
     if torch.is_grad_enabled() and C.requires_grad:
-        return _Positions.apply(C, plan)
+        return _Positions.apply(C, plan)[0]
     return _place(C, plan)[1].view(C.shape)  # no graph: no Function
 
 
@@ -157,50 +149,68 @@ def _place(C: torch.Tensor, plan: KernelPlan):
     return _state["module"].forward(C.reshape(-1, 3 * plan.n), *plan.placement, plan.order)
 
 
+def _split(frames: torch.Tensor):
+    """``(B, N, 3, 4)`` -> rotations ``(3, 3, N, B)``, positions ``(3, N, B)``
+    (component-major views, the layout of ``RigidForest``)."""
+    frames = frames.permute(2, 3, 1, 0)
+    return frames[:, :3], frames[:, 3]
+
+
+def _backward(ctx, g_rot, g_pos, g_xyz=None) -> torch.Tensor:
+    """Gradient ``(B, 3 N)`` of the flat internal coordinates from the saved
+    frames (outputs: so double backward differentiates the torch ``vjp``
+    through them, as ``RigidForest`` does) and the output gradients."""
+    rot, pos = ctx.saved_tensors
+    plan = ctx.plan
+    rows = None
+    differentiable = _differentiable_backward(g_rot, g_pos, g_xyz)
+    if g_xyz is not None:  # (..., N, 3) in atom order
+        g_xyz = g_xyz.reshape(-1, plan.n, 3)
+        if g_pos is None and not differentiable:
+            rows = plan.order  # the kernel reads row order[j] for dfs position j
+        else:
+            g_dfs = g_xyz.index_select(1, plan.order).permute(2, 1, 0)
+            g_pos = g_dfs if g_pos is None else g_pos + g_dfs
+    if differentiable:
+        return plan.vjp(rot, pos, g_rot, g_pos).t()
+    g_rot = None if g_rot is None else g_rot.permute(3, 2, 0, 1)
+    g_pos = g_xyz if rows is not None else (None if g_pos is None else g_pos.permute(2, 1, 0))
+    args = (rows, plan.gather, plan.keep, plan.parent, 3 * plan.n)
+    return _state["module"].backward(rot.permute(3, 2, 0, 1), pos.permute(2, 1, 0), g_rot, g_pos, *args)
+
+
 class _Positions(torch.autograd.Function):
+    """``C -> (positions (..., N, 3) in atom order, rot, pos)``; the frames are
+    outputs only for the backward (``positions`` returns the first)."""
+
     @staticmethod
     def forward(ctx, C: torch.Tensor, plan: KernelPlan):
         frames, xyz = _place(C, plan)
-        ctx.plan = plan
-        ctx.save_for_backward(C, frames)  # frames: for the kernel's backward only
+        rot, pos = _split(frames)
+        ctx.plan, ctx.shape = plan, C.shape
+        ctx.save_for_backward(rot, pos)
         ctx.set_materialize_grads(False)
-        return xyz.view(C.shape)
+        return xyz.view(C.shape), rot, pos
 
     @staticmethod
-    def backward(ctx, g_xyz):
-        C, frames = ctx.saved_tensors
-        plan = ctx.plan
-        if g_xyz is None:
+    def backward(ctx, g_xyz, g_rot, g_pos):
+        if g_xyz is None and g_rot is None and g_pos is None:
             return None, None
-        if _differentiable_backward(g_xyz):
-            return _twin_grad(lambda c: (plan.twin_positions(c),), C, (g_xyz,)), None
-        g_pos = g_xyz.reshape(-1, plan.n, 3)
-        args = (plan.order, plan.gather, plan.keep, plan.parent, 3 * plan.n)
-        grad = _state["module"].backward(frames[..., :3], frames[..., 3], None, g_pos, *args)
-        return grad.view(C.shape), None
+        return _backward(ctx, g_rot, g_pos, g_xyz).reshape(ctx.shape), None
 
 
 class _Frames(torch.autograd.Function):
     @staticmethod
     def forward(ctx, flat: torch.Tensor, plan: KernelPlan):
         (frames,) = _state["module"].forward(flat.t(), *plan.placement, None)
-        frames = frames.permute(2, 3, 1, 0)  # (3, 4, N, B)
-        rot, pos = frames[:, :3], frames[:, 3]
+        rot, pos = _split(frames)
         ctx.plan = plan
-        ctx.save_for_backward(flat, rot, pos)
+        ctx.save_for_backward(rot, pos)
         ctx.set_materialize_grads(False)
         return rot, pos
 
     @staticmethod
     def backward(ctx, g_rot, g_pos):
-        flat, rot, pos = ctx.saved_tensors
-        plan = ctx.plan
         if g_rot is None and g_pos is None:
             return None, None
-        if _differentiable_backward(g_rot, g_pos):
-            return _twin_grad(plan.twin_frames, flat, (g_rot, g_pos)), None
-        g_rot = None if g_rot is None else g_rot.permute(3, 2, 0, 1)
-        g_pos = None if g_pos is None else g_pos.permute(2, 1, 0)
-        args = (None, plan.gather, plan.keep, plan.parent, 3 * plan.n)
-        grad = _state["module"].backward(rot.permute(3, 2, 0, 1), pos.permute(2, 1, 0), g_rot, g_pos, *args)
-        return grad.t(), None
+        return _backward(ctx, g_rot, g_pos).t(), None
