@@ -18,6 +18,8 @@ benchmarks`` runs ``fresh`` and ``latency`` after its grid):
 * ``latency``: batch-1 forward and forward+backward (float32, CPU) and
   dispatched aten ops per call (``ops fwd``/``ops bwd``, counted with
   ``zmat.testing.DispatchAudit``) on a 12-atom chain, 1ubi, 1aki and 1igy;
+  with the compiled CPU kernel (``zmat/_kernel.py``) the pure-PyTorch path
+  beside it (``torch ...``: ``ZMAT_NO_KERNEL=1``, alternating in one run);
   ``--compile`` adds ``torch.compile`` beside eager; tmol's kinematics on the
   same files when tmol is installed (the ``tmol`` extra).
 * ``busy``: cached steps alone and while a second process spins on one core,
@@ -33,6 +35,8 @@ package found in ``DIR`` too, alternating calls in one run, and prints the ratio
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import os
 import statistics
@@ -270,34 +274,78 @@ def tmol_latency(name: str) -> dict:
             "tmol fwd+bwd": _median_time(fwd_bwd)}  # fmt: skip
 
 
-def run_latency(compile_: bool = False) -> list[dict]:
+class _NoKernel:
+    """``with _NoKernel():`` the analytic method's pure-PyTorch path (``ZMAT_NO_KERNEL=1``)."""
+
+    def __enter__(self):
+        self.old = os.environ.get("ZMAT_NO_KERNEL")
+        os.environ["ZMAT_NO_KERNEL"] = "1"
+
+    def __exit__(self, *exc):
+        if self.old is None:
+            os.environ.pop("ZMAT_NO_KERNEL")
+        else:
+            os.environ["ZMAT_NO_KERNEL"] = self.old
+
+
+@functools.cache
+def _kernel_load() -> tuple[bool, float]:
+    """Whether zmat has the compiled CPU kernel, and the seconds its first load
+    took in this process (the one-time build on a fresh machine, else a load
+    from the cache)."""
+    try:
+        from zmat import _kernel
+    except ImportError:  # a zmat from before the kernel (--compare)
+        return False, 0.0
+    t0 = _now()
+    ok = not _kernel.disabled() and _kernel.load() is not None
+    return ok, _now() - t0
+
+
+def run_latency(compile_: bool = False, rounds: int = 3) -> list[dict]:
+    """Batch-1 latency; where zmat has its compiled CPU kernel, the pure-PyTorch
+    path beside it (``torch ...`` columns), alternating ``rounds`` times."""
     import torch
 
     import zmat
 
+    kernel, load = _kernel_load()
     out = []
     for name, table, C0 in latency_cases():
         C = C0.clone().requires_grad_(True)
         g = torch.ones_like(C)
-        rec = {"section": "latency", "case": name, "atoms": table.n_atoms}
+        rec = {"section": "latency", "case": name, "atoms": table.n_atoms, "kernel": kernel}
+        if kernel:
+            rec["kernel load"] = load
         rec["ops fwd"], rec["ops bwd"] = count_ops(table, C0)
         fns = {"eager": lambda c, table=table: zmat.to_xyz(c, table)}
         if compile_:
             zmat.to_xyz(C, table)  # plans built eagerly, outside the graph
             fns["compiled"] = torch.compile(fns["eager"], dynamic=False)
-        for how, fn in fns.items():
+        modes = [(how, fn, None) for how, fn in fns.items()]
+        if kernel:
+            modes.append(("torch", fns["eager"], _NoKernel))
+            with _NoKernel():
+                rec["torch ops fwd"], rec["torch ops bwd"] = count_ops(table, C0)
+        times: dict = {}
+        for _ in range(rounds if kernel else 1):
+            for how, fn, ctx in modes:
 
-            def fwd(fn=fn, C=C):
-                with torch.no_grad():
-                    fn(C)
+                def fwd(fn=fn, C=C):
+                    with torch.no_grad():
+                        fn(C)
 
-            def fwd_bwd(fn=fn, C=C, g=g):
-                torch.autograd.grad(fn(C), C, g)
+                def fwd_bwd(fn=fn, C=C, g=g):
+                    torch.autograd.grad(fn(C), C, g)
 
-            fwd_bwd()
-            fwd_bwd()
-            rec[f"{how} fwd"] = _median_time(fwd)
-            rec[f"{how} fwd+bwd"] = _median_time(fwd_bwd)
+                with ctx() if ctx else contextlib.nullcontext():
+                    fwd_bwd()
+                    fwd_bwd()
+                    times.setdefault(f"{how} fwd", []).append(_median_time(fwd))
+                    times.setdefault(f"{how} fwd+bwd", []).append(_median_time(fwd_bwd))
+        rec.update({key: statistics.median(v) for key, v in times.items()})
+        if kernel:
+            rec["torch / kernel fwd+bwd"] = rec["torch fwd+bwd"] / rec["eager fwd+bwd"]
         if not name.startswith("chain"):
             try:
                 rec.update(tmol_latency(name.split()[0]))
@@ -434,6 +482,7 @@ def markdown(records: list[dict]) -> str:
 
 # ---------------------------------------------------------------- running
 def run(sections, quick: bool, compile_: bool = False) -> list[dict]:
+    _kernel_load()  # the compiled kernel's one-time load is no part of a fresh step
     records = []
     if "fresh" in sections:
         records += run_fresh(quick)

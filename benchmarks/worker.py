@@ -186,6 +186,12 @@ def main() -> None:
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # anything printed by libraries goes to the log, not the protocol
     sys.stdout = sys.stderr
+    try:  # zmat's compiled CPU kernel: loaded (built once per machine) here, not in a timed cold call
+        from zmat import _kernel
+
+        _kernel.load()
+    except ImportError:  # a zmat from before the kernel
+        pass
     gc.freeze()  # what is alive now is never garbage: keeps gc.collect() before each record cheap
     for line in sys.stdin:
         req = json.loads(line)

@@ -33,12 +33,14 @@ uses the transpose: path sums from the root instead of subtree sums.
 
 from __future__ import annotations
 
+import functools
 import math
 import weakref
 
 import numpy as np
 import torch
 
+from . import _kernel
 from ._geometry import LOCAL_FACTORS, compose, compose_components, identity_frame, segment_anchor
 from ._stages import Staging
 from .table import BOND, PLANAR, ROOT, ConstructionTable, index_tensor
@@ -567,11 +569,30 @@ def _place(rot: torch.Tensor, pos: torch.Tensor, plan: _ForestPlan, shape) -> to
 def place_analytic(C: torch.Tensor, table: ConstructionTable) -> torch.Tensor:
     """Positions ``(..., N, 3)`` from internal coordinates ``C`` as given
     (missing references and offset rows are resolved by the plan) via
-    :class:`RigidForest` (analytic backward)."""
+    :class:`RigidForest` (analytic backward), or on the CPU the same math
+    compiled (``zmat/_kernel.py``, where it can be built and used)."""
+    if _kernel.usable(C):
+        kplan = table.cached(_kernel_plan, C.device)
+        # the torch path's plans too: code compiled after this eager call reads them
+        prepare(table, C.device, C.numel() // (3 * table.n_atoms) if table.n_atoms else 1)
+        if table.constant_anchors:
+            return _kernel.positions(C, kplan)
+        rot, pos = _kernel.frames(_flat(C), kplan)
+        return _place(rot, pos, forest_plan(table, C.device), C.shape)
+    return _place_torch(C, table)
+
+
+def _place_torch(C: torch.Tensor, table: ConstructionTable) -> torch.Tensor:
+    """:func:`place_analytic` in torch ops (the reference for the kernel)."""
     plan = forest_plan(table, C.device)
     function = _RigidForestFunction if torch.compiler.is_compiling() else RigidForest
     rot, pos = function.apply(_flat(C), plan)
     return _place(rot, pos, plan, C.shape)
+
+
+def _kernel_plan(table: ConstructionTable, device: torch.device) -> _kernel.KernelPlan:
+    plan = forest_plan(table, device)
+    return _kernel.KernelPlan(table, plan.grad_index, plan.grad_keep, functools.partial(_vjp, plan=plan))
 
 
 def place_prefix(C: torch.Tensor, table: ConstructionTable) -> torch.Tensor:

@@ -1,0 +1,193 @@
+"""The compiled CPU kernel of the analytic method (``zmat/_kernel.py``) against
+the pure-PyTorch path it replaces on the CPU (``_place_torch``, itself checked
+against the reference method and the twin in ``test_analytic.py``)."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from strategies import chain_table, internal_coordinates, random_internal, tables
+
+import zmat
+from zmat import _analytic, _kernel
+
+DATA = Path(__file__).parent / "data"
+# rows that cannot all be rewritten as rigid children: a second segment whose
+# anchor is built from positions (the kernel's Frames path)
+POSITIONAL = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0], [3, 0, 1], [4, 3, 0], [5, 4, 3]]
+
+
+class _Spy:
+    """Counts the kernel's calls (and delegates to it)."""
+
+    def __init__(self, module):
+        self.module, self.calls = module, {"forward": 0, "backward": 0}
+
+    def forward(self, *args):
+        self.calls["forward"] += 1
+        return self.module.forward(*args)
+
+    def backward(self, *args):
+        self.calls["backward"] += 1
+        return self.module.backward(*args)
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    monkeypatch.delenv("ZMAT_NO_KERNEL", raising=False)
+    module = _kernel.load()
+    if module is None:
+        pytest.skip("the compiled kernel cannot be built here")
+    s = _Spy(module)
+    monkeypatch.setitem(_kernel._state, "module", s)
+    return s
+
+
+def both(c: torch.Tensor, table, weights: torch.Tensor):
+    """Positions and gradient of ``<x, weights>`` by the kernel and by the torch path."""
+    out = []
+    for place in (zmat.to_xyz, _analytic._place_torch):
+        c_ = c.detach().requires_grad_()
+        x = place(c_, table)
+        out.append((x.detach(), *torch.autograd.grad((x * weights).sum(), c_)))
+    return out
+
+
+# the spy is shared by the examples: the test counts calls as a difference
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=tables(min_atoms=1, max_atoms=14), linear=st.booleans(), data=st.data())
+def test_matches_torch_path_on_random_tables(spy, rows, linear, data):
+    table = zmat.ConstructionTable(rows)
+    # Exactly linear references of a position-built anchor are ill-posed (the
+    # documented fallback axis is chosen by rounding-level residuals, which
+    # differ between any two summation orders, the reference method's too).
+    linear = linear and table.constant_anchors
+    c = data.draw(internal_coordinates(len(rows), batch=(2,), linear=linear))
+    w = torch.randn(2, len(rows), 3, dtype=torch.float64)
+    calls = spy.calls["forward"]
+    (x, g), (x_ref, g_ref) = both(c, table, w)
+    assert spy.calls["forward"] == calls + 1
+    assert torch.allclose(x, x_ref, atol=1e-12, rtol=0), (x - x_ref).abs().max()
+    assert torch.allclose(g, g_ref, atol=1e-12, rtol=0), (g - g_ref).abs().max()
+
+
+@pytest.mark.parametrize("rows", [chain_table(30), POSITIONAL], ids=["chain", "positional"])
+@pytest.mark.parametrize("batch", [(), (3,), (2, 2)])
+def test_both_kernel_paths_batched(spy, rows, batch):
+    table = zmat.ConstructionTable(rows)
+    assert table.constant_anchors == (rows is not POSITIONAL)
+    c = random_internal(len(rows), batch=batch, seed=1)
+    c[..., 3, 1] = math.pi  # a linear angle
+    w = torch.randn(*batch, len(rows), 3, dtype=torch.float64)
+    (x, g), (x_ref, g_ref) = both(c, table, w)
+    assert spy.calls == {"forward": 1, "backward": 1}
+    assert torch.allclose(x, x_ref, atol=1e-12, rtol=0) and torch.allclose(g, g_ref, atol=1e-12, rtol=0)
+
+
+def test_strided_input_and_expanded_gradient(spy):
+    table = zmat.ConstructionTable(chain_table(9))
+    base = random_internal(9, batch=(2,), seed=2)
+    c = torch.cat([base, base], -1)[..., ::2].detach().requires_grad_()  # not contiguous
+    c_ref = c.detach().clone().requires_grad_()
+    x = zmat.to_xyz(c, table)
+    x.sum().backward()  # an expanded (stride 0) output gradient
+    _analytic._place_torch(c_ref, table).sum().backward()
+    assert spy.calls == {"forward": 1, "backward": 1}
+    assert torch.allclose(c.grad, c_ref.grad, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["1ubi", "1igy"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_real_proteins(spy, name, dtype):
+    pytest.importorskip("biotite")
+    p = zmat.protein.from_pdb(DATA / f"{name}.pdb")
+    c = p.internal.to(dtype)
+    w = torch.randn(c.shape, dtype=torch.float64).to(dtype)
+    (x, g), (x_ref, g_ref) = both(c, p.table, w)
+    assert spy.calls["forward"] == 1
+    tol = 1e-10 if dtype == torch.float64 else 2e-3  # float64: within the methods' contract
+    assert torch.allclose(x, x_ref, atol=tol, rtol=0)
+    assert torch.allclose(g, g_ref, atol=tol * 10, rtol=1e-4 if dtype == torch.float32 else 0)
+
+
+@pytest.mark.parametrize("rows", [chain_table(7), POSITIONAL], ids=["chain", "positional"])
+def test_gradcheck_and_gradgradcheck(spy, rows):
+    table = zmat.ConstructionTable(rows)
+    c = random_internal(len(rows), batch=(2,), seed=4).requires_grad_()
+    assert torch.autograd.gradcheck(lambda x: zmat.to_xyz(x, table), (c,), check_batched_grad=True)
+    assert spy.calls["backward"] > 0  # first order through the kernel
+    # second order: the backward with create_graph differentiates the torch path
+    assert torch.autograd.gradgradcheck(lambda x: zmat.to_xyz(x, table), (c,))
+
+
+def test_disabled_by_environment(spy, monkeypatch):
+    monkeypatch.setenv("ZMAT_NO_KERNEL", "1")
+    table = zmat.ConstructionTable(chain_table(6))
+    c = random_internal(6, seed=5).requires_grad_()
+    zmat.to_xyz(c, table).sum().backward()
+    assert spy.calls == {"forward": 0, "backward": 0}
+    assert not _kernel.usable(c)
+
+
+def test_traced_and_transformed_calls_use_the_torch_path(spy):
+    table = zmat.ConstructionTable(chain_table(6))
+    c = random_internal(6, seed=5)
+    torch.func.jacrev(lambda x: zmat.to_xyz(x, table))(c)
+    with torch.autograd.forward_ad.dual_level():
+        zmat.to_xyz(torch.autograd.forward_ad.make_dual(c, torch.ones_like(c)), table)
+    assert not _kernel.usable(c.half()) and spy.calls["forward"] == 0
+
+
+def test_build_failure_falls_back_with_one_warning(monkeypatch):
+    monkeypatch.delenv("ZMAT_NO_KERNEL", raising=False)
+    monkeypatch.delitem(_kernel._state, "module", raising=False)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no compiler")
+
+    monkeypatch.setattr(torch.utils.cpp_extension, "load_inline", broken)
+    table = zmat.ConstructionTable(chain_table(6))
+    c = random_internal(6, seed=5)
+    with pytest.warns(RuntimeWarning, match="no compiler"):
+        x = zmat.to_xyz(c, table)
+    assert torch.allclose(x, _analytic._place_torch(c, table), atol=1e-12)
+    zmat.to_xyz(c, table)  # warned once: pytest's filterwarnings=error would fail a second one
+
+
+def test_import_does_not_compile():
+    code = "import zmat, zmat._kernel as k; print('module' in k._state)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("rows", [chain_table(8), POSITIONAL], ids=["chain", "positional"])
+def test_input_may_change_after_the_forward(spy, rows):
+    # the kernel saves its output frames, not C (as the torch path): an
+    # optimizer step between forward and backward is no error
+    table = zmat.ConstructionTable(rows)
+    c = random_internal(len(rows), seed=7).requires_grad_()
+    w = torch.randn(len(rows), 3, dtype=torch.float64)
+    (expected,) = torch.autograd.grad((zmat.to_xyz(c, table) * w).sum(), c)
+    x = zmat.to_xyz(c, table)
+    with torch.no_grad():
+        c.add_(0.1)
+    (g,) = torch.autograd.grad((x * w).sum(), c)
+    assert spy.calls["backward"] == 2 and torch.allclose(g, expected, atol=1e-12, rtol=0)
+
+
+def test_third_derivative_through_the_kernel_forward(spy):
+    table = zmat.ConstructionTable(chain_table(6))
+    c = random_internal(6, seed=8).requires_grad_()
+    out = {}
+    for name, place in (("kernel", zmat.to_xyz), ("torch", _analytic._place_torch)):
+        (g,) = torch.autograd.grad(place(c, table).square().sum(), c, create_graph=True)
+        (h,) = torch.autograd.grad(g.square().sum(), c, create_graph=True)
+        out[name] = torch.autograd.grad(h.sum(), c)[0]
+    assert spy.calls["forward"] == 1 and torch.allclose(out["kernel"], out["torch"], atol=1e-10)

@@ -1,0 +1,216 @@
+"""Compiled CPU kernel for the analytic method (batch-1 latency).
+
+Eager PyTorch pays a dispatch floor of a few microseconds per op, and the
+analytic method dispatches about a hundred ops per call: for one structure
+that floor, not the arithmetic, is the cost. On CPU tensors the same
+placement and the same Abe-Go backward (see ``zmat/_analytic.py``) run here as
+two single-threaded loops of C++ (``zmat/csrc/rigid_forest.cpp``):
+
+* forward: one pass over the atoms in depth-first order, ``F_j = F_parent(j) . L_j``
+  with ``L`` built from the plan's effective internal coordinates (missing
+  references and offset chains resolved by the same gather as the torch path);
+* backward: the subtree sums in reverse depth-first order, then ``d r``,
+  ``d theta``, ``d phi_eff`` per atom, scattered back through the gather.
+
+The kernel is compiled by ``torch.utils.cpp_extension.load_inline`` on the
+first CPU call (not at ``import zmat``), once per machine: torch caches the
+build in its extensions directory (``TORCH_EXTENSIONS_DIR``), keyed by a hash
+of the source, so later processes only load it. It serves every table (the
+plan arrays are inputs), so no new sequence or table compiles anything.
+
+The pure-PyTorch path stays the reference and the fallback: it is used when
+the kernel cannot be built (a warning, once), when ``ZMAT_NO_KERNEL=1``, for
+other devices and dtypes, under ``torch.compile``/``torch.export`` tracing,
+``torch.func`` transforms and forward-mode AD, and for double backward (a
+backward with ``create_graph=True`` differentiates the torch path instead).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.autograd.forward_ad as _forward_ad
+
+from .table import BOND, PLANAR, ConstructionTable
+
+_SOURCE = Path(__file__).with_name("csrc") / "rigid_forest.cpp"
+_DTYPES = (torch.float32, torch.float64)
+_state: dict = {}  # "module": the loaded extension, or None where it failed
+
+
+def disabled() -> bool:
+    """Whether ``ZMAT_NO_KERNEL`` turns the kernel off (read at every call)."""
+    return os.environ.get("ZMAT_NO_KERNEL", "") not in ("", "0")
+
+
+def load():
+    """The compiled extension (built on the first call, cached on disk), or
+    ``None`` if it cannot be built (warned once; the torch path is used)."""
+    if "module" not in _state:
+        _state["module"] = None
+        try:
+            from torch.utils.cpp_extension import load_inline
+
+            source = _SOURCE.read_text()
+            name = "zmat_rigid_forest_" + hashlib.sha1(source.encode()).hexdigest()[:12]
+            _state["module"] = load_inline(
+                name, [source], functions=["forward", "backward"], extra_cflags=["-O3"], verbose=False
+            )
+        except Exception as error:  # no compiler, no ninja, a read-only cache...
+            warnings.warn(
+                f"zmat: the compiled CPU kernel is unavailable ({type(error).__name__}: {error}); "
+                "using the PyTorch path (set ZMAT_NO_KERNEL=1 to silence this)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+    return _state["module"]
+
+
+def usable(x: torch.Tensor) -> bool:
+    """Whether a call on ``x`` may take the kernel: a plain CPU float32/float64
+    tensor, outside tracing, ``torch.func`` transforms and forward-mode AD."""
+    if x.device.type != "cpu" or x.dtype not in _DTYPES or type(x) not in (torch.Tensor, torch.nn.Parameter):
+        return False
+    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
+        return False
+    if _forward_ad._current_level >= 0 or disabled():  # dual tensors need the Functions' jvp
+        return False
+    return load() is not None
+
+
+class KernelPlan:
+    """The plan arrays the kernel reads, in depth-first order, for one table.
+
+    Args:
+        table: the validated table.
+        gather: ``(K, N)`` int64, flat index into ``C`` of every atom's
+            ``(r, theta, phi, phi of its offset chain...)`` entries.
+        keep: ``(K, N)`` bool, which of them the table uses.
+        vjp: ``(rot, pos, g_rot, g_pos) -> flat gradient (3 N, B)`` in
+            differentiable torch ops (``_vjp`` of ``zmat/_analytic.py``), for
+            double backward and batched gradients.
+    """
+
+    def __init__(self, table: ConstructionTable, gather, keep, vjp) -> None:
+        self.n = table.n_atoms
+        self.gather = gather.reshape(-1, self.n).contiguous()
+        self.keep = keep.reshape(-1, self.n).to(torch.uint8).contiguous()
+        kind = table.kind[table.dfs_order]
+        trig = np.stack([kind > BOND, kind > PLANAR]).astype(np.uint8)  # theta, phi used (else pi, 0)
+        self.trig = torch.as_tensor(trig)
+        self.parent = torch.as_tensor(table.dfs_parent, dtype=torch.int64)
+        self.order = torch.as_tensor(table.dfs_order, dtype=torch.int64)
+        self.vjp = vjp
+        self.placement = (self.gather, self.keep, self.trig, self.parent)  # the forward's arrays
+
+
+def _differentiable_backward(*grads) -> bool:
+    """A backward with ``create_graph=True`` or under ``vmap`` (batched
+    gradients, e.g. gradcheck's) differentiates the torch path instead of
+    calling the kernel, which needs plain tensors."""
+    if torch.is_grad_enabled() or torch._C._are_functorch_transforms_active():
+        return True
+    functorch = torch._C._functorch
+    return any(
+        g is not None and (functorch.is_legacy_batchedtensor(g) or functorch.is_functorch_wrapped_tensor(g))
+        for g in grads
+    )
+
+
+# The Functions below use the ctx form of ``forward``, not ``setup_context``:
+# ``Function.apply`` binds a ``setup_context`` Function's arguments with
+# ``inspect.signature`` (~8 us, more than the kernel on a small molecule), and
+# the kernel is never used under ``torch.func`` transforms, which would need it.
+
+
+def positions(C: torch.Tensor, plan: KernelPlan) -> torch.Tensor:
+    """Positions ``(..., N, 3)`` in atom order from internal coordinates ``C``
+    ``(..., N, 3)``, for tables whose segments are all rooted at the origin
+    (``table.constant_anchors``)."""
+    if torch.is_grad_enabled() and C.requires_grad:
+        return _Positions.apply(C, plan)[0]
+    return _place(C, plan)[1].view(C.shape)  # no graph: no Function
+
+
+def frames(flat: torch.Tensor, plan: KernelPlan):
+    """Flat internal coordinates ``(3 N, B)`` -> frames relative to their
+    segment anchors, component-major, dfs order: rotations ``(3, 3, N, B)``,
+    positions ``(3, N, B)`` (as ``RigidForest`` in ``zmat/_analytic.py``)."""
+    return _Frames.apply(flat, plan)
+
+
+def _place(C: torch.Tensor, plan: KernelPlan):
+    """Frames ``(B, N, 3, 4)`` in dfs order and positions ``(B, N, 3)`` in atom order."""
+    return _state["module"].forward(C.reshape(-1, 3 * plan.n), *plan.placement, plan.order)
+
+
+def _split(frames: torch.Tensor):
+    """``(B, N, 3, 4)`` -> rotations ``(3, 3, N, B)``, positions ``(3, N, B)``
+    (component-major views, the layout of ``RigidForest``)."""
+    frames = frames.permute(2, 3, 1, 0)
+    return frames[:, :3], frames[:, 3]
+
+
+def _backward(ctx, g_rot, g_pos, g_xyz=None) -> torch.Tensor:
+    """Gradient ``(B, 3 N)`` of the flat internal coordinates from the saved
+    frames (outputs: so double backward differentiates the torch ``vjp``
+    through them, as ``RigidForest`` does) and the output gradients."""
+    rot, pos = ctx.saved_tensors
+    plan = ctx.plan
+    rows = None
+    differentiable = _differentiable_backward(g_rot, g_pos, g_xyz)
+    if g_xyz is not None:  # (..., N, 3) in atom order
+        g_xyz = g_xyz.reshape(-1, plan.n, 3)
+        if g_pos is None and not differentiable:
+            rows = plan.order  # the kernel reads row order[j] for dfs position j
+        else:
+            g_dfs = g_xyz.index_select(1, plan.order).permute(2, 1, 0)
+            g_pos = g_dfs if g_pos is None else g_pos + g_dfs
+    if differentiable:
+        return plan.vjp(rot, pos, g_rot, g_pos).t()
+    g_rot = None if g_rot is None else g_rot.permute(3, 2, 0, 1)
+    g_pos = g_xyz if rows is not None else (None if g_pos is None else g_pos.permute(2, 1, 0))
+    args = (rows, plan.gather, plan.keep, plan.parent, 3 * plan.n)
+    return _state["module"].backward(rot.permute(3, 2, 0, 1), pos.permute(2, 1, 0), g_rot, g_pos, *args)
+
+
+class _Positions(torch.autograd.Function):
+    """``C -> (positions (..., N, 3) in atom order, rot, pos)``; the frames are
+    outputs only for the backward (``positions`` returns the first)."""
+
+    @staticmethod
+    def forward(ctx, C: torch.Tensor, plan: KernelPlan):
+        frames, xyz = _place(C, plan)
+        rot, pos = _split(frames)
+        ctx.plan, ctx.shape = plan, C.shape
+        ctx.save_for_backward(rot, pos)
+        ctx.set_materialize_grads(False)
+        return xyz.view(C.shape), rot, pos
+
+    @staticmethod
+    def backward(ctx, g_xyz, g_rot, g_pos):
+        if g_xyz is None and g_rot is None and g_pos is None:
+            return None, None
+        return _backward(ctx, g_rot, g_pos, g_xyz).reshape(ctx.shape), None
+
+
+class _Frames(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, flat: torch.Tensor, plan: KernelPlan):
+        (frames,) = _state["module"].forward(flat.t(), *plan.placement, None)
+        rot, pos = _split(frames)
+        ctx.plan = plan
+        ctx.save_for_backward(rot, pos)
+        ctx.set_materialize_grads(False)
+        return rot, pos
+
+    @staticmethod
+    def backward(ctx, g_rot, g_pos):
+        if g_rot is None and g_pos is None:
+            return None, None
+        return _backward(ctx, g_rot, g_pos).t(), None
