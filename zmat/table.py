@@ -55,6 +55,13 @@ __all__ = ["ConstructionTable", "as_table"]
 
 ROOT, BOND, PLANAR, PROPER, OFFSET, POSITIONAL = range(6)
 KIND_NAMES = ("root", "bond", "planar", "proper", "offset", "positional")
+# per-atom arrays as ``ConstructionTable._pack`` packs them after refs' three rows: all
+# are shifted by the piece's offset on concatenation but the last two
+_PACKED_NAMES = (
+    "parent", "offset_of", "dfs_order", "dfs_pos", "subtree_end", "dfs_parent", "dfs_segment",
+    "kind", "dfs_depth",
+)  # fmt: skip
+_PACKED = 3 + len(_PACKED_NAMES) + 1  # + the stage of each atom
 T = TypeVar("T")
 
 
@@ -106,42 +113,49 @@ class ConstructionTable:
         if isinstance(tables, (ConstructionTable, np.ndarray, torch.Tensor)) or len(tables) == 0:
             raise ValueError("concatenate needs a non-empty sequence of tables")
         pieces = [as_table(t) for t in tables]
-        sizes = np.array([t.n_atoms for t in pieces], np.int64)
-        offset = np.repeat(np.cumsum(sizes) - sizes, sizes)  # of every atom (and dfs position)
+        # One packed array per piece (cached on it), so a batch of hundreds of
+        # pieces costs one concatenation per distinct offset-chain width.
+        packed = [t._packed if "_packed" in t.__dict__ else t._pack() for t in pieces]
+        sizes = np.fromiter((a.shape[1] for a in packed), np.int64, len(packed))
+        starts = np.cumsum(sizes) - sizes
         n = int(sizes.sum())
+        heights = np.fromiter((a.shape[0] for a in packed), np.int64, len(packed))
+        out = np.empty((int(heights.max()), n), np.int64)
+        if (heights == heights[0]).all():
+            out[:] = np.concatenate(packed, 1)
+        else:  # pieces of one width at a time; the shorter chains padded with -1 ("zero")
+            out[_PACKED:] = -1
+            piece_of = np.repeat(np.arange(len(packed)), sizes)
+            for h in np.unique(heights).tolist():
+                sel = np.nonzero(heights == h)[0]
+                out[:h, np.isin(piece_of, sel)] = np.concatenate([packed[k] for k in sel.tolist()], 1)
+        offset = np.repeat(starts, sizes)
+        shifted = np.r_[0 : _PACKED - 3, _PACKED : len(out)]  # every row but kind, dfs_depth, stage
+        out[shifted] = np.where(out[shifted] >= 0, out[shifted] + offset, out[shifted])
+        chain = out[_PACKED:].T
+        chain[chain < 0] = n  # n = "zero" slot
+        kind, parent = out[_PACKED - 3], out[3]
+        arrays = dict(zip(_PACKED_NAMES, out[3 : _PACKED - 1], strict=True))
+        arrays.update(
+            refs=np.ascontiguousarray(out[:3].T),
+            offset_chain=np.ascontiguousarray(chain),
+            max_depth=int(out[_PACKED - 2].max()),
+            stage_atoms=_group(out[_PACKED - 1]),
+            constant_anchors=bool((kind[parent < 0] == ROOT).all()),
+        )
+        return cls._trusted(arrays)
 
-        def join(name: str) -> np.ndarray:  # references (>= 0) shifted by their piece's offset
-            a = np.concatenate([getattr(t, name) for t in pieces])
-            shift = offset if a.ndim == 1 else offset[:, None]
-            return np.where(a >= 0, a + shift, a)
-
-        out = cls.__new__(cls)
-        out.refs, out.n_atoms = join("refs"), n
-        out.kind = np.concatenate([t.kind for t in pieces])
-        out.parent, out.offset_of = join("parent"), join("offset_of")
-        width = max(t.offset_chain.shape[1] for t in pieces)
-        chain = np.full((n, width), n, np.int64)  # n = "zero" slot
-        for t, start in zip(pieces, np.cumsum(sizes) - sizes, strict=True):
-            c = t.offset_chain
-            chain[start : start + t.n_atoms, : c.shape[1]] = np.where(c < t.n_atoms, c + start, n)
-        out.offset_chain = chain
-        for name in ("dfs_order", "dfs_pos", "subtree_end", "dfs_parent", "dfs_segment"):
-            setattr(out, name, join(name))
-        out.dfs_depth = np.concatenate([t.dfs_depth for t in pieces])
-        out.max_depth = int(max(t.max_depth for t in pieces))
-        stages = max(len(t.stage_atoms) for t in pieces)
-        out.stage_atoms = [
-            np.concatenate(
-                [
-                    t.stage_atoms[s] + o
-                    for t, o in zip(pieces, np.cumsum(sizes) - sizes, strict=True)
-                    if s < len(t.stage_atoms)
-                ]
-            )
-            for s in range(stages)
-        ]
-        out.constant_anchors = all(t.constant_anchors for t in pieces)
-        return out
+    def _pack(self) -> np.ndarray:
+        """``(_PACKED + width, N)`` int64: refs, the per-atom plan arrays
+        (``_PACKED_NAMES``), the stage of every atom, then the offset chain
+        (``-1``: none); cached (``concatenate`` reads it on every batch)."""
+        stage = np.empty(self.n_atoms, np.int64)
+        for s, atoms in enumerate(self.stage_atoms):
+            stage[atoms] = s
+        chain = np.where(self.offset_chain < self.n_atoms, self.offset_chain, -1).T
+        arrays = [getattr(self, name) for name in _PACKED_NAMES]
+        self._packed = np.concatenate([self.refs.T, np.stack(arrays), stage[None], chain])
+        return self._packed
 
     #: the arrays a table holds besides its cached properties (see ``_classify``)
     _ARRAYS = (
