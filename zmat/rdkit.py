@@ -289,6 +289,15 @@ def _owners(table: ConstructionTable, quads: np.ndarray) -> tuple[np.ndarray, np
     return owner, owner[quads[:, 1]] if len(quads) else np.zeros(0, np.int64)
 
 
+def _nesting(parent: np.ndarray) -> np.ndarray:
+    """Depth of every node of a forest given by ``parent`` pointers (-1: root)."""
+    level, anc = np.zeros(len(parent), np.int64), parent.copy()
+    while (anc >= 0).any():  # depth of nested rotatable bonds: a handful of steps
+        level += anc >= 0
+        anc = np.where(anc >= 0, parent[np.maximum(anc, 0)], -1)
+    return level
+
+
 def _apply(rot: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """``rot @ v`` for ``(..., 3, 3)`` and ``(..., 3)``, written out (no tiny bmm)."""
     return (rot * v.unsqueeze(-2)).sum(-1)
@@ -372,6 +381,7 @@ class TorsionSpace:
         self.rotation, self.shift = fields["rotation"], fields["shift"]  # (M, 3, 3), (M, 3): canonical -> Mol
         self.owner = fields["owner"]  # (N,) innermost torsion moving each atom, -1: none
         self.bond_parent = fields["bond_parent"]  # (K,) innermost torsion moving bond k, -1: none
+        self.level = fields["level"]  # (K,) nesting depth of torsion k (number of bond_parent ancestors)
         self._cache: dict = {}
 
     @property
@@ -430,42 +440,68 @@ class TorsionSpace:
             shift=shift[None],
             owner=owner,
             bond_parent=bond_parent,
+            level=_nesting(bond_parent),
         )
 
     @classmethod
     def batch(cls, spaces: Sequence[TorsionSpace]) -> TorsionSpace:
         """Torsion spaces of different molecules as one (flat atoms and torsions).
 
-        Vectorised offsetting (no loop over atoms); see :mod:`zmat.batch`.
+        Each space packs its arrays once (kept on it, see :meth:`_pack`), so a
+        batch of a data set's spaces is a handful of concatenations and offsets
+        whatever their number (no loop over atoms or torsions); see :mod:`zmat.batch`.
         """
         if len(spaces) == 0:
             raise ValueError("cannot batch an empty list of torsion spaces")
-        atoms = Ragged([s.atoms.total for s in spaces])  # per space (a space may be a batch)
-        tors = Ragged([s.torsion_index.total for s in spaces])
-        shift_atoms = torch.as_tensor(atoms.ptr[:-1])[tors.index]
-        quads = torch.cat([s.quads for s in spaces]) + shift_atoms[:, None]
-        dof = np.concatenate([s.dof for s in spaces]) + atoms.ptr[:-1][tors.index]
-
-        def offset(name, rows, values):  # torsion indices per row (atoms or torsions); -1 stays -1
-            flat = np.concatenate([getattr(s, name) for s in spaces])
-            return np.where(flat >= 0, flat + values.ptr[:-1][rows.index], -1)
-
+        packs = [s._pack() for s in spaces]
+        cat = {key: np.concatenate([p[key] for p in packs]) for key in packs[0]}
+        # per space (a space may itself be a batch): where its atoms and torsions start
+        n_atoms = np.fromiter((len(p["atom_f"]) for p in packs), np.int64, len(packs))
+        n_tors = np.fromiter((len(p["tors_i"]) for p in packs), np.int64, len(packs))
+        atom_start = np.repeat(np.cumsum(n_atoms) - n_atoms, n_tors)[:, None]  # per torsion
+        tors_start = np.cumsum(n_tors) - n_tors
+        ti, tf, af = cat["tors_i"], cat["tors_f"], cat["atom_f"]
+        ti[:, :5] += atom_start  # quads and dof: atom indices
+        for col, rows in ((ti[:, 5], n_tors), (cat["atom_i"], n_atoms)):  # torsion indices; -1 stays
+            col += np.where(col >= 0, np.repeat(tors_start, rows), 0)
+        sizes = cat["sizes"]
         return cls(
             [m for s in spaces for m in s.mols],
             [s.table for s in spaces],
-            Ragged(np.concatenate([s.atoms.sizes for s in spaces])),  # per molecule
-            Ragged(np.concatenate([s.torsion_index.sizes for s in spaces])),
-            quads=quads,
-            torsions=torch.cat([s.torsions for s in spaces]),
-            positions=torch.cat([s.positions for s in spaces]),
-            internal=torch.cat([s.internal for s in spaces]),
-            dof=dof,
-            delta=torch.cat([s.delta for s in spaces]),
-            rotation=torch.cat([s.rotation for s in spaces]),
-            shift=torch.cat([s.shift for s in spaces]),
-            owner=offset("owner", atoms, tors),
-            bond_parent=offset("bond_parent", tors, tors),
+            Ragged(sizes[:, 0]),  # per molecule
+            Ragged(sizes[:, 1]),
+            quads=torch.from_numpy(np.ascontiguousarray(ti[:, :4])),
+            torsions=torch.from_numpy(np.ascontiguousarray(tf[:, 0])),
+            positions=torch.from_numpy(np.ascontiguousarray(af[:, :3])),
+            internal=torch.from_numpy(np.ascontiguousarray(af[:, 3:])),
+            dof=ti[:, 4],
+            delta=torch.from_numpy(np.ascontiguousarray(tf[:, 1])),
+            rotation=torch.from_numpy(np.ascontiguousarray(cat["mol_f"][:, :9]).reshape(-1, 3, 3)),
+            shift=torch.from_numpy(np.ascontiguousarray(cat["mol_f"][:, 9:])),
+            owner=cat["atom_i"],
+            bond_parent=ti[:, 5],
+            level=ti[:, 6],
         )
+
+    def _pack(self) -> dict:
+        """This space's arrays for :meth:`batch`, built once and kept: numpy
+        arrays per atom, torsion and molecule (indices local to this space)."""
+        if "_packed" not in self.__dict__:
+
+            def np_(t):
+                return t.detach().cpu().numpy()
+
+            self._packed = {
+                "atom_f": np.concatenate([np_(self.positions), np_(self.internal)], 1),  # (N, 6)
+                "atom_i": np.asarray(self.owner, np.int64).copy(),  # (N,)
+                "tors_i": np.stack(  # (K, 7): quads, dof, bond_parent, nesting level
+                    [*np_(self.quads).T, self.dof, self.bond_parent, self.level], 1
+                ).astype(np.int64),
+                "tors_f": np.stack([np_(self.torsions), np_(self.delta)], 1),  # (K, 2)
+                "mol_f": np.concatenate([np_(self.rotation).reshape(-1, 9), np_(self.shift)], 1),  # (M, 12)
+                "sizes": np.stack([self.atoms.sizes, self.torsion_index.sizes], 1),  # (M, 2)
+            }
+        return self._packed
 
     # ---------------------------------------------------------- transforms
     def _cached(self, name: str, dtype: torch.dtype, device: torch.device, build):
@@ -540,11 +576,7 @@ class TorsionSpace:
         """Torsions sorted by nesting level; slot 0 of the transform stack is the identity."""
 
         def build():
-            k, parent = len(self.dof), self.bond_parent
-            level, anc = np.zeros(k, np.int64), parent.copy()
-            while (anc >= 0).any():  # depth of nested rotatable bonds: a handful of steps
-                level += anc >= 0
-                anc = np.where(anc >= 0, parent[np.maximum(anc, 0)], -1)
+            k, parent, level = len(self.dof), self.bond_parent, self.level
             perm = np.argsort(level, kind="stable")
             slot = np.zeros(k + 1, np.int64)  # slot[-1] = 0: "no torsion", the identity
             slot[perm] = np.arange(1, k + 1)

@@ -55,13 +55,12 @@ __all__ = ["ConstructionTable", "as_table"]
 
 ROOT, BOND, PLANAR, PROPER, OFFSET, POSITIONAL = range(6)
 KIND_NAMES = ("root", "bond", "planar", "proper", "offset", "positional")
-# per-atom arrays as ``ConstructionTable._pack`` packs them after refs' three rows: all
-# are shifted by the piece's offset on concatenation but the last two
-_PACKED_NAMES = (
-    "parent", "offset_of", "dfs_order", "dfs_pos", "subtree_end", "dfs_parent", "dfs_segment",
-    "kind", "dfs_depth",
-)  # fmt: skip
-_PACKED = 3 + len(_PACKED_NAMES) + 1  # + the stage of each atom
+# The per-atom arrays as ``ConstructionTable._pack`` packs them: rows kind, dfs_depth, the
+# stage of each atom; refs (3 rows) and ``_SHIFTED`` (atom indices, shifted by a piece's
+# offset on concatenation); then the offset chain.
+_SHIFTED = ("parent", "offset_of", "dfs_order", "dfs_pos", "subtree_end", "dfs_parent", "dfs_segment")
+_PACKED = 6 + len(_SHIFTED)
+_NONE = -(1 << 40)  # a missing index in a packed table: negative after any offset
 T = TypeVar("T")
 
 
@@ -117,45 +116,48 @@ class ConstructionTable:
         # pieces costs one concatenation per distinct offset-chain width.
         packed = [t._packed if "_packed" in t.__dict__ else t._pack() for t in pieces]
         sizes = np.fromiter((a.shape[1] for a in packed), np.int64, len(packed))
-        starts = np.cumsum(sizes) - sizes
         n = int(sizes.sum())
         heights = np.fromiter((a.shape[0] for a in packed), np.int64, len(packed))
-        out = np.empty((int(heights.max()), n), np.int64)
         if (heights == heights[0]).all():
-            out[:] = np.concatenate(packed, 1)
-        else:  # pieces of one width at a time; the shorter chains padded with -1 ("zero")
-            out[_PACKED:] = -1
+            out = np.concatenate(packed, 1)
+        else:  # pieces of one width at a time; the shorter chains padded with "none"
+            out = np.full((int(heights.max()), n), _NONE, np.int64)
             piece_of = np.repeat(np.arange(len(packed)), sizes)
             for h in np.unique(heights).tolist():
                 sel = np.nonzero(heights == h)[0]
                 out[:h, np.isin(piece_of, sel)] = np.concatenate([packed[k] for k in sel.tolist()], 1)
-        offset = np.repeat(starts, sizes)
-        shifted = np.r_[0 : _PACKED - 3, _PACKED : len(out)]  # every row but kind, dfs_depth, stage
-        out[shifted] = np.where(out[shifted] >= 0, out[shifted] + offset, out[shifted])
-        chain = out[_PACKED:].T
-        chain[chain < 0] = n  # n = "zero" slot
-        kind, parent = out[_PACKED - 3], out[3]
-        arrays = dict(zip(_PACKED_NAMES, out[3 : _PACKED - 1], strict=True))
+        # every atom index shifted by its piece's offset; "none" (_NONE) stays negative
+        out[3:] += np.repeat(np.cumsum(sizes) - sizes, sizes)
+        np.maximum(out[3:_PACKED], -1, out=out[3:_PACKED])
+        chain = out[_PACKED:]
+        np.putmask(chain, chain < 0, n)  # n = "zero" slot
+        arrays = dict(zip(_SHIFTED, out[6:_PACKED], strict=True))
+        stage = out[2]
         arrays.update(
-            refs=np.ascontiguousarray(out[:3].T),
-            offset_chain=np.ascontiguousarray(chain),
-            max_depth=int(out[_PACKED - 2].max()),
-            stage_atoms=_group(out[_PACKED - 1]),
-            constant_anchors=bool((kind[parent < 0] == ROOT).all()),
+            refs=np.ascontiguousarray(out[3:6].T),
+            kind=out[0],
+            dfs_depth=out[1],
+            offset_chain=chain.T,
+            max_depth=int(out[1].max()),
+            stage_atoms=_group(stage) if stage.any() else [np.arange(n)],
+            constant_anchors=bool((out[0][arrays["parent"] < 0] == ROOT).all()),
         )
         return cls._trusted(arrays)
 
     def _pack(self) -> np.ndarray:
-        """``(_PACKED + width, N)`` int64: refs, the per-atom plan arrays
-        (``_PACKED_NAMES``), the stage of every atom, then the offset chain
-        (``-1``: none); cached (``concatenate`` reads it on every batch)."""
+        """``(_PACKED + width, N)`` int64: kind, dfs_depth, the stage of every
+        atom, refs, the ``_SHIFTED`` arrays, then the offset chain (``_NONE``
+        for a missing index, so that adding an offset keeps it negative);
+        cached (``concatenate`` reads it on every batch)."""
         stage = np.empty(self.n_atoms, np.int64)
         for s, atoms in enumerate(self.stage_atoms):
             stage[atoms] = s
         chain = np.where(self.offset_chain < self.n_atoms, self.offset_chain, -1).T
-        arrays = [getattr(self, name) for name in _PACKED_NAMES]
-        self._packed = np.concatenate([self.refs.T, np.stack(arrays), stage[None], chain])
-        return self._packed
+        rows = [self.kind, self.dfs_depth, stage, *self.refs.T, *(getattr(self, k) for k in _SHIFTED), *chain]
+        packed = np.stack(rows).astype(np.int64)
+        packed[3:][packed[3:] < 0] = _NONE
+        self._packed = packed
+        return packed
 
     #: the arrays a table holds besides its cached properties (see ``_classify``)
     _ARRAYS = (
