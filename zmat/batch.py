@@ -117,6 +117,13 @@ class Ragged:
         self._check(x, dim)
         return list(torch.split(x, self.sizes.tolist(), dim))
 
+    def take(self, index: np.ndarray) -> tuple[Ragged, np.ndarray]:
+        """Segments ``index`` (``(B',)`` int64, in that order) as a new
+        :class:`Ragged`, and the ``(N',)`` flat rows they hold here (a gather,
+        no loop over segments)."""
+        out = Ragged(self.sizes[index])
+        return out, np.arange(out.total) - np.repeat(out.ptr[:-1] - self.ptr[index], out.sizes)
+
     def _check(self, x: torch.Tensor, dim: int) -> None:
         if x.shape[dim] != self.total:
             raise ValueError(

@@ -387,7 +387,9 @@ class TorsionSpace:
     @property
     def table(self) -> ConstructionTable:
         """The :class:`~zmat.ConstructionTable` over the ``N`` atoms (a forest for a batch)."""
-        if not isinstance(self._table, ConstructionTable):
+        if callable(self._table):  # a batch made by take: built on first use
+            self._table = self._table()
+        elif not isinstance(self._table, ConstructionTable):
             self._table = concatenate_tables(self._table)[0]
         return self._table
 
@@ -481,6 +483,61 @@ class TorsionSpace:
             owner=cat["atom_i"],
             bond_parent=ti[:, 5],
             level=ti[:, 6],
+        )
+
+    def take(self, index) -> TorsionSpace:
+        """Molecules ``index`` of this space (in that order; repeats allowed) as a new batch.
+
+        For a data set held as one batch (``TorsionSpace.batch(spaces)``, built
+        once): each training step's batch is then a few vectorised gathers, its
+        table (built on first use) included, with no loop over molecules.
+
+        Args:
+            index: ``(B,)`` integer array-like of molecule indices in ``[-M, M)``.
+
+        Raises:
+            ValueError: an empty or out-of-range ``index``.
+
+        Example:
+            >>> from rdkit import Chem
+            >>> from rdkit.Chem import AllChem
+            >>> mols = [Chem.AddHs(Chem.MolFromSmiles(s)) for s in ("CCCCO", "OCCN", "CCOCC")]
+            >>> [AllChem.EmbedMolecule(m, randomSeed=0) for m in mols]
+            [0, 0, 0]
+            >>> data = TorsionSpace.batch([TorsionSpace.from_mol(m) for m in mols])
+            >>> data.take([2, 0]).atoms.sizes.tolist()
+            [15, 15]
+        """
+        m = len(self.mols)
+        idx = np.asarray(index.cpu() if isinstance(index, torch.Tensor) else index).reshape(-1)
+        if idx.size == 0 or idx.dtype.kind not in "iu" or ((idx < -m) | (idx >= m)).any():
+            raise ValueError(f"index must be a non-empty integer array in [-{m}, {m}), got {idx.tolist()}")
+        idx = idx.astype(np.int64) % m
+        atoms, a_rows = self.atoms.take(idx)
+        tors, t_rows = self.torsion_index.take(idx)
+        a_shift = np.repeat(atoms.ptr[:-1] - self.atoms.ptr[idx], tors.sizes)  # atom indices, per torsion
+        t_shift = tors.ptr[:-1] - self.torsion_index.ptr[idx]  # torsion indices, per molecule
+        owner, bond_parent = self.owner[a_rows], self.bond_parent[t_rows]
+        owner += np.where(owner >= 0, np.repeat(t_shift, atoms.sizes), 0)
+        bond_parent += np.where(bond_parent >= 0, np.repeat(t_shift, tors.sizes), 0)
+        a_rows_t, t_rows_t, idx_t = (torch.from_numpy(a) for a in (a_rows, t_rows, idx))
+        parent_ptr, table = self.atoms.ptr, self._table
+        return type(self)(
+            [self.mols[i] for i in idx.tolist()],
+            lambda: (table if isinstance(table, ConstructionTable) else self.table)._take(parent_ptr, idx),
+            atoms,
+            tors,
+            quads=self.quads[t_rows_t] + torch.from_numpy(a_shift)[:, None],
+            torsions=self.torsions[t_rows_t],
+            positions=self.positions[a_rows_t],
+            internal=self.internal[a_rows_t],
+            dof=self.dof[t_rows] + a_shift,
+            delta=self.delta[t_rows_t],
+            rotation=self.rotation[idx_t],
+            shift=self.shift[idx_t],
+            owner=owner,
+            bond_parent=bond_parent,
+            level=self.level[t_rows],
         )
 
     def _pack(self) -> dict:

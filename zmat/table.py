@@ -128,6 +128,28 @@ class ConstructionTable:
                 out[:h, np.isin(piece_of, sel)] = np.concatenate([packed[k] for k in sel.tolist()], 1)
         # every atom index shifted by its piece's offset; "none" (_NONE) stays negative
         out[3:] += np.repeat(np.cumsum(sizes) - sizes, sizes)
+        return cls._from_packed(out)
+
+    def _take(self, ptr: np.ndarray, index: np.ndarray) -> ConstructionTable:
+        """The components ``index`` (in that order) of a table whose component
+        ``k`` is rows ``ptr[k]:ptr[k + 1]`` and dfs positions the same range (a
+        table made by :meth:`concatenate`): gathers of the packed arrays,
+        trusted like :meth:`concatenate` (``zmat.rdkit.TorsionSpace.take``)."""
+        packed = self._packed if "_packed" in self.__dict__ else self._pack()
+        sizes = (ptr[1:] - ptr[:-1])[index]
+        start = np.cumsum(sizes) - sizes
+        shift = np.repeat(start - ptr[index], sizes)  # new - old index of every row
+        out = packed[:, np.arange(int(sizes.sum())) - shift]
+        out[3:] += shift
+        # the widest offset chain among the components taken
+        width = int((out[_PACKED:] >= 0).any(1).sum())
+        return type(self)._from_packed(out[: _PACKED + width])
+
+    @classmethod
+    def _from_packed(cls, out: np.ndarray) -> ConstructionTable:
+        """The table of packed arrays (``_pack``'s layout, indices already
+        offset, missing ones negative); ``out`` is modified and kept."""
+        n = out.shape[1]
         np.maximum(out[3:_PACKED], -1, out=out[3:_PACKED])
         chain = out[_PACKED:]
         np.putmask(chain, chain < 0, n)  # n = "zero" slot
