@@ -156,7 +156,10 @@ def molecule_dataset(n: int, seed: int = 0) -> list:
 
     rng = np.random.default_rng(seed)
     refs = [molecule_table(int(rng.integers(45, 66)), rng) for _ in range(n)]
-    return [(r, zmat.ConstructionTable(r)) for r in refs]
+    out = [(r, zmat.ConstructionTable(r)) for r in refs]
+    if hasattr(zmat.ConstructionTable, "_pack"):  # kept on each table for concatenate
+        zmat.ConstructionTable.concatenate([t for _, t in out])
+    return out
 
 
 # Drug-like molecules for the torsion-space row: a core with three substituents
@@ -199,10 +202,10 @@ def torsion_dataset(n: int) -> list:
     import pickle
     import tempfile
 
-    import zmat
     from rdkit import Chem, RDLogger
     from rdkit.Chem import AllChem
 
+    import zmat
     from zmat.rdkit import TorsionSpace
 
     src = Path(zmat.__file__).parent
@@ -228,9 +231,11 @@ def torsion_dataset(n: int) -> list:
     return spaces
 
 
-def torsion_step(pool: list, n_mol: int, seed: int, method: str) -> dict:
+def torsion_step(pool: list, n_mol: int, seed: int, method: str, data=None) -> dict:
     """A batch of ``n_mol`` molecules drawn from ``pool`` (a new subset, in a
-    new order), ``TorsionSpace.batch``, then a step through ``to_xyz(method)``."""
+    new order), by ``TorsionSpace.batch`` of their spaces or, given ``data``
+    (the pool as one batch), by ``data.take``; then a step through
+    ``to_xyz(method)``."""
     import torch
 
     from zmat.rdkit import TorsionSpace
@@ -239,7 +244,7 @@ def torsion_step(pool: list, n_mol: int, seed: int, method: str) -> dict:
     pick = rng.choice(len(pool), n_mol, replace=False)
     t = {}
     t0 = _now()
-    ts = TorsionSpace.batch([pool[k] for k in pick])
+    ts = data.take(pick) if data is not None else TorsionSpace.batch([pool[k] for k in pick])
     t["layout"] = _now() - t0
     t0 = _now()
     table = ts.table if method == "table" else None
@@ -287,14 +292,16 @@ def run_fresh(quick: bool) -> list[dict]:
         pool = torsion_dataset(300 if quick else 600)
     except ImportError:  # no RDKit: the tree rows only
         pool = None
-    if pool:  # the data set's spaces prepared for batching (kept on them), outside the records
+    if pool:  # the data set as one batch, its table planned: preprocessing, outside the records
         from zmat.rdkit import TorsionSpace
 
-        TorsionSpace.batch(pool).table
-    for method in ("rigid", "table") if pool else ():
-        torsion_step(pool, 8, seed=99, method=method)
-        steps = [torsion_step(pool, 256, s, method) for s in range(batches)]
-        name = f"molecules 256 drug-like (of {len(pool)}), TorsionSpace {method}"
+        data = TorsionSpace.batch(pool)
+        assert data.table.n_atoms == len(data.positions)
+        hows = {"take": data, "batch": None} if hasattr(data, "take") else {"batch": None}
+    for how, method in [(h, m) for h in hows for m in ("rigid", "table")] if pool else ():
+        torsion_step(pool, 8, 99, method, hows[how])
+        steps = [torsion_step(pool, 256, s, method, hows[how]) for s in range(batches)]
+        name = f"molecules 256 of {len(pool)} drug-like, TorsionSpace.{how}, {method}"
         out.append(_summarise(name, steps))
     data = molecule_dataset(1024)
     molecule_step(data, 8, seed=99, concatenate=False)

@@ -122,10 +122,14 @@ class ConstructionTable:
             out = np.concatenate(packed, 1)
         else:  # pieces of one width at a time; the shorter chains padded with "none"
             out = np.full((int(heights.max()), n), _NONE, np.int64)
-            piece_of = np.repeat(np.arange(len(packed)), sizes)
+            starts = np.cumsum(sizes) - sizes
             for h in np.unique(heights).tolist():
                 sel = np.nonzero(heights == h)[0]
-                out[:h, np.isin(piece_of, sel)] = np.concatenate([packed[k] for k in sel.tolist()], 1)
+                part = np.concatenate([packed[k] for k in sel.tolist()], 1)
+                cols = np.arange(part.shape[1]) + np.repeat(
+                    starts[sel] - (np.cumsum(sizes[sel]) - sizes[sel]), sizes[sel]
+                )
+                out[:h, cols] = part
         # every atom index shifted by its piece's offset; "none" (_NONE) stays negative
         out[3:] += np.repeat(np.cumsum(sizes) - sizes, sizes)
         return cls._from_packed(out)
@@ -139,10 +143,9 @@ class ConstructionTable:
         sizes = (ptr[1:] - ptr[:-1])[index]
         start = np.cumsum(sizes) - sizes
         shift = np.repeat(start - ptr[index], sizes)  # new - old index of every row
-        out = packed[:, np.arange(int(sizes.sum())) - shift]
+        out = np.take(packed, np.arange(int(sizes.sum())) - shift, axis=1)
         out[3:] += shift
-        # the widest offset chain among the components taken
-        width = int((out[_PACKED:] >= 0).any(1).sum())
+        width = int((out[_PACKED:] >= 0).any(1).sum())  # the widest offset chain of the components taken
         return type(self)._from_packed(out[: _PACKED + width])
 
     @classmethod
