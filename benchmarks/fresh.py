@@ -7,10 +7,16 @@ benchmarks`` runs ``fresh`` and ``latency`` after its grid):
 * ``fresh``: one training step (coordinates -> loss gradient) on a batch never
   seen before, by phase, beside the same step cached (second call on the same
   batch): proteins (16 random sequences x 1,000 residues through
-  ``zmat.protein.ProteinBatch``) and molecules (256 different random
-  molecule-like trees of 45-65 atoms, ~30 heavy atoms with hydrogens, one
-  forest table). Phases: ``layout`` (``ProteinBatch(sequences)``; for
-  molecules, offsetting the per-molecule arrays into one), ``table``
+  ``zmat.protein.ProteinBatch``), molecules in torsion space (256 of a pool
+  of 300 (``--quick``) or 600 drug-like molecules, ~29 heavy atoms and ~57
+  atoms with hydrogens, ETKDG conformers and ``TorsionSpace.from_mol`` built
+  once and kept on disk as the data set's preprocessing; every step a new
+  random subset in a new order, batched by ``data.take(pick)`` from the pool
+  held as one batch, or by ``TorsionSpace.batch`` of the spaces, through
+  ``method="rigid"`` and ``"table"``), and random trees (256 different random
+  molecule-like trees of 45-65 atoms, one forest table). Phases: ``layout``
+  (``ProteinBatch(sequences)``; for molecules, the batch of spaces or
+  offsetting the per-molecule arrays into one), ``table``
   (``ConstructionTable``: validation and planning; for molecules also the fast
   path ``ConstructionTable.concatenate`` of per-molecule tables validated once
   by the data set), ``plan`` (the per-device index plan,
@@ -297,12 +303,13 @@ def run_fresh(quick: bool) -> list[dict]:
 
         data = TorsionSpace.batch(pool)
         assert data.table.n_atoms == len(data.positions)
-        hows = {"take": data, "batch": None} if hasattr(data, "take") else {"batch": None}
+        # a batch of the data set: data.take(pick) (zmat versions without it: batch of the spaces)
+        hows = {"data.take": data if hasattr(data, "take") else None, "TorsionSpace.batch": None}
     for how, method in [(h, m) for h in hows for m in ("rigid", "table")] if pool else ():
         torsion_step(pool, 8, 99, method, hows[how])
         steps = [torsion_step(pool, 256, s, method, hows[how]) for s in range(batches)]
-        name = f"molecules 256 of {len(pool)} drug-like, TorsionSpace.{how}, {method}"
-        out.append(_summarise(name, steps))
+        name = f"molecules 256 of {len(pool)} drug-like, {how}, {method}"
+        out.append({**_summarise(name, steps), "via": "take" if hows[how] is not None else "batch"})
     data = molecule_dataset(1024)
     molecule_step(data, 8, seed=99, concatenate=False)
     import zmat
