@@ -408,3 +408,16 @@ def test_benchmark_smoke():
     assert res["max |zmat - rdkit| A"] < 1e-9 and res["max |zmat - td| A"] < 1e-9
     assert res["max |rigid - table| A"] < 1e-9
     assert res["zmat rigid fwd"] > 0 and res["ragged build"] > 0
+
+
+def test_fresh_torsion_step_smoke():
+    """The fresh-batch benchmark's molecule rows run (tiny pool): every phase timed."""
+    fresh = pytest.importorskip("benchmarks.fresh")
+    pool = fresh.torsion_dataset(5)
+    assert len({Chem.MolToSmiles(s.mols[0]) for s in pool}) == 5
+    data = TorsionSpace.batch(pool)
+    for method in ("rigid", "table"):
+        for source in (data, None):
+            rec = fresh.torsion_step(pool, 4, seed=0, method=method, data=source)
+            assert all(rec[k] >= 0 for k in (*fresh.PHASES, "cached forward", "cached backward"))
+            assert rec["atoms"] > 4 * 40
