@@ -502,8 +502,7 @@ class TorsionSpace:
             >>> from rdkit import Chem
             >>> from rdkit.Chem import AllChem
             >>> mols = [Chem.AddHs(Chem.MolFromSmiles(s)) for s in ("CCCCO", "OCCN", "CCOCC")]
-            >>> [AllChem.EmbedMolecule(m, randomSeed=0) for m in mols]
-            [0, 0, 0]
+            >>> codes = [AllChem.EmbedMolecule(m, randomSeed=0) for m in mols]
             >>> data = TorsionSpace.batch([TorsionSpace.from_mol(m) for m in mols])
             >>> data.take([2, 0]).atoms.sizes.tolist()
             [15, 15]
