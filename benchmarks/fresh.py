@@ -7,10 +7,16 @@ benchmarks`` runs ``fresh`` and ``latency`` after its grid):
 * ``fresh``: one training step (coordinates -> loss gradient) on a batch never
   seen before, by phase, beside the same step cached (second call on the same
   batch): proteins (16 random sequences x 1,000 residues through
-  ``zmat.protein.ProteinBatch``) and molecules (256 different random
-  molecule-like trees of 45-65 atoms, ~30 heavy atoms with hydrogens, one
-  forest table). Phases: ``layout`` (``ProteinBatch(sequences)``; for
-  molecules, offsetting the per-molecule arrays into one), ``table``
+  ``zmat.protein.ProteinBatch``), molecules in torsion space (256 of a pool
+  of 300 (``--quick``) or 600 drug-like molecules, ~29 heavy atoms and ~57
+  atoms with hydrogens, ETKDG conformers and ``TorsionSpace.from_mol`` built
+  once and kept on disk as the data set's preprocessing; every step a new
+  random subset in a new order, batched by ``data.take(pick)`` from the pool
+  held as one batch, or by ``TorsionSpace.batch`` of the spaces, through
+  ``method="rigid"`` and ``"table"``), and random trees (256 different random
+  molecule-like trees of 45-65 atoms, one forest table). Phases: ``layout``
+  (``ProteinBatch(sequences)``; for molecules, the batch of spaces or
+  offsetting the per-molecule arrays into one), ``table``
   (``ConstructionTable``: validation and planning; for molecules also the fast
   path ``ConstructionTable.concatenate`` of per-molecule tables validated once
   by the data set), ``plan`` (the per-device index plan,
@@ -160,7 +166,113 @@ def molecule_dataset(n: int, seed: int = 0) -> list:
 
     rng = np.random.default_rng(seed)
     refs = [molecule_table(int(rng.integers(45, 66)), rng) for _ in range(n)]
-    return [(r, zmat.ConstructionTable(r)) for r in refs]
+    out = [(r, zmat.ConstructionTable(r)) for r in refs]
+    if hasattr(zmat.ConstructionTable, "_pack"):  # kept on each table for concatenate
+        zmat.ConstructionTable.concatenate([t for _, t in out])
+    return out
+
+
+# Drug-like molecules for the torsion-space row: a core with three substituents
+# (SMILES assembled deterministically; ring-closure digits %90/%91 in the cores,
+# 1 in the groups, so a group's ring closes before the core's does).
+_CORES = (
+    "c%90cc({a})cc({c})c%90{b}", "c%90cc({a})ncc%90C{b}", "C%90CN({a})CC({c})C%90{b}",
+    "c%90ccc%91c(c%90{a})cc({b})n%91", "C%90CC(CN%90{a})C{b}", "c%90nc({a})sc%90{b}",
+    "c%90c({c})c({a})c(cc%90){b}", "O=C(N{a})c%90ccc({b})o%90", "N%90(CCN(CC%90){a}){b}",
+    "c%90ccc%91n({a})c({b})nc%91c%90",
+)  # fmt: skip
+_GROUPS = (
+    "CCO", "C(=O)NC", "OC", "N1CCOCC1", "c1ccncc1", "CC(C)C", "S(=O)(=O)NC", "C(F)(F)F", "CCN(C)C",
+    "Cc1ccccc1", "OCC(=O)O", "C1CCNCC1", "NC(=O)C1CC1", "c1ccc(F)cc1", "CC#N", "OCCOC", "C(=O)OCC",
+    "NCc1ccco1", "Cl", "CCCC", "c1cnn(C)c1", "NS(=O)(=O)C", "COc1ccc(O)cc1", "C(C)(C)O",
+    "CC(=O)Nc1ccccc1", "OCCCN1CCCC1",
+)  # fmt: skip
+
+
+def drug_like_smiles(n: int, seed: int = 0) -> list[str]:
+    """``n`` different canonical SMILES of 28-40 heavy atoms (mean ~30)."""
+    from rdkit import Chem
+
+    rng = np.random.default_rng(seed)
+    out: dict = {}
+    while len(out) < n:
+        core = _CORES[rng.integers(len(_CORES))]
+        a, b, c = (_GROUPS[i] for i in rng.integers(len(_GROUPS), size=3))
+        mol = Chem.MolFromSmiles(core.format(a=a, b=b, c=c))
+        if mol is not None and 28 <= mol.GetNumHeavyAtoms() <= 40:
+            out.setdefault(Chem.MolToSmiles(mol), None)
+    return list(out)
+
+
+def torsion_dataset(n: int) -> list:
+    """``n`` ``TorsionSpace.from_mol`` of ETKDG conformers (with hydrogens): the
+    data set's preprocessing, done once and kept on disk (keyed by the zmat
+    sources, so another zmat rebuilds its own)."""
+    import hashlib
+    import pickle
+    import tempfile
+
+    from rdkit import Chem, RDLogger
+    from rdkit.Chem import AllChem
+
+    import zmat
+    from zmat.rdkit import TorsionSpace
+
+    src = Path(zmat.__file__).parent
+    key = hashlib.sha1(b"".join(f.read_bytes() for f in sorted(src.rglob("*.py")))).hexdigest()[:12]
+    cache = Path(tempfile.gettempdir()) / f"zmat-bench-torsions-{n}-{key}.pkl"
+    if cache.exists():
+        return pickle.loads(cache.read_bytes())
+    RDLogger.DisableLog("rdApp.*")
+    spaces = []
+    for smi in drug_like_smiles(n):
+        mol = Chem.AddHs(Chem.MolFromSmiles(smi))
+        params = AllChem.ETKDGv3()
+        params.randomSeed = 0
+        if AllChem.EmbedMolecule(mol, params) != 0:
+            raise RuntimeError(f"ETKDG failed on {smi}")
+        ts = TorsionSpace.from_mol(mol)
+        ts._cache.clear()  # per-device plans of the molecule alone: not data
+        ts.table.__dict__.pop("_plans", None)
+        spaces.append(ts)
+    tmp = cache.with_suffix(f".{os.getpid()}")
+    tmp.write_bytes(pickle.dumps(spaces))
+    tmp.replace(cache)
+    return spaces
+
+
+def torsion_step(pool: list, n_mol: int, seed: int, method: str, data=None) -> dict:
+    """A batch of ``n_mol`` molecules drawn from ``pool`` (a new subset, in a
+    new order), by ``TorsionSpace.batch`` of their spaces or, given ``data``
+    (the pool as one batch), by ``data.take``; then a step through
+    ``to_xyz(method)``."""
+    import torch
+
+    from zmat.rdkit import TorsionSpace
+
+    rng = np.random.default_rng(seed)
+    pick = rng.choice(len(pool), n_mol, replace=False)
+    t = {}
+    t0 = _now()
+    ts = data.take(pick) if data is not None else TorsionSpace.batch([pool[k] for k in pick])
+    t["layout"] = _now() - t0
+    t0 = _now()
+    table = ts.table if method == "table" else None
+    t["table"] = _now() - t0
+    torsions = torch.from_numpy(rng.uniform(-3, 3, len(ts.quads))).float().requires_grad_(True)
+    t0 = _now()  # the per-device plans (zmat versions without these build them in the forward)
+    if method == "table":
+        prepare(table, torsions.device)
+        for name in ("_scatter", "_frames"):
+            getattr(ts, name, lambda *a: None)(torsions.dtype, torsions.device)
+    else:
+        getattr(ts, "_rigid_plan", lambda *a: None)(torsions.dtype, torsions.device)
+    t["plan"] = _now() - t0
+    t["forward"], t["backward"] = _step(lambda: ts.to_xyz(torsions, method=method), torsions)
+    cached = [_step(lambda: ts.to_xyz(torsions, method=method), torsions) for _ in range(5)]
+    t["cached forward"] = statistics.median(c[0] for c in cached)
+    t["cached backward"] = statistics.median(c[1] for c in cached)
+    return {"atoms": len(ts.positions), **t}
 
 
 PHASES = ("layout", "table", "plan", "forward", "backward")
@@ -186,6 +298,22 @@ def run_fresh(quick: bool) -> list[dict]:
     if not quick:
         out.append(_summarise("proteins 16 x 256 res", [protein_step(16, 256, s) for s in range(batches)]))
         out.append(_summarise("proteins 64 x 128 res", [protein_step(64, 128, s) for s in range(batches)]))
+    try:
+        pool = torsion_dataset(300 if quick else 600)
+    except ImportError:  # no RDKit: the tree rows only
+        pool = None
+    if pool:  # the data set as one batch, its table planned: preprocessing, outside the records
+        from zmat.rdkit import TorsionSpace
+
+        data = TorsionSpace.batch(pool)
+        assert data.table.n_atoms == len(data.positions)
+        # a batch of the data set: data.take(pick) (zmat versions without it: batch of the spaces)
+        hows = {"data.take": data if hasattr(data, "take") else None, "TorsionSpace.batch": None}
+    for how, method in [(h, m) for h in hows for m in ("rigid", "table")] if pool else ():
+        torsion_step(pool, 8, 99, method, hows[how])
+        steps = [torsion_step(pool, 256, s, method, hows[how]) for s in range(batches)]
+        name = f"molecules 256 of {len(pool)} drug-like, {how}, {method}"
+        out.append({**_summarise(name, steps), "via": "take" if hows[how] is not None else "batch"})
     data = molecule_dataset(1024)
     molecule_step(data, 8, seed=99, concatenate=False)
     import zmat
@@ -193,7 +321,7 @@ def run_fresh(quick: bool) -> list[dict]:
     for concat in (False, True)[: 1 + hasattr(zmat.ConstructionTable, "concatenate")]:
         how = "ConstructionTable.concatenate" if concat else "ConstructionTable(refs)"
         steps = [molecule_step(data, 256, s, concat) for s in range(batches)]
-        out.append(_summarise(f"molecules 256 x ~55 atoms, {how}", steps))
+        out.append(_summarise(f"random trees 256 x ~55 atoms, {how}", steps))
     return out
 
 

@@ -81,3 +81,36 @@ def test_zmat_imports_without_rdkit():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "pip install 'zmat[rdkit]'" in out
+
+
+_PLANNED = ("refs", "kind", "parent", "offset_of", "offset_chain", "dfs_order", "dfs_pos", "subtree_end")
+_PLANNED += ("dfs_parent", "dfs_depth", "dfs_segment", "max_depth", "constant_anchors")
+
+
+def assert_planned_as_validated(fast: zmat.ConstructionTable) -> None:
+    ref = zmat.ConstructionTable(fast.refs)
+    for name in _PLANNED:
+        assert np.array_equal(getattr(fast, name), getattr(ref, name)), name
+    assert [a.tolist() for a in fast.stage_atoms] == [a.tolist() for a in ref.stage_atoms]
+
+
+# a methyl group: three hydrogens as offsets of each other (offset chain of width 3)
+METHYL = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [1, 0, 2], [1, 0, 3], [1, 0, 4]]
+
+
+@given(st.lists(tables(max_atoms=8), min_size=1, max_size=5), st.data())
+def test_trusted_batches_plan_what_validation_plans(refs_list, data):
+    """concatenate_tables (packed pieces, no re-validation) and taking components
+    of its result (``ConstructionTable._take``, any order and repeats) give the
+    arrays that validating the offset references from scratch gives, with
+    pieces of different offset-chain widths."""
+    refs_list = [*refs_list, METHYL]
+    table, atoms = concatenate_tables(refs_list)
+    assert_planned_as_validated(table)
+    index = np.array(data.draw(st.lists(st.integers(0, len(refs_list) - 1), min_size=1, max_size=6)))
+    taken = table._take(atoms.ptr, index)
+    assert_planned_as_validated(taken)
+    expected, _ = concatenate_tables([refs_list[i] for i in index])
+    assert np.array_equal(taken.refs, expected.refs)
+    sub, rows = atoms.take(index)
+    assert sub.sizes.tolist() == [len(refs_list[i]) for i in index] and len(rows) == sub.total

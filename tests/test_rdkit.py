@@ -287,6 +287,61 @@ def test_batch_of_different_molecules(mols):
     assert (nested.to_xyz(t, method="table") - x).abs().max() < 1e-10
 
 
+_FIELDS = ("quads", "torsions", "positions", "internal", "dof", "delta", "rotation", "shift", "owner")
+_FIELDS += ("bond_parent", "level")
+_TABLE = ("refs", "kind", "parent", "offset_of", "offset_chain", "dfs_order", "dfs_pos", "subtree_end")
+_TABLE += ("dfs_parent", "dfs_depth", "dfs_segment", "max_depth", "constant_anchors")
+
+
+def assert_same_space(a, b):
+    """Every array of two batches equal, and their tables equal to validating
+    the offset references from scratch (the trusted paths plan what the general one does)."""
+    assert a.atoms.ptr.tolist() == b.atoms.ptr.tolist()
+    assert a.torsion_index.ptr.tolist() == b.torsion_index.ptr.tolist()
+    assert [m.GetNumAtoms() for m in a.mols] == [m.GetNumAtoms() for m in b.mols]
+    for name in _FIELDS:
+        x, y = getattr(a, name), getattr(b, name)
+        assert np.array_equal(np.asarray(x), np.asarray(y)), name
+    ref = zmat.ConstructionTable(b.table.refs)
+    for t in (a.table, b.table):
+        for name in _TABLE:
+            assert np.array_equal(getattr(t, name), getattr(ref, name)), name
+        assert [s.tolist() for s in t.stage_atoms] == [s.tolist() for s in ref.stage_atoms]
+
+
+def test_take_is_the_batch_of_the_molecules_taken(mols):
+    """A batch taken from a data set held as one batch equals batching those
+    molecules' spaces (every array, the table, and the coordinates bit for bit)."""
+    names = ["ibuprofen", "imatinib", "acetylcholine_chloride", "z_stilbene", "ibuprofen_sodium"]
+    spaces = [TorsionSpace.from_mol(mols[n]) for n in names]
+    data = TorsionSpace.batch(spaces)
+    for index in ([3, 0, 4], [1], [2, 2, 0, 1], [-1, 3]):
+        taken = data.take(index)
+        ref = TorsionSpace.batch([spaces[i] for i in index])
+        assert_same_space(taken, ref)
+        t = ref.torsions + torch.linspace(-2, 2, len(ref.torsions), dtype=torch.float64)
+        for method in ("rigid", "table"):
+            assert torch.equal(taken.to_xyz(t, method=method), ref.to_xyz(t, method=method)), method
+        # the batch of batches and a take of a take are the same again
+        assert_same_space(TorsionSpace.batch([data.take(index[:1]), data.take(index[1:])]) if len(index) > 1
+                          else data.take(index), ref)  # fmt: skip
+        assert_same_space(taken.take(list(range(len(index)))), ref)
+    with pytest.raises(ValueError, match=r"index must be a non-empty integer array in \[-5, 5\)"):
+        data.take([5])
+    with pytest.raises(ValueError, match="non-empty"):
+        data.take([])
+
+
+def test_batch_tables_equal_the_validated_path(mols):
+    """The trusted assembly (packed pieces, ConstructionTable.concatenate) of
+    molecules with different offset-chain widths plans what validation does."""
+    spaces = [TorsionSpace.from_mol(mols[n]) for n in ("imatinib", "acetylcholine_chloride", "ibuprofen")]
+    widths = {s.table.offset_chain.shape[1] for s in spaces}
+    batch = TorsionSpace.batch(spaces + spaces[:1])
+    assert_same_space(batch, batch)
+    assert len(widths) > 1 or batch.table.offset_chain.shape[1] == widths.pop()
+
+
 # ------------------------------------------------------------- bad input
 def test_bad_input_raises(mols):
     with pytest.raises(ValueError, match="no conformer"):
@@ -353,3 +408,16 @@ def test_benchmark_smoke():
     assert res["max |zmat - rdkit| A"] < 1e-9 and res["max |zmat - td| A"] < 1e-9
     assert res["max |rigid - table| A"] < 1e-9
     assert res["zmat rigid fwd"] > 0 and res["ragged build"] > 0
+
+
+def test_fresh_torsion_step_smoke():
+    """The fresh-batch benchmark's molecule rows run (tiny pool): every phase timed."""
+    fresh = pytest.importorskip("benchmarks.fresh")
+    pool = fresh.torsion_dataset(5)
+    assert len({Chem.MolToSmiles(s.mols[0]) for s in pool}) == 5
+    data = TorsionSpace.batch(pool)
+    for method in ("rigid", "table"):
+        for source in (data, None):
+            rec = fresh.torsion_step(pool, 4, seed=0, method=method, data=source)
+            assert all(rec[k] >= 0 for k in (*fresh.PHASES, "cached forward", "cached backward"))
+            assert rec["atoms"] > 4 * 40

@@ -117,6 +117,13 @@ class Ragged:
         self._check(x, dim)
         return list(torch.split(x, self.sizes.tolist(), dim))
 
+    def take(self, index: np.ndarray) -> tuple[Ragged, np.ndarray]:
+        """Segments ``index`` (``(B',)`` int64, in that order) as a new
+        :class:`Ragged`, and the ``(N',)`` flat rows they hold here (a gather,
+        no loop over segments)."""
+        out = Ragged(self.sizes[index])
+        return out, np.arange(out.total) - np.repeat(out.ptr[:-1] - self.ptr[index], out.sizes)
+
     def _check(self, x: torch.Tensor, dim: int) -> None:
         if x.shape[dim] != self.total:
             raise ValueError(
@@ -134,10 +141,10 @@ def concatenate_tables(tables: Sequence) -> tuple[ConstructionTable, Ragged]:
         the concatenated :class:`~zmat.ConstructionTable` (``(N, 3)``, ``N = sum
         n_b``) and the :class:`Ragged` offsets of its atoms.
 
-    The offsetting is one numpy expression; the result is still validated by
-    ``ConstructionTable`` (vectorised too). A trusted fast path that skips the
-    validation of an assembly of already-valid tables belongs in
-    ``zmat/table.py``.
+    The assembly is :meth:`ConstructionTable.concatenate`: each piece is
+    validated and classified once (pass the same ``ConstructionTable`` objects
+    on every step; raw arrays are validated first) and the batch's arrays are
+    its pieces' offset, with no validation of their disjoint union.
 
     Example:
         >>> t, atoms = concatenate_tables([[[-1, -1, -1], [0, -1, -1]], [[-1, -1, -1]]])
@@ -146,11 +153,9 @@ def concatenate_tables(tables: Sequence) -> tuple[ConstructionTable, Ragged]:
     """
     if len(tables) == 0:
         raise ValueError("cannot batch an empty list of tables")
-    refs = [as_table(t).refs for t in tables]
-    atoms = Ragged([len(r) for r in refs])
-    flat = np.concatenate(refs)
-    offset = atoms.ptr[atoms.index][:, None]
-    return ConstructionTable(np.where(flat >= 0, flat + offset, -1)), atoms
+    pieces = [as_table(t) for t in tables]
+    sizes = np.fromiter((t.n_atoms for t in pieces), np.int64, len(pieces))
+    return ConstructionTable.concatenate(pieces), Ragged(sizes)
 
 
 class ZMatrixBatch:

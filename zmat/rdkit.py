@@ -289,6 +289,15 @@ def _owners(table: ConstructionTable, quads: np.ndarray) -> tuple[np.ndarray, np
     return owner, owner[quads[:, 1]] if len(quads) else np.zeros(0, np.int64)
 
 
+def _nesting(parent: np.ndarray) -> np.ndarray:
+    """Depth of every node of a forest given by ``parent`` pointers (-1: root)."""
+    level, anc = np.zeros(len(parent), np.int64), parent.copy()
+    while (anc >= 0).any():  # depth of nested rotatable bonds: a handful of steps
+        level += anc >= 0
+        anc = np.where(anc >= 0, parent[np.maximum(anc, 0)], -1)
+    return level
+
+
 def _apply(rot: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """``rot @ v`` for ``(..., 3, 3)`` and ``(..., 3)``, written out (no tiny bmm)."""
     return (rot * v.unsqueeze(-2)).sum(-1)
@@ -372,12 +381,15 @@ class TorsionSpace:
         self.rotation, self.shift = fields["rotation"], fields["shift"]  # (M, 3, 3), (M, 3): canonical -> Mol
         self.owner = fields["owner"]  # (N,) innermost torsion moving each atom, -1: none
         self.bond_parent = fields["bond_parent"]  # (K,) innermost torsion moving bond k, -1: none
+        self.level = fields["level"]  # (K,) nesting depth of torsion k (number of bond_parent ancestors)
         self._cache: dict = {}
 
     @property
     def table(self) -> ConstructionTable:
         """The :class:`~zmat.ConstructionTable` over the ``N`` atoms (a forest for a batch)."""
-        if not isinstance(self._table, ConstructionTable):
+        if callable(self._table):  # a batch made by take: built on first use
+            self._table = self._table()
+        elif not isinstance(self._table, ConstructionTable):
             self._table = concatenate_tables(self._table)[0]
         return self._table
 
@@ -430,42 +442,122 @@ class TorsionSpace:
             shift=shift[None],
             owner=owner,
             bond_parent=bond_parent,
+            level=_nesting(bond_parent),
         )
 
     @classmethod
     def batch(cls, spaces: Sequence[TorsionSpace]) -> TorsionSpace:
         """Torsion spaces of different molecules as one (flat atoms and torsions).
 
-        Vectorised offsetting (no loop over atoms); see :mod:`zmat.batch`.
+        Each space packs its arrays once (kept on it, see :meth:`_pack`), so a
+        batch of a data set's spaces is a handful of concatenations and offsets
+        whatever their number (no loop over atoms or torsions); see :mod:`zmat.batch`.
         """
         if len(spaces) == 0:
             raise ValueError("cannot batch an empty list of torsion spaces")
-        atoms = Ragged([s.atoms.total for s in spaces])  # per space (a space may be a batch)
-        tors = Ragged([s.torsion_index.total for s in spaces])
-        shift_atoms = torch.as_tensor(atoms.ptr[:-1])[tors.index]
-        quads = torch.cat([s.quads for s in spaces]) + shift_atoms[:, None]
-        dof = np.concatenate([s.dof for s in spaces]) + atoms.ptr[:-1][tors.index]
-
-        def offset(name, rows, values):  # torsion indices per row (atoms or torsions); -1 stays -1
-            flat = np.concatenate([getattr(s, name) for s in spaces])
-            return np.where(flat >= 0, flat + values.ptr[:-1][rows.index], -1)
-
+        packs = [s._pack() for s in spaces]
+        cat = {key: np.concatenate([p[key] for p in packs]) for key in packs[0]}
+        # per space (a space may itself be a batch): where its atoms and torsions start
+        n_atoms = np.fromiter((len(p["atom_f"]) for p in packs), np.int64, len(packs))
+        n_tors = np.fromiter((len(p["tors_i"]) for p in packs), np.int64, len(packs))
+        atom_start = np.repeat(np.cumsum(n_atoms) - n_atoms, n_tors)[:, None]  # per torsion
+        tors_start = np.cumsum(n_tors) - n_tors
+        ti, tf, af = cat["tors_i"], cat["tors_f"], cat["atom_f"]
+        ti[:, :5] += atom_start  # quads and dof: atom indices
+        for col, rows in ((ti[:, 5], n_tors), (cat["atom_i"], n_atoms)):  # torsion indices; -1 stays
+            col += np.where(col >= 0, np.repeat(tors_start, rows), 0)
+        sizes = cat["sizes"]
         return cls(
             [m for s in spaces for m in s.mols],
             [s.table for s in spaces],
-            Ragged(np.concatenate([s.atoms.sizes for s in spaces])),  # per molecule
-            Ragged(np.concatenate([s.torsion_index.sizes for s in spaces])),
-            quads=quads,
-            torsions=torch.cat([s.torsions for s in spaces]),
-            positions=torch.cat([s.positions for s in spaces]),
-            internal=torch.cat([s.internal for s in spaces]),
-            dof=dof,
-            delta=torch.cat([s.delta for s in spaces]),
-            rotation=torch.cat([s.rotation for s in spaces]),
-            shift=torch.cat([s.shift for s in spaces]),
-            owner=offset("owner", atoms, tors),
-            bond_parent=offset("bond_parent", tors, tors),
+            Ragged(sizes[:, 0]),  # per molecule
+            Ragged(sizes[:, 1]),
+            quads=torch.from_numpy(np.ascontiguousarray(ti[:, :4])),
+            torsions=torch.from_numpy(np.ascontiguousarray(tf[:, 0])),
+            positions=torch.from_numpy(np.ascontiguousarray(af[:, :3])),
+            internal=torch.from_numpy(np.ascontiguousarray(af[:, 3:])),
+            dof=ti[:, 4],
+            delta=torch.from_numpy(np.ascontiguousarray(tf[:, 1])),
+            rotation=torch.from_numpy(np.ascontiguousarray(cat["mol_f"][:, :9]).reshape(-1, 3, 3)),
+            shift=torch.from_numpy(np.ascontiguousarray(cat["mol_f"][:, 9:])),
+            owner=cat["atom_i"],
+            bond_parent=ti[:, 5],
+            level=ti[:, 6],
         )
+
+    def take(self, index) -> TorsionSpace:
+        """Molecules ``index`` of this space (in that order; repeats allowed) as a new batch.
+
+        For a data set held as one batch (``TorsionSpace.batch(spaces)``, built
+        once): each training step's batch is then a few vectorised gathers, its
+        table (built on first use) included, with no loop over molecules.
+
+        Args:
+            index: ``(B,)`` integer array-like of molecule indices in ``[-M, M)``.
+
+        Raises:
+            ValueError: an empty or out-of-range ``index``.
+
+        Example:
+            >>> from rdkit import Chem
+            >>> from rdkit.Chem import AllChem
+            >>> mols = [Chem.AddHs(Chem.MolFromSmiles(s)) for s in ("CCCCO", "OCCN", "CCOCC")]
+            >>> codes = [AllChem.EmbedMolecule(m, randomSeed=0) for m in mols]
+            >>> data = TorsionSpace.batch([TorsionSpace.from_mol(m) for m in mols])
+            >>> data.take([2, 0]).atoms.sizes.tolist()
+            [15, 15]
+        """
+        m = len(self.mols)
+        idx = np.asarray(index.cpu() if isinstance(index, torch.Tensor) else index).reshape(-1)
+        if idx.size == 0 or idx.dtype.kind not in "iu" or ((idx < -m) | (idx >= m)).any():
+            raise ValueError(f"index must be a non-empty integer array in [-{m}, {m}), got {idx.tolist()}")
+        idx = idx.astype(np.int64) % m
+        atoms, a_rows = self.atoms.take(idx)
+        tors, t_rows = self.torsion_index.take(idx)
+        a_shift = np.repeat(atoms.ptr[:-1] - self.atoms.ptr[idx], tors.sizes)  # atom indices, per torsion
+        t_shift = tors.ptr[:-1] - self.torsion_index.ptr[idx]  # torsion indices, per molecule
+        owner, bond_parent = self.owner[a_rows], self.bond_parent[t_rows]
+        owner += np.where(owner >= 0, np.repeat(t_shift, atoms.sizes), 0)
+        bond_parent += np.where(bond_parent >= 0, np.repeat(t_shift, tors.sizes), 0)
+        a_rows_t, t_rows_t, idx_t = (torch.from_numpy(a) for a in (a_rows, t_rows, idx))
+        parent_ptr, table = self.atoms.ptr, self._table
+        return type(self)(
+            [self.mols[i] for i in idx.tolist()],
+            lambda: (table if isinstance(table, ConstructionTable) else self.table)._take(parent_ptr, idx),
+            atoms,
+            tors,
+            quads=self.quads.index_select(0, t_rows_t) + torch.from_numpy(a_shift)[:, None],
+            torsions=self.torsions.index_select(0, t_rows_t),
+            positions=self.positions.index_select(0, a_rows_t),
+            internal=self.internal.index_select(0, a_rows_t),
+            dof=self.dof[t_rows] + a_shift,
+            delta=self.delta.index_select(0, t_rows_t),
+            rotation=self.rotation.index_select(0, idx_t),
+            shift=self.shift.index_select(0, idx_t),
+            owner=owner,
+            bond_parent=bond_parent,
+            level=self.level[t_rows],
+        )
+
+    def _pack(self) -> dict:
+        """This space's arrays for :meth:`batch`, built once and kept: numpy
+        arrays per atom, torsion and molecule (indices local to this space)."""
+        if "_packed" not in self.__dict__:
+
+            def np_(t):
+                return t.detach().cpu().numpy()
+
+            self._packed = {
+                "atom_f": np.concatenate([np_(self.positions), np_(self.internal)], 1),  # (N, 6)
+                "atom_i": np.asarray(self.owner, np.int64).copy(),  # (N,)
+                "tors_i": np.stack(  # (K, 7): quads, dof, bond_parent, nesting level
+                    [*np_(self.quads).T, self.dof, self.bond_parent, self.level], 1
+                ).astype(np.int64),
+                "tors_f": np.stack([np_(self.torsions), np_(self.delta)], 1),  # (K, 2)
+                "mol_f": np.concatenate([np_(self.rotation).reshape(-1, 9), np_(self.shift)], 1),  # (M, 12)
+                "sizes": np.stack([self.atoms.sizes, self.torsion_index.sizes], 1),  # (M, 2)
+            }
+        return self._packed
 
     # ---------------------------------------------------------- transforms
     def _cached(self, name: str, dtype: torch.dtype, device: torch.device, build):
@@ -540,11 +632,7 @@ class TorsionSpace:
         """Torsions sorted by nesting level; slot 0 of the transform stack is the identity."""
 
         def build():
-            k, parent = len(self.dof), self.bond_parent
-            level, anc = np.zeros(k, np.int64), parent.copy()
-            while (anc >= 0).any():  # depth of nested rotatable bonds: a handful of steps
-                level += anc >= 0
-                anc = np.where(anc >= 0, parent[np.maximum(anc, 0)], -1)
+            k, parent, level = len(self.dof), self.bond_parent, self.level
             perm = np.argsort(level, kind="stable")
             slot = np.zeros(k + 1, np.int64)  # slot[-1] = 0: "no torsion", the identity
             slot[perm] = np.arange(1, k + 1)

@@ -55,6 +55,12 @@ __all__ = ["ConstructionTable", "as_table"]
 
 ROOT, BOND, PLANAR, PROPER, OFFSET, POSITIONAL = range(6)
 KIND_NAMES = ("root", "bond", "planar", "proper", "offset", "positional")
+# The per-atom arrays as ``ConstructionTable._pack`` packs them: rows kind, dfs_depth, the
+# stage of each atom; refs (3 rows) and ``_SHIFTED`` (atom indices, shifted by a piece's
+# offset on concatenation); then the offset chain.
+_SHIFTED = ("parent", "offset_of", "dfs_order", "dfs_pos", "subtree_end", "dfs_parent", "dfs_segment")
+_PACKED = 6 + len(_SHIFTED)
+_NONE = -(1 << 40)  # a missing index in a packed table: negative after any offset
 T = TypeVar("T")
 
 
@@ -106,42 +112,77 @@ class ConstructionTable:
         if isinstance(tables, (ConstructionTable, np.ndarray, torch.Tensor)) or len(tables) == 0:
             raise ValueError("concatenate needs a non-empty sequence of tables")
         pieces = [as_table(t) for t in tables]
-        sizes = np.array([t.n_atoms for t in pieces], np.int64)
-        offset = np.repeat(np.cumsum(sizes) - sizes, sizes)  # of every atom (and dfs position)
+        # One packed array per piece (cached on it), so a batch of hundreds of
+        # pieces costs one concatenation per distinct offset-chain width.
+        packed = [t._packed if "_packed" in t.__dict__ else t._pack() for t in pieces]
+        sizes = np.fromiter((a.shape[1] for a in packed), np.int64, len(packed))
         n = int(sizes.sum())
+        heights = np.fromiter((a.shape[0] for a in packed), np.int64, len(packed))
+        if (heights == heights[0]).all():
+            out = np.concatenate(packed, 1)
+        else:  # pieces of one width at a time; the shorter chains padded with "none"
+            out = np.full((int(heights.max()), n), _NONE, np.int64)
+            starts = np.cumsum(sizes) - sizes
+            for h in np.unique(heights).tolist():
+                sel = np.nonzero(heights == h)[0]
+                part = np.concatenate([packed[k] for k in sel.tolist()], 1)
+                cols = np.arange(part.shape[1]) + np.repeat(
+                    starts[sel] - (np.cumsum(sizes[sel]) - sizes[sel]), sizes[sel]
+                )
+                out[:h, cols] = part
+        # every atom index shifted by its piece's offset; "none" (_NONE) stays negative
+        out[3:] += np.repeat(np.cumsum(sizes) - sizes, sizes)
+        return cls._from_packed(out)
 
-        def join(name: str) -> np.ndarray:  # references (>= 0) shifted by their piece's offset
-            a = np.concatenate([getattr(t, name) for t in pieces])
-            shift = offset if a.ndim == 1 else offset[:, None]
-            return np.where(a >= 0, a + shift, a)
+    def _take(self, ptr: np.ndarray, index: np.ndarray) -> ConstructionTable:
+        """The components ``index`` (in that order) of a table whose component
+        ``k`` is rows ``ptr[k]:ptr[k + 1]`` and dfs positions the same range (a
+        table made by :meth:`concatenate`): gathers of the packed arrays,
+        trusted like :meth:`concatenate` (``zmat.rdkit.TorsionSpace.take``)."""
+        packed = self._packed if "_packed" in self.__dict__ else self._pack()
+        sizes = (ptr[1:] - ptr[:-1])[index]
+        start = np.cumsum(sizes) - sizes
+        shift = np.repeat(start - ptr[index], sizes)  # new - old index of every row
+        out = np.take(packed, np.arange(int(sizes.sum())) - shift, axis=1)
+        out[3:] += shift
+        width = int((out[_PACKED:] >= 0).any(1).sum())  # the widest offset chain of the components taken
+        return type(self)._from_packed(out[: _PACKED + width])
 
-        out = cls.__new__(cls)
-        out.refs, out.n_atoms = join("refs"), n
-        out.kind = np.concatenate([t.kind for t in pieces])
-        out.parent, out.offset_of = join("parent"), join("offset_of")
-        width = max(t.offset_chain.shape[1] for t in pieces)
-        chain = np.full((n, width), n, np.int64)  # n = "zero" slot
-        for t, start in zip(pieces, np.cumsum(sizes) - sizes, strict=True):
-            c = t.offset_chain
-            chain[start : start + t.n_atoms, : c.shape[1]] = np.where(c < t.n_atoms, c + start, n)
-        out.offset_chain = chain
-        for name in ("dfs_order", "dfs_pos", "subtree_end", "dfs_parent", "dfs_segment"):
-            setattr(out, name, join(name))
-        out.dfs_depth = np.concatenate([t.dfs_depth for t in pieces])
-        out.max_depth = int(max(t.max_depth for t in pieces))
-        stages = max(len(t.stage_atoms) for t in pieces)
-        out.stage_atoms = [
-            np.concatenate(
-                [
-                    t.stage_atoms[s] + o
-                    for t, o in zip(pieces, np.cumsum(sizes) - sizes, strict=True)
-                    if s < len(t.stage_atoms)
-                ]
-            )
-            for s in range(stages)
-        ]
-        out.constant_anchors = all(t.constant_anchors for t in pieces)
-        return out
+    @classmethod
+    def _from_packed(cls, out: np.ndarray) -> ConstructionTable:
+        """The table of packed arrays (``_pack``'s layout, indices already
+        offset, missing ones negative); ``out`` is modified and kept."""
+        n = out.shape[1]
+        np.maximum(out[3:_PACKED], -1, out=out[3:_PACKED])
+        chain = out[_PACKED:]
+        np.putmask(chain, chain < 0, n)  # n = "zero" slot
+        arrays = dict(zip(_SHIFTED, out[6:_PACKED], strict=True))
+        stage = out[2]
+        arrays.update(
+            refs=np.ascontiguousarray(out[3:6].T),
+            kind=out[0],
+            dfs_depth=out[1],
+            offset_chain=chain.T,
+            max_depth=int(out[1].max()),
+            stage_atoms=_group(stage) if stage.any() else [np.arange(n)],
+            constant_anchors=bool((out[0][arrays["parent"] < 0] == ROOT).all()),
+        )
+        return cls._trusted(arrays)
+
+    def _pack(self) -> np.ndarray:
+        """``(_PACKED + width, N)`` int64: kind, dfs_depth, the stage of every
+        atom, refs, the ``_SHIFTED`` arrays, then the offset chain (``_NONE``
+        for a missing index, so that adding an offset keeps it negative);
+        cached (``concatenate`` reads it on every batch)."""
+        stage = np.empty(self.n_atoms, np.int64)
+        for s, atoms in enumerate(self.stage_atoms):
+            stage[atoms] = s
+        chain = np.where(self.offset_chain < self.n_atoms, self.offset_chain, -1).T
+        rows = [self.kind, self.dfs_depth, stage, *self.refs.T, *(getattr(self, k) for k in _SHIFTED), *chain]
+        packed = np.stack(rows).astype(np.int64)
+        packed[3:][packed[3:] < 0] = _NONE
+        self._packed = packed
+        return packed
 
     #: the arrays a table holds besides its cached properties (see ``_classify``)
     _ARRAYS = (
