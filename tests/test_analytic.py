@@ -170,6 +170,33 @@ def test_torch_compile_fullgraph():
     assert torch.allclose(value, loss(c)) and torch.allclose(g, g_ref, atol=1e-10)
 
 
+@pytest.mark.parametrize("eager_first", [False, True])
+def test_compile_plans_while_tracing(eager_first):
+    # The eager CPU kernel plans only itself; the torch path's plans are then
+    # built while Dynamo traces (for real, constants of the graph), with no
+    # graph break, whether or not an eager call came first.
+    rows = zmat.ConstructionTable(BRANCHED)
+    c = random_internal(len(BRANCHED), batch=(3,), seed=4).requires_grad_()
+
+    def loss(x):
+        return zmat.to_internal(zmat.to_xyz(x, rows, method="analytic"), rows).square().sum()
+
+    want = loss(c)
+    (g_want,) = torch.autograd.grad(want, c)
+    fresh = zmat.ConstructionTable(BRANCHED)
+    if eager_first:
+        zmat.to_xyz(c, fresh, method="analytic")
+    torch._dynamo.reset()
+
+    def fresh_loss(x):
+        return zmat.to_internal(zmat.to_xyz(x, fresh, method="analytic"), fresh).square().sum()
+
+    got = torch.compile(fresh_loss, backend="aot_eager", fullgraph=True)(c)
+    (g,) = torch.autograd.grad(got, c)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(g, g_want, rtol=1e-10, atol=1e-10)
+
+
 def test_positional_segments_use_analytic_path():
     # rows that cannot be rewritten put later segments behind the first one
     rows = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0], [3, 0, 1], [4, 3, 0], [5, 4, 3]]

@@ -169,3 +169,16 @@ def test_a_planned_table_is_freed_without_the_cycle_collector():
         assert ref() is None
     finally:
         gc.enable()
+
+
+def test_pickle_drops_device_plans():
+    import pickle
+
+    table = ConstructionTable(chain_table(6))
+    c = torch.rand(6, 3, dtype=torch.float64) + 0.5
+    want = zmat.to_xyz(c, table)  # plans the table for the CPU
+    assert any(k.startswith("_plans ") for k in vars(table))
+    copy = pickle.loads(pickle.dumps(table))
+    assert not any(k.startswith("_plans ") for k in vars(copy))
+    assert copy == table
+    torch.testing.assert_close(zmat.to_xyz(c, copy), want, rtol=0, atol=0)

@@ -33,7 +33,6 @@ uses the transpose: path sums from the root instead of subtree sums.
 
 from __future__ import annotations
 
-import functools
 import math
 import weakref
 
@@ -88,25 +87,13 @@ class _ForestPlan:
         self.parent = index_tensor(parent, device)
         self.end = index_tensor(table.subtree_end, device)
 
-        # Gather of C's entries: rows r, theta, then phi along the offset chain
-        # (each array written once, in place: this runs on every fresh batch).
+        # Gather of C's entries (+ the identity slot: a ROOT atom keeps none)
         root = np.argmax(table.kind == ROOT)
-        slots = np.append(dfs, root)  # + the identity slot
-        chain = np.take(table.offset_chain.T, slots, 1)  # (L, N + 1), n = none
-        kind = np.take(table.kind, slots)
-        self.k = 2 + chain.shape[0]
-        gather = np.empty((self.k, n + 1), np.int64)
-        np.multiply(slots, 3, out=gather[0])
-        np.add(gather[0], 1, out=gather[1])
-        link_kind = np.take(np.append(table.kind, ROOT), chain)  # a PLANAR link's phi is ignored too
-        np.minimum(chain, n - 1, out=gather[2:])
-        gather[2:] *= 3
-        gather[2:] += 2
-        keep = np.empty((self.k, n + 1), bool)
-        np.not_equal(kind, ROOT, out=keep[0])
-        np.greater(kind, BOND, out=keep[1])
-        np.greater(link_kind, PLANAR, out=keep[2:])
+        slots = np.append(dfs, root)
+        gather, keep = entries(table, slots)
         keep[:, n] = False
+        kind = np.take(table.kind, slots)
+        self.k = len(gather)
         self.gather = index_tensor(gather.reshape(-1), device)  # (K * (N + 1),)
         self.keep = torch.as_tensor(keep[..., None], device=device)  # (K, N + 1, 1)
         # copies in numpy: torch's strided int64 copy is many times slower on the CPU
@@ -150,6 +137,29 @@ class _ForestPlan:
                     )
                 )
             self.final = staging.final_index(device)
+
+
+def entries(table: ConstructionTable, slots: np.ndarray):
+    """Where the local transforms of atoms ``slots`` read ``C``: ``gather``
+    ``(K, M)``, the flat index into ``C`` of each one's ``(r, theta, phi, phi
+    of its offset chain...)`` entries, and ``keep`` ``(K, M)``, which of them
+    the table uses (missing references: constants, hence zero gradients).
+    Each array is written once, in place: this runs on every fresh batch."""
+    n = table.n_atoms
+    chain = np.take(table.offset_chain.T, slots, 1)  # (L, M), n = none
+    gather = np.empty((2 + len(chain), len(slots)), np.int64)
+    np.multiply(slots, 3, out=gather[0])
+    np.add(gather[0], 1, out=gather[1])
+    np.minimum(chain, n - 1, out=gather[2:])
+    gather[2:] *= 3
+    gather[2:] += 2
+    kind = np.take(table.kind, slots)
+    link_kind = np.take(np.append(table.kind, ROOT), chain)  # a PLANAR link's phi is ignored too
+    keep = np.empty(gather.shape, bool)
+    np.not_equal(kind, ROOT, out=keep[0])
+    np.greater(kind, BOND, out=keep[1])
+    np.greater(link_kind, PLANAR, out=keep[2:])
+    return gather, keep
 
 
 class _JumpPlan:
@@ -242,9 +252,15 @@ def _small(m: int, b: int) -> bool:
 def prepare(table: ConstructionTable, device: torch.device | str, batch: int = 1) -> None:
     """Build (and cache on ``table``) every plan a call on ``batch`` structures
     on ``device`` will use, ahead of the call (the first call builds them
-    otherwise). Run it where its host time is hidden, e.g. in the loop that
+    otherwise): the compiled kernel's where it serves the call, else the torch
+    path's. Run it where its host time is hidden, e.g. in the loop that
     prefetches the next batch."""
     device = torch.device(device)
+    if _kernel.serves(device):
+        table.cached(_kernel_plan, device)
+        if not table.constant_anchors:  # its stages are placed by the torch path
+            forest_plan(table, device)
+        return
     plan = forest_plan(table, device)
     table_plan(plan, _JumpPlan if _small(table.n_atoms + 1, batch) else _BlockPlan, device)
 
@@ -393,8 +409,10 @@ def compose_paths(local: torch.Tensor, plan: _ForestPlan) -> torch.Tensor:
 
 
 def table_plan(plan: _ForestPlan, build, device):
-    """A further per-device plan of ``plan``'s table (built once, cached on
-    ``plan``: a plain dict, which compiled code reads as a constant)."""
+    """A further per-device plan of ``plan``'s table (cached on the table,
+    and on ``plan`` for the eager path's sake: no weak reference per call)."""
+    if torch.compiler.is_compiling():
+        return plan._table().cached(build, device)
     sub = plan.sub.get(build)
     if sub is None:
         sub = plan._table().cached(build, device)
@@ -573,11 +591,9 @@ def place_analytic(C: torch.Tensor, table: ConstructionTable) -> torch.Tensor:
     compiled (``zmat/_kernel.py``, where it can be built and used)."""
     if _kernel.usable(C):
         kplan = table.cached(_kernel_plan, C.device)
-        # the torch path's plans too: code compiled after this eager call reads them
-        prepare(table, C.device, C.numel() // (3 * table.n_atoms) if table.n_atoms else 1)
         if table.constant_anchors:
-            return _kernel.positions(C, kplan)
-        rot, pos = _kernel.frames(_flat(C), kplan)
+            return _kernel.positions(C, kplan, table)
+        rot, pos = _kernel.frames(_flat(C), kplan, table)
         return _place(rot, pos, forest_plan(table, C.device), C.shape)
     return _place_torch(C, table)
 
@@ -591,8 +607,13 @@ def _place_torch(C: torch.Tensor, table: ConstructionTable) -> torch.Tensor:
 
 
 def _kernel_plan(table: ConstructionTable, device: torch.device) -> _kernel.KernelPlan:
-    plan = forest_plan(table, device)
-    return _kernel.KernelPlan(table, plan.grad_index, plan.grad_keep, functools.partial(_vjp, plan=plan))
+    """The kernel's arrays only: the torch path is planned when first used
+    (a double backward, ``torch.compile``), not for every fresh batch."""
+    return _kernel.KernelPlan(table, *entries(table, table.dfs_order), _kernel_vjp)
+
+
+def _kernel_vjp(table: ConstructionTable, rot, pos, g_rot, g_pos) -> torch.Tensor:
+    return _vjp(rot, pos, g_rot, g_pos, forest_plan(table, rot.device))
 
 
 def place_prefix(C: torch.Tensor, table: ConstructionTable) -> torch.Tensor:

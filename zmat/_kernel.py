@@ -71,6 +71,13 @@ def load():
     return _state["module"]
 
 
+def serves(device: torch.device) -> bool:
+    """Whether eager float calls on ``device`` take the kernel (see :func:`usable`)."""
+    if device.type != "cpu" or torch.compiler.is_compiling() or disabled():
+        return False
+    return load() is not None
+
+
 def usable(x: torch.Tensor) -> bool:
     """Whether a call on ``x`` may take the kernel: a plain CPU float32/float64
     tensor, outside tracing, ``torch.func`` transforms and forward-mode AD."""
@@ -91,18 +98,19 @@ class KernelPlan:
         gather: ``(K, N)`` int64, flat index into ``C`` of every atom's
             ``(r, theta, phi, phi of its offset chain...)`` entries.
         keep: ``(K, N)`` bool, which of them the table uses.
-        vjp: ``(rot, pos, g_rot, g_pos) -> flat gradient (3 N, B)`` in
+        vjp: ``(table, rot, pos, g_rot, g_pos) -> flat gradient (3 N, B)`` in
             differentiable torch ops (``_vjp`` of ``zmat/_analytic.py``), for
-            double backward and batched gradients.
+            double backward and batched gradients; it plans the torch path
+            only when such a backward happens.
     """
 
-    def __init__(self, table: ConstructionTable, gather, keep, vjp) -> None:
+    def __init__(self, table: ConstructionTable, gather: np.ndarray, keep: np.ndarray, vjp) -> None:
         self.n = table.n_atoms
-        self.gather = gather.reshape(-1, self.n).contiguous()
-        self.keep = keep.reshape(-1, self.n).to(torch.uint8).contiguous()
-        kind = table.kind[table.dfs_order]
-        trig = np.stack([kind > BOND, kind > PLANAR]).astype(np.uint8)  # theta, phi used (else pi, 0)
-        self.trig = torch.as_tensor(trig)
+        self.gather = torch.from_numpy(np.ascontiguousarray(gather, np.int64))
+        self.keep = torch.from_numpy(np.ascontiguousarray(keep).view(np.uint8))
+        kind = np.take(table.kind, table.dfs_order)
+        trig = np.stack([kind > BOND, kind > PLANAR]).view(np.uint8)  # theta, phi used (else pi, 0)
+        self.trig = torch.from_numpy(trig)
         self.parent = torch.as_tensor(table.dfs_parent, dtype=torch.int64)
         self.order = torch.as_tensor(table.dfs_order, dtype=torch.int64)
         self.vjp = vjp
@@ -128,20 +136,20 @@ def _differentiable_backward(*grads) -> bool:
 # the kernel is never used under ``torch.func`` transforms, which would need it.
 
 
-def positions(C: torch.Tensor, plan: KernelPlan) -> torch.Tensor:
+def positions(C: torch.Tensor, plan: KernelPlan, table: ConstructionTable) -> torch.Tensor:
     """Positions ``(..., N, 3)`` in atom order from internal coordinates ``C``
     ``(..., N, 3)``, for tables whose segments are all rooted at the origin
     (``table.constant_anchors``)."""
     if torch.is_grad_enabled() and C.requires_grad:
-        return _Positions.apply(C, plan)[0]
+        return _Positions.apply(C, plan, table)[0]
     return _place(C, plan)[1].view(C.shape)  # no graph: no Function
 
 
-def frames(flat: torch.Tensor, plan: KernelPlan):
+def frames(flat: torch.Tensor, plan: KernelPlan, table: ConstructionTable):
     """Flat internal coordinates ``(3 N, B)`` -> frames relative to their
     segment anchors, component-major, dfs order: rotations ``(3, 3, N, B)``,
     positions ``(3, N, B)`` (as ``RigidForest`` in ``zmat/_analytic.py``)."""
-    return _Frames.apply(flat, plan)
+    return _Frames.apply(flat, plan, table)
 
 
 def _place(C: torch.Tensor, plan: KernelPlan):
@@ -172,7 +180,7 @@ def _backward(ctx, g_rot, g_pos, g_xyz=None) -> torch.Tensor:
             g_dfs = g_xyz.index_select(1, plan.order).permute(2, 1, 0)
             g_pos = g_dfs if g_pos is None else g_pos + g_dfs
     if differentiable:
-        return plan.vjp(rot, pos, g_rot, g_pos).t()
+        return plan.vjp(ctx.table, rot, pos, g_rot, g_pos).t()
     g_rot = None if g_rot is None else g_rot.permute(3, 2, 0, 1)
     g_pos = g_xyz if rows is not None else (None if g_pos is None else g_pos.permute(2, 1, 0))
     args = (rows, plan.gather, plan.keep, plan.parent, 3 * plan.n)
@@ -184,10 +192,10 @@ class _Positions(torch.autograd.Function):
     outputs only for the backward (``positions`` returns the first)."""
 
     @staticmethod
-    def forward(ctx, C: torch.Tensor, plan: KernelPlan):
+    def forward(ctx, C: torch.Tensor, plan: KernelPlan, table: ConstructionTable):
         frames, xyz = _place(C, plan)
         rot, pos = _split(frames)
-        ctx.plan, ctx.shape = plan, C.shape
+        ctx.plan, ctx.table, ctx.shape = plan, table, C.shape
         ctx.save_for_backward(rot, pos)
         ctx.set_materialize_grads(False)
         return xyz.view(C.shape), rot, pos
@@ -195,16 +203,16 @@ class _Positions(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_xyz, g_rot, g_pos):
         if g_xyz is None and g_rot is None and g_pos is None:
-            return None, None
-        return _backward(ctx, g_rot, g_pos, g_xyz).reshape(ctx.shape), None
+            return None, None, None
+        return _backward(ctx, g_rot, g_pos, g_xyz).reshape(ctx.shape), None, None
 
 
 class _Frames(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, flat: torch.Tensor, plan: KernelPlan):
+    def forward(ctx, flat: torch.Tensor, plan: KernelPlan, table: ConstructionTable):
         (frames,) = _state["module"].forward(flat.t(), *plan.placement, None)
         rot, pos = _split(frames)
-        ctx.plan = plan
+        ctx.plan, ctx.table = plan, table
         ctx.save_for_backward(rot, pos)
         ctx.set_materialize_grads(False)
         return rot, pos
@@ -212,5 +220,5 @@ class _Frames(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_rot, g_pos):
         if g_rot is None and g_pos is None:
-            return None, None
-        return _backward(ctx, g_rot, g_pos).t(), None
+            return None, None, None
+        return _backward(ctx, g_rot, g_pos).t(), None, None

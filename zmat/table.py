@@ -204,6 +204,10 @@ class ConstructionTable:
         return out
 
     # ------------------------------------------------------------------ info
+    def __getstate__(self) -> dict:
+        """Pickled without its per-device plans (index tensors: rebuilt on use)."""
+        return {k: v for k, v in self.__dict__.items() if not k.startswith(_PLANS)}
+
     def __len__(self) -> int:
         return self.n_atoms
 
@@ -322,25 +326,42 @@ class ConstructionTable:
         """``build(self, device)``, built once per builder and device and cached.
 
         Every method keeps its per-device plan (index tensors, Python lists)
-        here. The cache is a plain dict on the table, so code compiled with
-        ``torch.compile`` after a first eager call reads it as a constant;
-        ``build`` runs outside any compiled graph.
+        here. The cache is a plain dict on the table, so compiled code reads
+        it as a constant; a plan first needed while ``torch.compile`` traces
+        is built then, for real, and becomes a constant of the graph.
         """
-        plans = self.__dict__.setdefault("_plans", {})
-        key = (build, device)
-        plan = plans.get(key)
-        if plan is None:
-            # outside a compiled graph call it directly: torch.compiler.disable
-            # imports torch._dynamo (a second or more, once per process)
-            run = torch.compiler.disable(build) if torch.compiler.is_compiling() else build
-            plan = run(self, torch.device(device))
-            if torch._guards.detect_fake_mode() is None:  # never cache torch.export's fake tensors
-                plans[key] = plan
-        return plan
+        if torch.compiler.is_compiling():  # built for real before the graph reads the cache
+            _build_constant(self, build, device)
+        plan = self.__dict__.get(_cache_name(build), {}).get(device)
+        return _build(self, build, device) if plan is None else plan
 
     def plan(self, device: torch.device | str) -> _DevicePlan:
         """The index tensors of the table itself on ``device`` (built once, cached)."""
         return self.cached(_device_plan, device)
+
+
+_PLANS = "_plans "
+
+
+def _cache_name(build) -> str:
+    return f"{_PLANS}{build.__module__}.{build.__qualname__}"
+
+
+def _build(table: ConstructionTable, build, device: torch.device | str):
+    """``build(table, device)``, cached on ``table`` (``ConstructionTable.cached``)."""
+    plans = table.__dict__.setdefault(_cache_name(build), {})
+    plan = plans.get(device)
+    if plan is None:
+        plan = build(table, torch.device(device))
+        if torch._guards.detect_fake_mode() is None:  # never cache torch.export's fake tensors
+            plans[device] = plan
+    return plan
+
+
+# While torch.compile traces, Dynamo calls this for real, ahead of the
+# graph's first read of the cache (an attribute per builder, a dict per
+# device): a plan built in numpy is never traced, nor read before it exists.
+_build_constant = torch.compiler.assume_constant_result(_build)
 
 
 def index_tensor(a, device: torch.device | str) -> torch.Tensor:
