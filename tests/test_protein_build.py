@@ -156,6 +156,22 @@ def test_batch_from_pieces_equals_the_general_path(seed):
     assert torch.equal(zmat.to_xyz(C, fast), zmat.to_xyz(C, ref))
 
 
+def test_batch_table_makes_the_rest_on_first_use_and_pickles():
+    # a fresh batch's table makes only what a CPU transform reads; the rest
+    # (rows, subtree ends, depths...) on first access, and for pickling
+    import pickle
+
+    batch = zp.ProteinBatch(["MKVLA", "GW"])
+    table = batch.table
+    assert {"refs", "subtree_end", "dfs_depth"} <= set(vars(table)["_lazy"])
+    copy = pickle.loads(pickle.dumps(table))
+    ref = zmat.ConstructionTable(batch._general[1])
+    for name in zmat.ConstructionTable._ARRAYS:
+        assert _same(getattr(ref, name), getattr(copy, name)), name
+        assert _same(getattr(ref, name), getattr(table, name)), name
+    assert not vars(table)["_lazy"]
+
+
 def test_batch_with_an_empty_sequence_takes_the_general_path():
     batch = zp.ProteinBatch(["", "MK"])
     assert batch._stamp is None and batch.atom_mask[0].sum() == 0

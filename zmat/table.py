@@ -191,22 +191,40 @@ class ConstructionTable:
     )  # fmt: skip
 
     @classmethod
-    def _trusted(cls, arrays: dict) -> ConstructionTable:
+    def _trusted(cls, arrays: dict, n_atoms: int | None = None) -> ConstructionTable:
         """A table from its arrays (``_ARRAYS``, as ``_classify`` makes them),
         with no validation or planning: for builders that assemble tables from
         pieces already validated and classified (``zmat.protein.pieces``),
-        whose tests compare every array with the general path's."""
+        whose tests compare every array with the general path's. A value may
+        be a function of no arguments: the array is made on first access (a
+        fresh batch's transform reads only some of them)."""
         if set(arrays) != set(cls._ARRAYS):
             raise ValueError(f"_trusted needs exactly the arrays {cls._ARRAYS}")
         out = cls.__new__(cls)
-        out.__dict__.update(arrays)
-        out.n_atoms = int(arrays["refs"].shape[0])
+        lazy = {k: v for k, v in arrays.items() if callable(v)}
+        out.__dict__.update({k: v for k, v in arrays.items() if k not in lazy})
+        if lazy:
+            out._lazy = lazy
+        out.n_atoms = int(arrays["refs"].shape[0] if n_atoms is None else n_atoms)
         return out
+
+    def __getattr__(self, name: str):
+        """A lazy array of a table made by :meth:`_trusted` (only called for
+        attributes the instance does not have)."""
+        make = self.__dict__.get("_lazy", {}).pop(name, None)
+        if make is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        value = self.__dict__[name] = make()
+        return value
 
     # ------------------------------------------------------------------ info
     def __getstate__(self) -> dict:
-        """Pickled without its per-device plans (index tensors: rebuilt on use)."""
-        return {k: v for k, v in self.__dict__.items() if not k.startswith(_PLANS)}
+        """Pickled without its per-device plans (index tensors: rebuilt on use)
+        and with its lazy arrays made."""
+        for name in list(self.__dict__.get("_lazy", ())):
+            getattr(self, name)
+        skip = ("_lazy", "_packed")
+        return {k: v for k, v in self.__dict__.items() if not k.startswith(_PLANS) and k not in skip}
 
     def __len__(self) -> int:
         return self.n_atoms

@@ -53,6 +53,7 @@ _PAD_PIECE = {
     "next_depth": 0,
 }
 NONE = -(1 << 40)  # a missing reference's delta: below -1 whatever the atom index
+BEYOND = 1 << 40  # the link delta of a row that is not OFFSET: above any atom index
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,8 @@ class _Pieces:
     residue's ``N`` below this one's). Per piece atom: ``kind``; ``delta``
     ``(atoms * S, 3)``: row ``a * S + s`` holds the references of piece atom
     ``a`` minus its own index when the previous residue has ``s`` atoms
-    (``NONE`` where missing); ``in_head``, ``rank`` (position in the head or
+    (``NONE`` where missing), its columns ``bond`` and ``link`` (the dihedral
+    reference of an OFFSET row, else ``BEYOND``) contiguous; ``in_head``, ``rank`` (position in the head or
     in the tail), ``end_tail`` and ``end`` (subtree end relative to the
     head's or the tail's start), ``depth`` (below the residue's ``N``); the
     layout's ``atom_name``,
@@ -78,6 +80,8 @@ class _Pieces:
     next_depth: np.ndarray
     kind: np.ndarray
     delta: np.ndarray
+    bond: np.ndarray
+    link: np.ndarray
     atom_name: np.ndarray
     element: np.ndarray
     ideal: np.ndarray
@@ -164,6 +168,7 @@ def _pieces() -> _Pieces:
     prev = np.arange(S)[None, :, None]  # (1, S, 1): the previous residue's size
     delta = slot - j + np.where(off == 1, own, 0) - np.where(off == -1, prev, 0)
     delta = np.where(slot >= 0, delta, NONE).reshape(-1, 3)
+    offset = np.repeat(cat("kind") == OFFSET, S)
     return _Pieces(
         start=np.cumsum(size) - size,
         size=size,
@@ -171,6 +176,8 @@ def _pieces() -> _Pieces:
         next_depth=np.array([p["next_depth"] for p in pieces], np.int64),
         kind=cat("kind"),
         delta=delta,
+        bond=np.ascontiguousarray(delta[:, 0]),
+        link=np.where(offset, delta[:, 2], BEYOND),
         atom_name=cat("atom_name"),
         element=cat("element"),
         ideal=cat("ideal"),
@@ -256,27 +263,30 @@ def stamp(types: list[np.ndarray]) -> Stamp:
 
 
 def batch_table(st: Stamp) -> ConstructionTable:
-    """The table of ``ProteinBatch(sequences)`` from its :class:`Stamp`."""
+    """The table of ``ProteinBatch(sequences)`` from its :class:`Stamp`.
+
+    Made now: what a transform on the CPU kernel reads (kinds, offset chains,
+    depth-first order and parents); the other arrays (rows, subtree ends,
+    depths...) on first use: a fresh batch's training step never reads them."""
     P = _pieces()
     N, piece, size, unit, pa, tree = st.N, st.piece, st.size, st.unit, st.pa, st.tree
+    take = np.take  # per-atom gathers: faster than [] indexing
     ar = np.arange(N)
     prev = np.append(0, size[:-1])  # atoms of the previous unit
     S = P.delta.shape[0] // len(P.kind)
     rows = pa * S
-    rows += np.take(prev, unit)
-    refs = np.take(P.delta, rows, 0)  # np.take: several times faster than [] on rows
-    refs += ar[:, None]
-    np.maximum(refs, -1, out=refs)
-    take = np.take  # per-atom gathers: faster than [] indexing
+    rows += take(prev, unit)
     kind = take(P.kind, pa)
-    parent = refs[:, 0].copy()  # every row is a rigid child of its bond reference
-    offset = kind == OFFSET
-    offset_of = np.where(offset, refs[:, 2], -1)
-    chain = [ar]  # offset chains, as ConstructionTable._classify makes them
-    link = np.full(N + 1, N)
-    link[:N][offset] = refs[offset, 2]
-    while (nxt := link[chain[-1]]).min() < N:
+    parent = take(P.bond, rows)  # every row is a rigid child of its bond reference
+    parent += ar
+    np.maximum(parent, -1, out=parent)
+    link = take(P.link, rows)  # offset chains, as ConstructionTable._classify makes them
+    link += ar
+    np.minimum(link, N, out=link)
+    chain, nxt, links = [ar], link, np.append(link, N)
+    while nxt.min() < N:
         chain.append(nxt)
+        nxt = take(links, nxt)
     chain = np.stack(chain, 1)
 
     # depth-first positions in a tree: heads in unit order, then tails in reverse
@@ -291,31 +301,44 @@ def batch_table(st: Stamp) -> ConstructionTable:
     pos += take(P.rank, pa)
     order = np.empty(N, np.int64)
     order[pos] = ar
-    end = np.where(take(P.end_tail, pa), ts, hs)
-    end += take(P.end, pa)
-    unit_depth = np.cumsum(P.next_depth[piece]) - P.next_depth[piece]
-    depth = take(unit_depth - unit_depth[tree], unit)
-    depth += take(P.depth, pa)
     po = take(parent, order)
     dfs_parent = np.where(po >= 0, take(pos, po), -1)  # (pos[-1] where po = -1: discarded)
+
+    def refs():
+        out = take(P.delta, rows, 0)  # np.take: several times faster than [] on rows
+        out += ar[:, None]
+        return np.maximum(out, -1, out=out)
+
+    def end():
+        e = np.where(take(P.end_tail, pa), ts, hs)
+        e += take(P.end, pa)
+        return take(e, order)
+
+    @functools.cache
+    def depth():
+        unit_depth = np.cumsum(P.next_depth[piece]) - P.next_depth[piece]
+        d = take(unit_depth - unit_depth[tree], unit)
+        d += take(P.depth, pa)
+        return d
+
     arrays = {
         "refs": refs,
         "kind": kind,
         "parent": parent,
-        "offset_of": offset_of,
+        "offset_of": lambda: np.where(link < N, link, -1),
         "offset_chain": chain,
         "dfs_order": order,
         "dfs_pos": pos,
-        "subtree_end": take(end, order),
+        "subtree_end": end,
         "dfs_parent": dfs_parent,
-        "dfs_depth": take(depth, order),
-        "max_depth": int(depth.max()),
+        "dfs_depth": lambda: take(depth(), order),
+        "max_depth": lambda: int(depth().max()),
         # a tree is one segment; its dfs positions are its atoms' indices
-        "dfs_segment": take(tree_start, unit),
+        "dfs_segment": lambda: take(tree_start, unit),
         "stage_atoms": [ar],  # every segment root is a ROOT row: one stage
         "constant_anchors": True,
     }
-    return ConstructionTable._trusted(arrays)
+    return ConstructionTable._trusted(arrays, N)
 
 
 #: the arrays :func:`fill_internal` reads; the others are made on first use
