@@ -20,6 +20,7 @@ against the transform it serves.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -59,9 +60,12 @@ class Ragged:
         self.ptr = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self.index = np.repeat(np.arange(len(sizes)), sizes)
         self.n_max = int(sizes.max()) if len(sizes) else 0
-        # flat row -> position in the padded (B * n_max) layout
-        self._slot = self.index * self.n_max + (np.arange(self.total) - self.ptr[self.index])
         self._tensors: dict = {}
+
+    @functools.cached_property
+    def _slot(self) -> np.ndarray:
+        """Flat row -> position in the padded ``(B * n_max)`` layout (made on first use)."""
+        return self.index * self.n_max + (np.arange(self.total) - self.ptr[self.index])
 
     def __len__(self) -> int:
         return len(self.sizes)

@@ -315,6 +315,25 @@ def _check_rebuilt(rebuilt: torch.Tensor, pos: torch.Tensor) -> None:
         )
 
 
+#: columns per atom, torsion and molecule of a packed space (``TorsionSpace._pack``)
+_FLOAT_WIDTHS = (6, 2, 12)
+_INT_WIDTHS = (1, 7, 2)
+
+
+def _unpack(flat: np.ndarray, counts: np.ndarray, widths: tuple) -> list[np.ndarray]:
+    """Packed spaces, concatenated, -> one ``(rows, width)`` array per part
+    (atoms, torsions, molecules), the spaces' rows in order: one gather."""
+    lengths = counts * np.array(widths)  # (S, 3) elements per part
+    ends = np.cumsum(lengths.reshape(-1))
+    start = (ends - lengths.reshape(-1)).reshape(lengths.shape)  # of every part of every space
+    out = []
+    for p, width in enumerate(widths):
+        n = lengths[:, p]
+        index = np.arange(int(n.sum())) + np.repeat(start[:, p] - (np.cumsum(n) - n), n)
+        out.append(np.take(flat, index).reshape(-1, width))
+    return out
+
+
 def _heaviest(mol, b: int, c: int) -> int:
     """The neighbour of ``b`` other than ``c`` with the highest atomic number (lowest index on ties)."""
     cands = [(-x.GetAtomicNum(), x.GetIdx()) for x in mol.GetAtomWithIdx(b).GetNeighbors() if x.GetIdx() != c]
@@ -370,8 +389,9 @@ class TorsionSpace:
 
     def __init__(self, mols, table, atoms: Ragged, torsion_index: Ragged, **fields) -> None:
         """Use :meth:`from_mol` or :meth:`batch`; ``fields`` are the attributes below."""
-        self.mols, self.atoms, self.torsion_index = mols, atoms, torsion_index
-        self._table = table  # a ConstructionTable, or the tables of a batch (concatenated on first use)
+        self.atoms, self.torsion_index = atoms, torsion_index
+        self._mols = mols  # a list, or a function making it (a batch: on first use)
+        self._table = table  # a ConstructionTable, or a function making it (a batch: on first use)
         self.quads = torch.as_tensor(fields["quads"], dtype=torch.long)
         self.torsions: torch.Tensor = fields["torsions"]  # (K,) float64
         self.positions: torch.Tensor = fields["positions"]  # (N, 3) float64, the conformers
@@ -387,15 +407,20 @@ class TorsionSpace:
     @property
     def table(self) -> ConstructionTable:
         """The :class:`~zmat.ConstructionTable` over the ``N`` atoms (a forest for a batch)."""
-        if callable(self._table):  # a batch made by take: built on first use
+        if not isinstance(self._table, ConstructionTable):  # a batch's: made on first use
             self._table = self._table()
-        elif not isinstance(self._table, ConstructionTable):
-            self._table = concatenate_tables(self._table)[0]
         return self._table
+
+    @property
+    def mols(self) -> list:
+        """The RDKit Mols, one per molecule (copies holding the conformer used)."""
+        if callable(self._mols):
+            self._mols = self._mols()
+        return self._mols
 
     def __repr__(self) -> str:
         n, k = len(self.positions), len(self.quads)
-        return f"TorsionSpace(molecules={len(self.mols)}, atoms={n}, torsions={k})"
+        return f"TorsionSpace(molecules={len(self.atoms.sizes)}, atoms={n}, torsions={k})"
 
     @classmethod
     def from_mol(cls, mol, conf_id: int = -1, rotatable=None) -> TorsionSpace:
@@ -456,20 +481,22 @@ class TorsionSpace:
         if len(spaces) == 0:
             raise ValueError("cannot batch an empty list of torsion spaces")
         packs = [s._pack() for s in spaces]
-        cat = {key: np.concatenate([p[key] for p in packs]) for key in packs[0]}
+        counts = np.array([p[2] for p in packs], np.int64)  # (S, 3): atoms, torsions, molecules
+        floats = _unpack(np.concatenate([p[0] for p in packs]), counts, _FLOAT_WIDTHS)
+        ints = _unpack(np.concatenate([p[1] for p in packs]), counts, _INT_WIDTHS)
+        af, tf, mol_f = floats
+        ai, ti, sizes = ints
         # per space (a space may itself be a batch): where its atoms and torsions start
-        n_atoms = np.fromiter((len(p["atom_f"]) for p in packs), np.int64, len(packs))
-        n_tors = np.fromiter((len(p["tors_i"]) for p in packs), np.int64, len(packs))
+        n_atoms, n_tors = counts[:, 0], counts[:, 1]
         atom_start = np.repeat(np.cumsum(n_atoms) - n_atoms, n_tors)[:, None]  # per torsion
         tors_start = np.cumsum(n_tors) - n_tors
-        ti, tf, af = cat["tors_i"], cat["tors_f"], cat["atom_f"]
         ti[:, :5] += atom_start  # quads and dof: atom indices
-        for col, rows in ((ti[:, 5], n_tors), (cat["atom_i"], n_atoms)):  # torsion indices; -1 stays
+        for col, rows in ((ti[:, 5], n_tors), (ai[:, 0], n_atoms)):  # torsion indices; -1 stays
             col += np.where(col >= 0, np.repeat(tors_start, rows), 0)
-        sizes = cat["sizes"]
+        spaces = list(spaces)
         return cls(
-            [m for s in spaces for m in s.mols],
-            [s.table for s in spaces],
+            lambda: [m for s in spaces for m in s.mols],
+            lambda: concatenate_tables([s.table for s in spaces])[0],
             Ragged(sizes[:, 0]),  # per molecule
             Ragged(sizes[:, 1]),
             quads=torch.from_numpy(np.ascontiguousarray(ti[:, :4])),
@@ -478,9 +505,9 @@ class TorsionSpace:
             internal=torch.from_numpy(np.ascontiguousarray(af[:, 3:])),
             dof=ti[:, 4],
             delta=torch.from_numpy(np.ascontiguousarray(tf[:, 1])),
-            rotation=torch.from_numpy(np.ascontiguousarray(cat["mol_f"][:, :9]).reshape(-1, 3, 3)),
-            shift=torch.from_numpy(np.ascontiguousarray(cat["mol_f"][:, 9:])),
-            owner=cat["atom_i"],
+            rotation=torch.from_numpy(np.ascontiguousarray(mol_f[:, :9]).reshape(-1, 3, 3)),
+            shift=torch.from_numpy(np.ascontiguousarray(mol_f[:, 9:])),
+            owner=ai[:, 0],
             bond_parent=ti[:, 5],
             level=ti[:, 6],
         )
@@ -507,7 +534,7 @@ class TorsionSpace:
             >>> data.take([2, 0]).atoms.sizes.tolist()
             [15, 15]
         """
-        m = len(self.mols)
+        m = len(self.atoms.sizes)
         idx = np.asarray(index.cpu() if isinstance(index, torch.Tensor) else index).reshape(-1)
         if idx.size == 0 or idx.dtype.kind not in "iu" or ((idx < -m) | (idx >= m)).any():
             raise ValueError(f"index must be a non-empty integer array in [-{m}, {m}), got {idx.tolist()}")
@@ -522,7 +549,7 @@ class TorsionSpace:
         a_rows_t, t_rows_t, idx_t = (torch.from_numpy(a) for a in (a_rows, t_rows, idx))
         parent_ptr, table = self.atoms.ptr, self._table
         return type(self)(
-            [self.mols[i] for i in idx.tolist()],
+            lambda: [self.mols[i] for i in idx.tolist()],
             lambda: (table if isinstance(table, ConstructionTable) else self.table)._take(parent_ptr, idx),
             atoms,
             tors,
@@ -539,24 +566,33 @@ class TorsionSpace:
             level=self.level[t_rows],
         )
 
-    def _pack(self) -> dict:
-        """This space's arrays for :meth:`batch`, built once and kept: numpy
-        arrays per atom, torsion and molecule (indices local to this space)."""
+    def _pack(self) -> tuple:
+        """This space's arrays for :meth:`batch`, built once and kept: one
+        float64 and one int64 array (per atom, then per torsion, then per
+        molecule: ``_FLOAT_WIDTHS``, ``_INT_WIDTHS`` columns, indices local to
+        this space) and the counts ``(atoms, torsions, molecules)``; two
+        arrays per space, so a batch is two concatenations."""
         if "_packed" not in self.__dict__:
 
             def np_(t):
                 return t.detach().cpu().numpy()
 
-            self._packed = {
-                "atom_f": np.concatenate([np_(self.positions), np_(self.internal)], 1),  # (N, 6)
-                "atom_i": np.asarray(self.owner, np.int64).copy(),  # (N,)
-                "tors_i": np.stack(  # (K, 7): quads, dof, bond_parent, nesting level
-                    [*np_(self.quads).T, self.dof, self.bond_parent, self.level], 1
-                ).astype(np.int64),
-                "tors_f": np.stack([np_(self.torsions), np_(self.delta)], 1),  # (K, 2)
-                "mol_f": np.concatenate([np_(self.rotation).reshape(-1, 9), np_(self.shift)], 1),  # (M, 12)
-                "sizes": np.stack([self.atoms.sizes, self.torsion_index.sizes], 1),  # (M, 2)
-            }
+            floats = (
+                np.concatenate([np_(self.positions), np_(self.internal)], 1),  # (N, 6)
+                np.stack([np_(self.torsions), np_(self.delta)], 1),  # (K, 2)
+                np.concatenate([np_(self.rotation).reshape(-1, 9), np_(self.shift)], 1),  # (M, 12)
+            )
+            ints = (
+                np.asarray(self.owner, np.int64),  # (N,)
+                np.stack([*np_(self.quads).T, self.dof, self.bond_parent, self.level], 1),  # (K, 7)
+                np.stack([self.atoms.sizes, self.torsion_index.sizes], 1),  # (M, 2)
+            )
+            counts = (len(self.positions), len(self.dof), len(self.atoms.sizes))
+            self._packed = (
+                np.concatenate([a.reshape(-1) for a in floats]).astype(np.float64),
+                np.concatenate([a.reshape(-1) for a in ints]).astype(np.int64),
+                counts,
+            )
         return self._packed
 
     # ---------------------------------------------------------- transforms
