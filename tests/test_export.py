@@ -103,7 +103,9 @@ def _tensors(obj):
 # Exporting before any eager call works for the analytic method; the levels
 # method's plan, made under export's fake tensors, becomes constants that
 # torch.export.save cannot write: call once eagerly first (docs/deployment.md).
-@pytest.mark.parametrize(("method", "eager_first"), [("analytic", True), ("levels", True), ("analytic", False)])
+@pytest.mark.parametrize(
+    ("method", "eager_first"), [("analytic", True), ("levels", True), ("analytic", False)]
+)
 def test_exported_program_matches_eager(method, eager_first):
     table = zmat.ConstructionTable(CHAIN)
     radii = torch.full((N,), 1.7)
