@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -76,6 +77,32 @@ def test_matches_torch_path_on_random_tables(spy, rows, linear, data):
     assert spy.calls["forward"] == calls + 1
     assert torch.allclose(x, x_ref, atol=1e-12, rtol=0), (x - x_ref).abs().max()
     assert torch.allclose(g, g_ref, atol=1e-12, rtol=0), (g - g_ref).abs().max()
+
+
+@settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pieces=st.lists(tables(min_atoms=1, max_atoms=8), min_size=1, max_size=5), data=st.data())
+def test_plan_of_a_taken_table_is_taken_from_the_source(spy, pieces, data):
+    # a batch of a data set (ConstructionTable._take) takes its kernel plan
+    # from the data set's: the same arrays as planning the batch's own table
+    source = zmat.ConstructionTable.concatenate([zmat.ConstructionTable(p) for p in pieces])
+    ptr = np.cumsum([0] + [len(p) for p in pieces])
+    index = np.array(data.draw(st.lists(st.integers(0, len(pieces) - 1), min_size=1, max_size=6)))
+    taken = source._take(ptr, index)
+    cpu = torch.device("cpu")
+    plan = _analytic._kernel_plan(taken, cpu)  # by take: the table's arrays are not made yet
+    assert set(vars(taken)["_lazy"]) >= {"refs", "kind", "dfs_order"}
+    direct = _kernel.KernelPlan(taken, *_analytic.entries(taken, taken.dfs_order), None)
+    for name in ("order", "parent", "trig"):
+        assert torch.equal(getattr(plan, name), getattr(direct, name)), name
+    k = min(len(plan.keep), len(direct.keep))
+    keep = direct.keep[:k].bool()
+    assert (
+        torch.equal(plan.keep[:k], direct.keep[:k]) and not plan.keep[k:].any() and not direct.keep[k:].any()
+    )
+    assert torch.equal(plan.gather[:k][keep], direct.gather[:k][keep])
+    c = data.draw(internal_coordinates(taken.n_atoms, batch=(2,)))
+    (x, g), (x_ref, g_ref) = both(c, taken, torch.randn(2, taken.n_atoms, 3, dtype=torch.float64))
+    assert torch.allclose(x, x_ref, atol=1e-12, rtol=0) and torch.allclose(g, g_ref, atol=1e-12, rtol=0)
 
 
 @pytest.mark.parametrize("rows", [chain_table(30), POSITIONAL], ids=["chain", "positional"])

@@ -608,7 +608,13 @@ def _place_torch(C: torch.Tensor, table: ConstructionTable) -> torch.Tensor:
 
 def _kernel_plan(table: ConstructionTable, device: torch.device) -> _kernel.KernelPlan:
     """The kernel's arrays only: the torch path is planned when first used
-    (a double backward, ``torch.compile``), not for every fresh batch."""
+    (a double backward, ``torch.compile``), not for every fresh batch. A
+    table taken from another (``ConstructionTable._take``: a batch of a data
+    set) takes its plan from the other's, planned once."""
+    origin = table.__dict__.get("_origin")
+    if origin is not None:
+        source, ptr, index = origin
+        return source.cached(_kernel_plan, device).take(ptr, index)
     return _kernel.KernelPlan(table, *entries(table, table.dfs_order), _kernel_vjp)
 
 

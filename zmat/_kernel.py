@@ -105,16 +105,37 @@ class KernelPlan:
     """
 
     def __init__(self, table: ConstructionTable, gather: np.ndarray, keep: np.ndarray, vjp) -> None:
-        self.n = table.n_atoms
-        self.gather = torch.from_numpy(np.ascontiguousarray(gather, np.int64))
-        self.keep = torch.from_numpy(np.ascontiguousarray(keep).view(np.uint8))
         kind = np.take(table.kind, table.dfs_order)
-        trig = np.stack([kind > BOND, kind > PLANAR]).view(np.uint8)  # theta, phi used (else pi, 0)
-        self.trig = torch.from_numpy(trig)
-        self.parent = torch.as_tensor(table.dfs_parent, dtype=torch.int64)
-        self.order = torch.as_tensor(table.dfs_order, dtype=torch.int64)
-        self.vjp = vjp
+        ints = np.concatenate([gather, table.dfs_parent[None], table.dfs_order[None]]).astype(np.int64)
+        flags = np.concatenate([keep, kind[None] > BOND, kind[None] > PLANAR]).view(np.uint8)
+        self._set(ints, flags, vjp)
+
+    def _set(self, ints: np.ndarray, flags: np.ndarray, vjp) -> None:
+        """``ints`` ``(K + 2, N)``: gather, parent, order; ``flags`` ``(K + 2,
+        N)`` uint8: keep, then whether theta and phi are used (else pi, 0)."""
+        self._ints, self._flags, self.vjp = ints, flags, vjp
+        k = len(ints) - 2
+        self.n = ints.shape[1]
+        self.gather, self.parent, self.order = (torch.from_numpy(a) for a in (ints[:k], ints[k], ints[k + 1]))
+        self.keep, self.trig = torch.from_numpy(flags[:k]), torch.from_numpy(flags[k:])
         self.placement = (self.gather, self.keep, self.trig, self.parent)  # the forward's arrays
+
+    def take(self, ptr: np.ndarray, index: np.ndarray) -> KernelPlan:
+        """The plan of ``ConstructionTable._take(ptr, index)``'s table, by the
+        same gathers: component ``k`` of the table is atoms and dfs positions
+        ``ptr[k]:ptr[k + 1]``, so its columns move together, indices shifted."""
+        sizes = (ptr[1:] - ptr[:-1])[index]
+        shift = np.repeat(np.cumsum(sizes) - sizes - ptr[index], sizes)  # new - old position
+        cols = np.arange(len(shift)) - shift
+        ints = np.take(self._ints, cols, axis=1)
+        k = len(ints) - 2
+        ints[:k] += 3 * shift  # flat indices into C; unused ones (keep 0) clipped below
+        np.clip(ints[:k], 0, 3 * len(shift) - 1, out=ints[:k])
+        ints[k] += np.where(ints[k] >= 0, shift, 0)  # parents (-1: none)
+        ints[k + 1] += shift
+        out = KernelPlan.__new__(KernelPlan)
+        out._set(ints, np.take(self._flags, cols, axis=1), self.vjp)
+        return out
 
 
 def _differentiable_backward(*grads) -> bool:

@@ -138,15 +138,26 @@ class ConstructionTable:
         """The components ``index`` (in that order) of a table whose component
         ``k`` is rows ``ptr[k]:ptr[k + 1]`` and dfs positions the same range (a
         table made by :meth:`concatenate`): gathers of the packed arrays,
-        trusted like :meth:`concatenate` (``zmat.rdkit.TorsionSpace.take``)."""
-        packed = self._packed if "_packed" in self.__dict__ else self._pack()
+        trusted like :meth:`concatenate` (``zmat.rdkit.TorsionSpace.take``).
+        The arrays are made on first use; a method's plan may be taken from
+        this table's plan instead (``_origin``)."""
         sizes = (ptr[1:] - ptr[:-1])[index]
-        start = np.cumsum(sizes) - sizes
-        shift = np.repeat(start - ptr[index], sizes)  # new - old index of every row
-        out = np.take(packed, np.arange(int(sizes.sum())) - shift, axis=1)
-        out[3:] += shift
-        width = int((out[_PACKED:] >= 0).any(1).sum())  # the widest offset chain of the components taken
-        return type(self)._from_packed(out[: _PACKED + width])
+
+        @functools.cache
+        def taken() -> ConstructionTable:
+            packed = self._packed if "_packed" in self.__dict__ else self._pack()
+            shift = np.repeat(np.cumsum(sizes) - sizes - ptr[index], sizes)  # new - old index of every row
+            out = np.take(packed, np.arange(len(shift)) - shift, axis=1)
+            out[3:] += shift
+            width = int((out[_PACKED:] >= 0).any(1).sum())  # the widest offset chain of the components taken
+            return type(self)._from_packed(out[: _PACKED + width])
+
+        arrays = {name: functools.partial(_attribute, taken, name) for name in self._ARRAYS}
+        if self.constant_anchors:  # so are its components'
+            arrays["constant_anchors"] = True
+        out = type(self)._trusted(arrays, int(sizes.sum()))
+        out._origin = (self, ptr, index)
+        return out
 
     @classmethod
     def _from_packed(cls, out: np.ndarray) -> ConstructionTable:
@@ -223,7 +234,7 @@ class ConstructionTable:
         and with its lazy arrays made."""
         for name in list(self.__dict__.get("_lazy", ())):
             getattr(self, name)
-        skip = ("_lazy", "_packed")
+        skip = ("_lazy", "_packed", "_origin")
         return {k: v for k, v in self.__dict__.items() if not k.startswith(_PLANS) and k not in skip}
 
     def __len__(self) -> int:
@@ -359,6 +370,10 @@ class ConstructionTable:
 
 
 _PLANS = "_plans "
+
+
+def _attribute(make, name: str):
+    return getattr(make(), name)
 
 
 def _cache_name(build) -> str:
