@@ -88,7 +88,6 @@ def usable(x: torch.Tensor) -> bool:
 
 
 # ------------------------------------------------------------ protein fill
-# (here, not at the end of the module, only so that it merges beside edits there)
 def fill(t: torch.Tensor, ideal: torch.Tensor, slot: torch.Tensor, defaults: torch.Tensor) -> torch.Tensor:
     """Torsions ``(S, L, 7)`` -> internal coordinates ``(S, N, 3)`` of a
     protein layout: ``zmat.protein.build.fill_internal`` without ``base`` in
