@@ -586,7 +586,11 @@ def _fmt(v) -> str:
 
 
 def _ratio_keys(rec: dict) -> set:
-    return {k for k in rec if k.endswith(("slowdown", "/ cached", "ratio", "/ zmat fwd+bwd"))}
+    return {
+        k
+        for k in rec
+        if k.endswith(("slowdown", "slowdown old", "slowdown new", "/ cached", "ratio", "/ zmat fwd+bwd"))
+    }
 
 
 def table(records: list[dict]) -> str:
