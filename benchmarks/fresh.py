@@ -29,7 +29,8 @@ benchmarks`` runs ``fresh`` and ``latency`` after its grid):
   ``--compile`` adds ``torch.compile`` beside eager; tmol's kinematics on the
   same files when tmol is installed (the ``tmol`` extra).
 * ``busy``: cached steps alone and while a second process spins on one core,
-  at torch's default thread count and at one thread.
+  at torch's default thread count and at one thread; ``ops/step``: aten ops
+  dispatched by one step (the output gradient is made once, outside the step).
 * ``scaling``: seconds per atom of forward+backward, 1k-100k atoms at batch 1
   and 1k atoms at batch 1-64.
 
@@ -505,17 +506,28 @@ def run_busy() -> list[dict]:
     import torch
 
     import zmat
+    from zmat.testing import DispatchAudit
 
     cases = _busy_cases()
     default = torch.get_num_threads()
     out = []
     for name, table, leaf, batch in cases:
 
-        def step(table=table, leaf=leaf, batch=batch):
-            x = batch.to_xyz(leaf) if batch is not None else zmat.to_xyz(leaf, table)
-            torch.autograd.grad(x, leaf, torch.ones_like(x))
+        def forward(table=table, leaf=leaf, batch=batch):
+            return batch.to_xyz(leaf) if batch is not None else zmat.to_xyz(leaf, table)
+
+        # the loss gradient, made once: a loss is the user's, and a ones_like
+        # of the output is itself a parallel region on a batch
+        g = torch.ones_like(forward())
+
+        def step(forward=forward, leaf=leaf, g=g):
+            torch.autograd.grad(forward(), leaf, g)
 
         rec = {"section": "busy", "case": name + " fwd+bwd", "default threads": default}
+        step()
+        with DispatchAudit() as audit:  # each elementwise op on a batch is a parallel region
+            step()
+        rec["ops/step"] = audit.count
         for threads in sorted({default, 1}, reverse=True):
             torch.set_num_threads(threads)
             step()
@@ -573,7 +585,11 @@ def _fmt(v) -> str:
 
 
 def _ratio_keys(rec: dict) -> set:
-    return {k for k in rec if k.endswith(("slowdown", "/ cached", "ratio", "/ zmat fwd+bwd"))}
+    return {
+        k
+        for k in rec
+        if k.endswith(("slowdown", "slowdown old", "slowdown new", "/ cached", "ratio", "/ zmat fwd+bwd"))
+    }
 
 
 def table(records: list[dict]) -> str:

@@ -59,7 +59,11 @@ def load():
             source = _SOURCE.read_text()
             name = "zmat_rigid_forest_" + hashlib.sha1(source.encode()).hexdigest()[:12]
             _state["module"] = load_inline(
-                name, [source], functions=["forward", "backward"], extra_cflags=["-O3"], verbose=False
+                name,
+                [source],
+                functions=["forward", "backward", "fill_forward", "fill_backward"],
+                extra_cflags=["-O3"],
+                verbose=False,
             )
         except Exception as error:  # no compiler, no ninja, a read-only cache...
             warnings.warn(
@@ -88,6 +92,53 @@ def usable(x: torch.Tensor) -> bool:
     if _forward_ad._current_level >= 0 or disabled():  # dual tensors need the Functions' jvp
         return False
     return load() is not None
+
+
+# ------------------------------------------------------------ protein fill
+def fill(t: torch.Tensor, ideal: torch.Tensor, slot: torch.Tensor, defaults: torch.Tensor) -> torch.Tensor:
+    """Torsions ``(S, L, 7)`` -> internal coordinates ``(S, N, 3)`` of a
+    protein layout: ``zmat.protein.build.fill_internal`` without ``base`` in
+    one single-threaded loop (its ~30 elementwise ops each enter a parallel
+    region on a batch, and wait there for a busy core).
+
+    Args:
+        t: ``(S, L, 7)`` float32/float64 CPU torsions (any strides).
+        ideal: ``(N, 3)`` float64 ideal values (NaN: 0).
+        slot: ``(N,)`` int64 torsion slot ``k * 7 + c`` of each atom, -1 for none.
+        defaults: ``(7,)`` float64 torsions used where ``t`` is NaN.
+    """
+    if torch.is_grad_enabled() and t.requires_grad:
+        return _Fill.apply(t, ideal, slot, defaults)
+    return _state["module"].fill_forward(t, ideal, slot, defaults)
+
+
+def fill_vjp(g: torch.Tensor, t: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+    """The gradient of :func:`fill` in differentiable torch ops (for double
+    backward and batched gradients): ``g`` ``(S, N, 3)`` -> ``(S, L, 7)``."""
+    index = slot.clamp_min(0)
+    keep = (slot >= 0) & ~torch.isnan(t.flatten(1).index_select(1, index))
+    g_phi = torch.where(keep, g[..., 2], 0)
+    return torch.zeros_like(t).flatten(1).index_add(1, index, g_phi).view_as(t)
+
+
+class _Fill(torch.autograd.Function):
+    """The ctx form, as the placement Functions below (why: see there)."""
+
+    @staticmethod
+    def forward(ctx, t, ideal, slot, defaults):
+        ctx.slot = slot
+        ctx.save_for_backward(t)
+        ctx.set_materialize_grads(False)
+        return _state["module"].fill_forward(t, ideal, slot, defaults)
+
+    @staticmethod
+    def backward(ctx, g):
+        if g is None:
+            return None, None, None, None
+        (t,) = ctx.saved_tensors
+        if _differentiable_backward(g):
+            return fill_vjp(g, t.detach(), ctx.slot), None, None, None
+        return _state["module"].fill_backward(g, t, ctx.slot), None, None, None
 
 
 class KernelPlan:

@@ -6,6 +6,7 @@
 #include <torch/extension.h>
 
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <vector>
 
@@ -185,6 +186,81 @@ at::Tensor backward(const at::Tensor& rot, const at::Tensor& pos, const std::opt
         for (int64_t k = 0; k < k_rows; ++k) {
           if (kp[k * n + j]) out[g[k * n + j]] += static_cast<T>(d[k < 2 ? k : 2]);
         }
+      }
+    }
+  });
+  return grad;
+}
+
+// ------------------------------------------------------------------ protein fill
+// Torsions -> internal coordinates of a protein layout, the semantics of
+// fill_internal (zmat/protein/build.py) without `base`: r and theta are the
+// ideal values, phi the torsion of the atom's slot (its default where the
+// torsion is NaN) or the ideal value; NaN ideal values read 0 (nan_to_num).
+// In torch these are ~30 elementwise ops, each a parallel region on a batch.
+
+namespace {
+
+template <typename T>
+T finite(double v) {  // torch.nan_to_num of v cast to T
+  const T x = static_cast<T>(v);
+  if (std::isnan(x)) return T(0);
+  if (std::isinf(x)) return x > 0 ? std::numeric_limits<T>::max() : std::numeric_limits<T>::lowest();
+  return x;
+}
+
+}  // namespace
+
+// t (S, L, 7) torsions (any strides); ideal (N, 3) float64 contiguous; slot
+// (N,) int64, k * 7 + c or -1; defaults (7,) float64. Returns (S, N, 3) in t's dtype.
+at::Tensor fill_forward(const at::Tensor& t, const at::Tensor& ideal, const at::Tensor& slot,
+                        const at::Tensor& defaults) {
+  TORCH_CHECK(t.dim() == 3 && t.size(2) == 7 && t.device().is_cpu(), "t must be a (S, L, 7) CPU tensor");
+  const int64_t s_n = t.size(0), n = slot.size(0);
+  auto out = at::empty({s_n, n, 3}, t.options());
+  AT_DISPATCH_FLOATING_TYPES(t.scalar_type(), "zmat_fill_forward", [&] {
+    using T = scalar_t;
+    const T* tp = t.data_ptr<T>();
+    const int64_t s0 = t.stride(0), s1 = t.stride(1), s2 = t.stride(2);
+    const double* id = ideal.data_ptr<double>();
+    const int64_t* sl = slot.data_ptr<int64_t>();
+    const double* df = defaults.data_ptr<double>();
+    T* o = out.data_ptr<T>();
+    for (int64_t s = 0; s < s_n; ++s) {
+      const T* ts = tp + s * s0;
+      for (int64_t j = 0; j < n; ++j, o += 3) {
+        for (int c = 0; c < 3; ++c) o[c] = finite<T>(id[3 * j + c]);
+        const int64_t k = sl[j];
+        if (k < 0) continue;
+        const T x = ts[(k / 7) * s1 + (k % 7) * s2];
+        o[2] = std::isnan(x) ? static_cast<T>(df[k % 7]) : x;
+      }
+    }
+  });
+  return out;
+}
+
+// The gradient of fill_forward: g (S, N, 3) (any strides) -> (S, L, 7), the
+// phi column of every atom with a slot added to its torsion unless the torsion
+// is NaN (t: the forward's input).
+at::Tensor fill_backward(const at::Tensor& g, const at::Tensor& t, const at::Tensor& slot) {
+  const int64_t s_n = t.size(0), l = t.size(1), n = slot.size(0);
+  auto grad = at::empty({s_n, l, 7}, g.options());  // zeroed below: at::zeros' fill is parallel
+  AT_DISPATCH_FLOATING_TYPES(g.scalar_type(), "zmat_fill_backward", [&] {
+    using T = scalar_t;
+    const T* gp = g.data_ptr<T>();
+    const T* tp = t.data_ptr<T>();
+    const int64_t g0 = g.stride(0), g1 = g.stride(1), g2 = g.stride(2);
+    const int64_t s0 = t.stride(0), s1 = t.stride(1), s2 = t.stride(2);
+    const int64_t* sl = slot.data_ptr<int64_t>();
+    T* out = grad.data_ptr<T>();
+    std::fill(out, out + s_n * l * 7, T(0));
+    for (int64_t s = 0; s < s_n; ++s) {
+      T* os = out + s * l * 7;
+      for (int64_t j = 0; j < n; ++j) {
+        const int64_t k = sl[j];
+        if (k < 0 || std::isnan(tp[s * s0 + (k / 7) * s1 + (k % 7) * s2])) continue;
+        os[k] += gp[s * g0 + j * g1 + 2 * g2];
       }
     }
   });

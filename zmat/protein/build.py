@@ -13,6 +13,10 @@ residue places ``OXT`` (and so ``O``).
   any leading batch dimensions.
 * :class:`ProteinBatch`: sequences of different lengths, padded to ``L_max``
   residues / ``N_max`` atoms with masks, one forest table over the batch.
+
+Both fill the internal coordinates, on plain CPU tensors, in the compiled
+kernel (``zmat._kernel.fill``: one loop, no parallel region that would wait for
+a busy core); :func:`fill_internal` is the torch path and its reference.
 * FoldingDiff's six-angle backbone (:func:`internal_from_six_angles`,
   :func:`six_angles_from_backbone`): N, CA, C only.
 
@@ -36,6 +40,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from .. import _kernel
 from ..clash import alphafold_radii, candidate_pairs, exclusions_from_bonds, is_excluded
 from ..table import ConstructionTable
 from ..transform import to_internal, to_xyz
@@ -141,6 +146,21 @@ def fill_internal(lay: Layout, torsions, base: torch.Tensor | None = None) -> to
     return torch.stack([r, theta, phi], -1)
 
 
+_DEFAULTS = torch.tensor(DEFAULT_TORSIONS, dtype=torch.float64)
+
+
+def _fill(lay: Layout, torsions) -> torch.Tensor:
+    """:func:`fill_internal` without ``base``; on plain CPU tensors the
+    compiled kernel (``zmat._kernel.fill``: one loop, no parallel region, a
+    few dispatched ops), else the torch ops."""
+    t = as_torsion_tensor(torsions, lay.n_residues)
+    if not _kernel.usable(t):
+        return fill_internal(lay, t)
+    t3 = t.reshape(math.prod(t.shape[:-2]), lay.n_residues, N_TORSIONS)
+    out = _kernel.fill(t3, lay.tensor("ideal"), lay.tensor("torsion_slot"), _DEFAULTS)
+    return out.view(*t.shape[:-2], out.shape[-2], 3)
+
+
 @functools.lru_cache(maxsize=128)
 def protein_layout(sequence: str) -> Layout:
     """Layout of one chain of ``sequence`` (one-letter codes): every heavy atom,
@@ -165,13 +185,13 @@ def internal_from_torsions(torsions, sequence: str) -> torch.Tensor:
         >>> C = internal_from_torsions(t, "ACDEF")
         >>> xyz = zmat.to_xyz(C, protein_layout("ACDEF").table)
     """
-    return fill_internal(protein_layout(sequence), torsions)
+    return _fill(protein_layout(sequence), torsions)
 
 
 def to_xyz_from_torsions(torsions, sequence: str, method: str = "auto") -> torch.Tensor:
     """``zmat.to_xyz(internal_from_torsions(torsions, sequence), table)``: ``(..., N, 3)``."""
     lay = protein_layout(sequence)
-    return to_xyz(fill_internal(lay, torsions), lay.table, method=method)
+    return to_xyz(_fill(lay, torsions), lay.table, method=method)
 
 
 class ProteinBatch:
@@ -313,7 +333,7 @@ class ProteinBatch:
             raise ValueError(
                 f"torsions must have shape (..., {len(self)}, {self.L_max}, 7), got {tuple(t.shape)}"
             )
-        return fill_internal(self._flat, t.flatten(-3, -2))
+        return _fill(self._flat, t.flatten(-3, -2))
 
     def to_xyz(self, torsions, method: str = "auto") -> torch.Tensor:
         """``(..., B, L_max, 7)`` torsions -> ``(..., B, N_max, 3)`` coordinates
