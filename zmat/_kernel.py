@@ -4,13 +4,17 @@ Eager PyTorch pays a dispatch floor of a few microseconds per op, and the
 analytic method dispatches about a hundred ops per call: for one structure
 that floor, not the arithmetic, is the cost. On CPU tensors the same
 placement and the same Abe-Go backward (see ``zmat/_analytic.py``) run here as
-two single-threaded loops of C++ (``zmat/csrc/rigid_forest.cpp``):
+single-threaded loops of C++ (``zmat/csrc/rigid_forest.cpp``):
 
 * forward: one pass over the atoms in depth-first order, ``F_j = F_parent(j) . L_j``
   with ``L`` built from the plan's effective internal coordinates (missing
   references and offset chains resolved by the same gather as the torch path);
 * backward: the subtree sums in reverse depth-first order, then ``d r``,
-  ``d theta``, ``d phi_eff`` per atom, scattered back through the gather.
+  ``d theta``, ``d phi_eff`` per atom, scattered back through the gather;
+* and, for proteins built from torsions, the fill of the internal coordinates
+  (:func:`fill`, ``zmat.protein.build.fill_internal``'s math) and its
+  gradient: a step of ``ProteinBatch.to_xyz`` then enters no parallel region,
+  which on a shared machine waits for a busy core.
 
 The kernel is compiled by ``torch.utils.cpp_extension.load_inline`` on the
 first CPU call (not at ``import zmat``), once per machine: torch caches the

@@ -13,12 +13,12 @@ residue places ``OXT`` (and so ``O``).
   any leading batch dimensions.
 * :class:`ProteinBatch`: sequences of different lengths, padded to ``L_max``
   residues / ``N_max`` atoms with masks, one forest table over the batch.
-
-Both fill the internal coordinates, on plain CPU tensors, in the compiled
-kernel (``zmat._kernel.fill``: one loop, no parallel region that would wait for
-a busy core); :func:`fill_internal` is the torch path and its reference.
 * FoldingDiff's six-angle backbone (:func:`internal_from_six_angles`,
   :func:`six_angles_from_backbone`): N, CA, C only.
+
+The first two fill the internal coordinates, on plain CPU tensors, in the
+compiled kernel (``zmat._kernel.fill``: one loop, no parallel region that would
+wait for a busy core); :func:`fill_internal` is the torch path and its reference.
 
 How far ideal geometry is from real structures (measured by the tests):
 rebuilding a file's structure from its own torsions with ideal bond lengths
