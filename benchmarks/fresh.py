@@ -234,6 +234,7 @@ def torsion_dataset(n: int) -> list:
             raise RuntimeError(f"ETKDG failed on {smi}")
         ts = TorsionSpace.from_mol(mol)
         ts._cache.clear()  # per-device plans of the molecule alone: not data
+        ts.table.__dict__.pop("_plans", None)  # (older zmat pickled a table's plans)
         spaces.append(ts)
     tmp = cache.with_suffix(f".{os.getpid()}")
     tmp.write_bytes(pickle.dumps(spaces))

@@ -7,6 +7,8 @@ must agree to 1e-8 A after superposition (and, by the frame convention, also
 without it), and RDKit's stereo perception of the result must not change.
 """
 
+import pickle
+
 import numpy as np
 import pytest
 import torch
@@ -326,6 +328,12 @@ def test_take_is_the_batch_of_the_molecules_taken(mols):
         assert_same_space(TorsionSpace.batch([data.take(index[:1]), data.take(index[1:])]) if len(index) > 1
                           else data.take(index), ref)  # fmt: skip
         assert_same_space(taken.take(list(range(len(index)))), ref)
+    for space in (data, taken):  # pickled with its Mols and table made
+        copy = pickle.loads(pickle.dumps(space))
+        assert_same_space(copy, space)
+        assert torch.equal(
+            copy.to_xyz(space.torsions, method="table"), space.to_xyz(space.torsions, method="table")
+        )
     with pytest.raises(ValueError, match=r"index must be a non-empty integer array in \[-5, 5\)"):
         data.take([5])
     with pytest.raises(ValueError, match="non-empty"):

@@ -418,6 +418,11 @@ class TorsionSpace:
             self._mols = self._mols()
         return self._mols
 
+    def __getstate__(self) -> dict:
+        """Pickled with its Mols and table made, without its per-device plans."""
+        self.mols, self.table  # noqa: B018 (a batch's are made on first use)
+        return {**self.__dict__, "_cache": {}}
+
     def __repr__(self) -> str:
         n, k = len(self.positions), len(self.quads)
         return f"TorsionSpace(molecules={len(self.atoms.sizes)}, atoms={n}, torsions={k})"
