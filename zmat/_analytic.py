@@ -139,15 +139,19 @@ class _ForestPlan:
             self.final = staging.final_index(device)
 
 
-def entries(table: ConstructionTable, slots: np.ndarray):
+def entries(table: ConstructionTable, slots: np.ndarray, gather=None, keep=None):
     """Where the local transforms of atoms ``slots`` read ``C``: ``gather``
     ``(K, M)``, the flat index into ``C`` of each one's ``(r, theta, phi, phi
     of its offset chain...)`` entries, and ``keep`` ``(K, M)``, which of them
     the table uses (missing references: constants, hence zero gradients).
-    Each array is written once, in place: this runs on every fresh batch."""
+    Each array is written once, in place (into ``gather`` and ``keep`` if
+    given): this runs on every fresh batch, where a new large array costs
+    page faults more than arithmetic."""
     n = table.n_atoms
-    chain = np.take(table.offset_chain.T, slots, 1)  # (L, M), n = none
-    gather = np.empty((2 + len(chain), len(slots)), np.int64)
+    chain = np.take(table.offset_chain, slots, 0).T  # (L, M), n = none
+    if gather is None:
+        gather = np.empty((2 + len(chain), len(slots)), np.int64)
+        keep = np.empty(gather.shape, bool)
     np.multiply(slots, 3, out=gather[0])
     np.add(gather[0], 1, out=gather[1])
     np.minimum(chain, n - 1, out=gather[2:])
@@ -155,7 +159,6 @@ def entries(table: ConstructionTable, slots: np.ndarray):
     gather[2:] += 2
     kind = np.take(table.kind, slots)
     link_kind = np.take(np.append(table.kind, ROOT), chain)  # a PLANAR link's phi is ignored too
-    keep = np.empty(gather.shape, bool)
     np.not_equal(kind, ROOT, out=keep[0])
     np.greater(kind, BOND, out=keep[1])
     np.greater(link_kind, PLANAR, out=keep[2:])
@@ -615,7 +618,15 @@ def _kernel_plan(table: ConstructionTable, device: torch.device) -> _kernel.Kern
     if origin is not None:
         source, ptr, index = origin
         return source.cached(_kernel_plan, device).take(ptr, index)
-    return _kernel.KernelPlan(table, *entries(table, table.dfs_order), _kernel_vjp)
+    order = table.dfs_order
+    k = 2 + table.offset_chain.shape[1]
+    ints, flags = np.empty((k + 2, table.n_atoms), np.int64), np.empty((k + 2, table.n_atoms), bool)
+    entries(table, order, ints[:k], flags[:k])
+    ints[k], ints[k + 1] = table.dfs_parent, order
+    kind = np.take(table.kind, order)
+    np.greater(kind, BOND, out=flags[k])
+    np.greater(kind, PLANAR, out=flags[k + 1])
+    return _kernel.KernelPlan(ints, flags, _kernel_vjp)
 
 
 def _kernel_vjp(table: ConstructionTable, rot, pos, g_rot, g_pos) -> torch.Tensor:

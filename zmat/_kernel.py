@@ -40,7 +40,7 @@ import numpy as np
 import torch
 import torch.autograd.forward_ad as _forward_ad
 
-from .table import BOND, PLANAR, ConstructionTable
+from .table import ConstructionTable
 
 _SOURCE = Path(__file__).with_name("csrc") / "rigid_forest.cpp"
 _DTYPES = (torch.float32, torch.float64)
@@ -149,30 +149,25 @@ class KernelPlan:
     """The plan arrays the kernel reads, in depth-first order, for one table.
 
     Args:
-        table: the validated table.
-        gather: ``(K, N)`` int64, flat index into ``C`` of every atom's
-            ``(r, theta, phi, phi of its offset chain...)`` entries.
-        keep: ``(K, N)`` bool, which of them the table uses.
+        ints: ``(K + 2, N)`` int64: ``gather`` ``(K, N)``, the flat index into
+            ``C`` of every atom's ``(r, theta, phi, phi of its offset
+            chain...)`` entries; then every atom's parent (dfs position, -1
+            none) and its atom index (``order``).
+        flags: ``(K + 2, N)`` bool: ``keep`` ``(K, N)``, which of those
+            entries the table uses; then whether theta and phi are used
+            (``trig``; else pi, 0).
         vjp: ``(table, rot, pos, g_rot, g_pos) -> flat gradient (3 N, B)`` in
             differentiable torch ops (``_vjp`` of ``zmat/_analytic.py``), for
             double backward and batched gradients; it plans the torch path
             only when such a backward happens.
     """
 
-    def __init__(self, table: ConstructionTable, gather: np.ndarray, keep: np.ndarray, vjp) -> None:
-        kind = np.take(table.kind, table.dfs_order)
-        ints = np.concatenate([gather, table.dfs_parent[None], table.dfs_order[None]]).astype(np.int64)
-        flags = np.concatenate([keep, kind[None] > BOND, kind[None] > PLANAR]).view(np.uint8)
-        self._set(ints, flags, vjp)
-
-    def _set(self, ints: np.ndarray, flags: np.ndarray, vjp) -> None:
-        """``ints`` ``(K + 2, N)``: gather, parent, order; ``flags`` ``(K + 2,
-        N)`` uint8: keep, then whether theta and phi are used (else pi, 0)."""
-        self._ints, self._flags, self.vjp = ints, flags, vjp
+    def __init__(self, ints: np.ndarray, flags: np.ndarray, vjp) -> None:
+        self._ints, self._flags, self.vjp = ints, flags.view(np.uint8), vjp
         k = len(ints) - 2
         self.n = ints.shape[1]
         self.gather, self.parent, self.order = (torch.from_numpy(a) for a in (ints[:k], ints[k], ints[k + 1]))
-        self.keep, self.trig = torch.from_numpy(flags[:k]), torch.from_numpy(flags[k:])
+        self.keep, self.trig = torch.from_numpy(self._flags[:k]), torch.from_numpy(self._flags[k:])
         self.placement = (self.gather, self.keep, self.trig, self.parent)  # the forward's arrays
 
     def take(self, ptr: np.ndarray, index: np.ndarray) -> KernelPlan:
@@ -188,9 +183,7 @@ class KernelPlan:
         np.clip(ints[:k], 0, 3 * len(shift) - 1, out=ints[:k])
         ints[k] += np.where(ints[k] >= 0, shift, 0)  # parents (-1: none)
         ints[k + 1] += shift
-        out = KernelPlan.__new__(KernelPlan)
-        out._set(ints, np.take(self._flags, cols, axis=1), self.vjp)
-        return out
+        return KernelPlan(ints, np.take(self._flags, cols, axis=1), self.vjp)
 
 
 def _differentiable_backward(*grads) -> bool:

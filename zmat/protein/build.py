@@ -230,7 +230,11 @@ class ProteinBatch:
             self._stamp = None
             a = self._arrays
             self.L_max, self.N_max = self._general[3:]
-        self._flat = _Arrays(a["ideal"], a["ideal_mask"], a["torsion_slot"], len(self) * self.L_max)
+        st = self._stamp  # the fast path's mask: made if the torch fill needs it
+        mask = (
+            a["ideal_mask"] if "ideal_mask" in a else lambda: batch_arrays(st, ("ideal_mask",))["ideal_mask"]
+        )
+        self._flat = _Arrays(a["ideal"], mask, a["torsion_slot"], len(self) * self.L_max)
 
     @functools.cached_property
     def _arrays(self) -> dict:
@@ -409,8 +413,13 @@ class _Arrays(SharedTensors):
     """The arrays :func:`fill_internal` reads, for a padded batch."""
 
     def __init__(self, ideal, ideal_mask, torsion_slot, n_residues):
-        self.ideal, self.ideal_mask, self.torsion_slot = ideal, ideal_mask, torsion_slot
+        """``ideal_mask`` may be a function making it (on first use)."""
+        self.ideal, self._ideal_mask, self.torsion_slot = ideal, ideal_mask, torsion_slot
         self.n_residues = n_residues
+
+    @functools.cached_property
+    def ideal_mask(self) -> np.ndarray:
+        return self._ideal_mask() if callable(self._ideal_mask) else self._ideal_mask
 
     def tensor(self, name: str, device: torch.device | str | None = None) -> torch.Tensor:
         """As :meth:`SharedTensors.tensor`; on the CPU the tensor shares the

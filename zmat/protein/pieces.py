@@ -258,8 +258,13 @@ def stamp(types: list[np.ndarray]) -> Stamp:
         last=last,
         pad=pad,
         unit=unit,
-        pa=np.take(P.start[unit_piece] - atom0, unit) + np.arange(len(unit)),
+        pa=_plus_arange(np.take(P.start[unit_piece] - atom0, unit)),
     )
+
+
+def _plus_arange(a: np.ndarray) -> np.ndarray:
+    a += np.arange(len(a))
+    return a
 
 
 def batch_table(st: Stamp) -> ConstructionTable:
@@ -287,7 +292,7 @@ def batch_table(st: Stamp) -> ConstructionTable:
     while nxt.min() < N:
         chain.append(nxt)
         nxt = take(links, nxt)
-    chain = np.stack(chain, 1)
+    chain = np.stack(chain, 1) if len(chain) > 1 else ar[:, None]
 
     # depth-first positions in a tree: heads in unit order, then tails in reverse
     head = P.head[piece]
@@ -297,12 +302,13 @@ def batch_table(st: Stamp) -> ConstructionTable:
     head_start = tree_start + heads - head - (heads - head)[tree]
     tail_start = tree_start + heads[st.last] - (heads - head)[tree] + tails[st.last] - tails
     hs, ts = take(head_start, unit), take(tail_start, unit)
-    pos = np.where(take(P.in_head, pa), hs, ts)
+    pos_none = np.empty(N + 1, np.int64)  # + a last slot -1: the dfs position of "no parent"
+    pos, pos_none[N] = pos_none[:N], -1
+    np.copyto(pos, np.where(take(P.in_head, pa), hs, ts))
     pos += take(P.rank, pa)
     order = np.empty(N, np.int64)
     order[pos] = ar
-    po = take(parent, order)
-    dfs_parent = np.where(po >= 0, take(pos, po), -1)  # (pos[-1] where po = -1: discarded)
+    dfs_parent = take(pos_none, take(parent, order))
 
     def refs():
         out = take(P.delta, rows, 0)  # np.take: several times faster than [] on rows
@@ -341,8 +347,16 @@ def batch_table(st: Stamp) -> ConstructionTable:
     return ConstructionTable._trusted(arrays, N)
 
 
-#: the arrays :func:`fill_internal` reads; the others are made on first use
-FORWARD = ("ideal", "ideal_mask", "torsion_slot")
+#: the arrays the compiled fill reads (``fill_internal`` also ``ideal_mask``);
+#: the others are made on first use
+FORWARD = ("ideal", "torsion_slot")
+
+
+def _torsion_slot(st: Stamp, code: np.ndarray) -> np.ndarray:
+    """Flat torsion index ``residue * 7 + column`` of every atom, -1: none."""
+    slot = np.take(st.pad * N_TORSIONS, st.unit)
+    slot += np.take(code, st.pa)
+    return np.maximum(slot, -1, out=slot)
 
 
 def batch_arrays(st: Stamp, names=None) -> dict:
@@ -352,14 +366,12 @@ def batch_arrays(st: Stamp, names=None) -> dict:
     (``(B, n_max)``) and ``residue_mask`` (``(B, L_max)``); ``names``: only those."""
     P = _pieces()
     B, pa, unit = len(st.n_res), st.pa, st.unit
-    tors = np.take(P.tors, pa)
-    code = P.tors_off * N_TORSIONS + P.tors  # per piece atom, beside its residue's base
+    # per piece atom, beside its residue's base; NONE (far below -1) for no torsion
+    code = np.where(P.tors >= 0, P.tors_off * N_TORSIONS + P.tors, NONE)
     makers = {
         "ideal": lambda: np.take(P.ideal, pa, 0),
         "ideal_mask": lambda: np.take(P.ideal_mask, pa, 0),
-        "torsion_slot": lambda: np.where(
-            tors >= 0, np.take(st.pad * N_TORSIONS, unit) + np.take(code, pa), -1
-        ),
+        "torsion_slot": lambda: _torsion_slot(st, code),
         "atom_mask": lambda: (st.piece != PAD)[unit].reshape(B, -1),
         "residue_mask": lambda: (
             np.bincount(st.pad[st.piece != PAD], minlength=B * st.L_max).astype(bool).reshape(B, -1)
