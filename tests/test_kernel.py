@@ -5,8 +5,10 @@ against the reference method and the twin in ``test_analytic.py``)."""
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -187,6 +189,18 @@ def test_build_failure_falls_back_with_one_warning(monkeypatch):
         x = zmat.to_xyz(c, table)
     assert torch.allclose(x, _analytic._place_torch(c, table), atol=1e-12)
     zmat.to_xyz(c, table)  # warned once: pytest's filterwarnings=error would fail a second one
+
+
+@pytest.mark.skipif(not os.environ.get("CI"), reason="elsewhere a machine without a compiler falls back")
+def test_ci_builds_the_kernel(monkeypatch):
+    # CI has a compiler: a kernel that fails to build must fail here, not
+    # silently skip every test above and run the torch path instead
+    monkeypatch.delenv("ZMAT_NO_KERNEL", raising=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        module = _kernel.load()
+    assert module is not None
+    assert {"forward", "backward", "fill_forward", "fill_backward"} <= set(dir(module))
 
 
 def test_import_does_not_compile():
