@@ -355,9 +355,10 @@ class ConstructionTable:
         """``build(self, device)``, built once per builder and device and cached.
 
         Every method keeps its per-device plan (index tensors, Python lists)
-        here. The cache is a plain dict on the table, so compiled code reads
-        it as a constant; a plan first needed while ``torch.compile`` traces
-        is built then, for real, and becomes a constant of the graph.
+        here: an attribute of the table per builder, a dict per device, which
+        compiled code reads as a constant; a plan first needed while
+        ``torch.compile`` traces is built then, for real, and becomes a
+        constant of the graph.
         """
         if torch.compiler.is_compiling():  # built for real before the graph reads the cache
             _build_constant(self, build, device)
@@ -377,7 +378,8 @@ def _attribute(make, name: str):
 
 
 def _cache_name(build) -> str:
-    return f"{_PLANS}{build.__module__}.{build.__qualname__}"
+    """One attribute per builder (its name for readability, its id for uniqueness)."""
+    return f"{_PLANS}{getattr(build, '__qualname__', type(build).__name__)} {id(build):x}"
 
 
 def _build(table: ConstructionTable, build, device: torch.device | str):
