@@ -69,6 +69,7 @@ gives (``tests/test_rdkit.py``: 28 drug-like molecules, 142 bonds, 4e-14 A).
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Sequence
 
@@ -485,8 +486,9 @@ class TorsionSpace:
         """
         if len(spaces) == 0:
             raise ValueError("cannot batch an empty list of torsion spaces")
-        packs = [s._pack() for s in spaces]
-        counts = np.array([p[2] for p in packs], np.int64)  # (S, 3): atoms, torsions, molecules
+        packs = [s.__dict__.get("_packed") or s._pack() for s in spaces]
+        counts = np.fromiter(itertools.chain.from_iterable(p[2] for p in packs), np.int64, 3 * len(packs))
+        counts = counts.reshape(-1, 3)  # (S, 3): atoms, torsions, molecules
         floats = _unpack(np.concatenate([p[0] for p in packs]), counts, _FLOAT_WIDTHS)
         ints = _unpack(np.concatenate([p[1] for p in packs]), counts, _INT_WIDTHS)
         af, tf, mol_f = floats
