@@ -686,7 +686,8 @@ class TorsionSpace:
             x0 = self.positions.detach().cpu().numpy()
             q = self.quads.numpy()[perm]
             axis = x0[q[:, 2]] - x0[q[:, 1]]
-            ux, uy, uz = (axis / np.linalg.norm(axis, axis=-1, keepdims=True)).T
+            u = axis / np.linalg.norm(axis, axis=-1, keepdims=True)
+            ux, uy, uz = u.T
             zero = np.zeros_like(ux)
             skew = np.stack([zero, -uz, uy, uz, zero, -ux, -uy, ux, zero], -1).reshape(-1, 3, 3)
 
@@ -697,7 +698,7 @@ class TorsionSpace:
                 put(x0),
                 put(x0[q[:, 1]]),  # a point on each axis
                 put(skew),
-                put(skew @ skew),
+                put(u[:, :, None] * u[:, None, :] - np.eye(3)),  # skew @ skew, for a unit axis
                 put(self.torsions.detach().cpu().numpy()[perm]),
                 index_tensor(perm, device),
                 [index_tensor(p, device) for p in parents],
