@@ -182,3 +182,34 @@ def test_pickle_drops_device_plans():
     assert not any(k.startswith("_plans ") for k in vars(copy))
     assert copy == table
     torch.testing.assert_close(zmat.to_xyz(c, copy), want, rtol=0, atol=0)
+
+
+def test_lazy_arrays_are_safe_to_read_from_threads():
+    # a trusted table's array made on first access: threads that ask at once
+    # all get it (one may make it again), none sees a missing attribute
+    import threading
+    import time
+
+    base = ConstructionTable(chain_table(5))
+
+    def slow_refs():
+        time.sleep(0.05)
+        return base.refs.copy()
+
+    arrays = {name: getattr(base, name) for name in ConstructionTable._ARRAYS}
+    table = ConstructionTable._trusted({**arrays, "refs": slow_refs}, base.n_atoms)
+    got, errors = [], []
+
+    def read():
+        try:
+            got.append(table.refs)
+        except AttributeError as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=read) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(got) == 4 and all(np.array_equal(g, base.refs) for g in got)
+    assert "refs" not in vars(table)["_lazy"]

@@ -222,10 +222,14 @@ class ConstructionTable:
     def __getattr__(self, name: str):
         """A lazy array of a table made by :meth:`_trusted` (only called for
         attributes the instance does not have)."""
-        make = self.__dict__.get("_lazy", {}).pop(name, None)
+        lazy = self.__dict__.get("_lazy", {})
+        make = lazy.get(name)
         if make is None:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        # set, then forget the maker: a second thread either finds the value
+        # or makes it again (the same), never a missing attribute
         value = self.__dict__[name] = make()
+        lazy.pop(name, None)
         return value
 
     # ------------------------------------------------------------------ info
