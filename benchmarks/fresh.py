@@ -593,17 +593,27 @@ def _ratio_keys(rec: dict) -> set:
     }
 
 
+def _cell(rec: dict, key: str) -> str:
+    return f"{rec[key]:.2f}x" if key in _ratio_keys(rec) else _fmt(rec.get(key, ""))
+
+
+def _sections(records: list[dict]):
+    """Per section with records: its name, column keys and formatted rows."""
+    for section in (*SECTIONS, "compare"):
+        recs = [r for r in records if r.get("section") == section]
+        if recs:
+            keys = [k for k in dict.fromkeys(k for r in recs for k in r) if k != "section"]
+            rows = [
+                [_fmt(r.get(k, "")) if k not in _ratio_keys(r) else f"{r[k]:.2f}x" for k in keys]
+                for r in recs
+            ]
+            yield section, keys, rows
+
+
 def table(records: list[dict]) -> str:
     """Plain-text tables, one per section."""
     lines = []
-    for section in (*SECTIONS, "compare"):
-        recs = [r for r in records if r.get("section") == section]
-        if not recs:
-            continue
-        keys = [k for k in dict.fromkeys(k for r in recs for k in r) if k not in ("section",)]
-        cells = [
-            [_fmt(r.get(k, "")) if k not in _ratio_keys(r) else f"{r[k]:.2f}x" for k in keys] for r in recs
-        ]
+    for section, keys, cells in _sections(records):
         w = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
         lines += ["", f"{section}:", "  " + "  ".join(k.ljust(w[i]) for i, k in enumerate(keys))]
         lines += ["  " + "  ".join(c.ljust(w[i]) for i, c in enumerate(row)) for row in cells]
@@ -612,15 +622,9 @@ def table(records: list[dict]) -> str:
 
 def markdown(records: list[dict]) -> str:
     out = []
-    for section in (*SECTIONS, "compare"):
-        recs = [r for r in records if r.get("section") == section]
-        if not recs:
-            continue
-        keys = [k for k in dict.fromkeys(k for r in recs for k in r) if k != "section"]
+    for section, keys, rows in _sections(records):
         out += [f"\n**{section}**\n", "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-        for r in recs:
-            row = [_fmt(r.get(k, "")) if k not in _ratio_keys(r) else f"{r[k]:.2f}x" for k in keys]
-            out.append("| " + " | ".join(row) + " |")
+        out += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(out)
 
 

@@ -1,5 +1,7 @@
-"""Shared test configuration: Hypothesis profiles, seeded RNGs, device/dtype/tolerance fixtures."""
+"""Shared test configuration: Hypothesis profiles, seeded RNGs, device/dtype/tolerance fixtures,
+the compiled kernel's call counter."""
 
+import collections
 import os
 import random
 
@@ -49,3 +51,38 @@ def dtype(request):
 def tol(dtype):
     """Absolute tolerance (Angstrom) for comparing two methods in the ``dtype`` under test."""
     return 1e-10 if dtype == torch.float64 else 1e-4
+
+
+class KernelSpy:
+    """Counts the compiled kernel's calls by function name (and delegates)."""
+
+    def __init__(self, module):
+        self.module, self.calls = module, collections.Counter()
+
+    def __getattr__(self, name):
+        function = getattr(self.module, name)
+
+        def counted(*args):
+            self.calls[name] += 1
+            return function(*args)
+
+        return counted
+
+    def of(self, *names) -> tuple:
+        """The calls of ``names``, in that order."""
+        return tuple(self.calls[n] for n in names)
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """The compiled kernel (``zmat._kernel``) enabled and its calls counted;
+    skips where it cannot be built."""
+    from zmat import _kernel
+
+    monkeypatch.delenv("ZMAT_NO_KERNEL", raising=False)
+    module = _kernel.load()
+    if module is None:
+        pytest.skip("the compiled kernel cannot be built here")
+    counter = KernelSpy(module)
+    monkeypatch.setitem(_kernel._state, "module", counter)
+    return counter

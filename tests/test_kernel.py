@@ -27,32 +27,6 @@ DATA = Path(__file__).parent / "data"
 POSITIONAL = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0], [3, 0, 1], [4, 3, 0], [5, 4, 3]]
 
 
-class _Spy:
-    """Counts the kernel's calls (and delegates to it)."""
-
-    def __init__(self, module):
-        self.module, self.calls = module, {"forward": 0, "backward": 0}
-
-    def forward(self, *args):
-        self.calls["forward"] += 1
-        return self.module.forward(*args)
-
-    def backward(self, *args):
-        self.calls["backward"] += 1
-        return self.module.backward(*args)
-
-
-@pytest.fixture
-def spy(monkeypatch):
-    monkeypatch.delenv("ZMAT_NO_KERNEL", raising=False)
-    module = _kernel.load()
-    if module is None:
-        pytest.skip("the compiled kernel cannot be built here")
-    s = _Spy(module)
-    monkeypatch.setitem(_kernel._state, "module", s)
-    return s
-
-
 def both(c: torch.Tensor, table, weights: torch.Tensor):
     """Positions and gradient of ``<x, weights>`` by the kernel and by the torch path."""
     out = []
@@ -117,7 +91,7 @@ def test_both_kernel_paths_batched(spy, rows, batch):
     c[..., 3, 1] = math.pi  # a linear angle
     w = torch.randn(*batch, len(rows), 3, dtype=torch.float64)
     (x, g), (x_ref, g_ref) = both(c, table, w)
-    assert spy.calls == {"forward": 1, "backward": 1}
+    assert spy.of("forward", "backward") == (1, 1)
     assert torch.allclose(x, x_ref, atol=1e-12, rtol=0) and torch.allclose(g, g_ref, atol=1e-12, rtol=0)
 
 
@@ -129,7 +103,7 @@ def test_strided_input_and_expanded_gradient(spy):
     x = zmat.to_xyz(c, table)
     x.sum().backward()  # an expanded (stride 0) output gradient
     _analytic._place_torch(c_ref, table).sum().backward()
-    assert spy.calls == {"forward": 1, "backward": 1}
+    assert spy.of("forward", "backward") == (1, 1)
     assert torch.allclose(c.grad, c_ref.grad, atol=1e-12, rtol=0)
 
 
@@ -162,7 +136,7 @@ def test_disabled_by_environment(spy, monkeypatch):
     table = zmat.ConstructionTable(chain_table(6))
     c = random_internal(6, seed=5).requires_grad_()
     zmat.to_xyz(c, table).sum().backward()
-    assert spy.calls == {"forward": 0, "backward": 0}
+    assert spy.of("forward", "backward") == (0, 0)
     assert not _kernel.usable(c)
 
 

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 import zmat
-from zmat import _kernel
 from zmat.protein import ProteinBatch
 from zmat.protein.build import fill_internal, internal_from_torsions, protein_layout, to_xyz_from_torsions
 from zmat.protein.topology import TORSION_NAMES
@@ -22,35 +21,6 @@ AMINO = "ACDEFGHIKLMNPQRSTVWY"
 # ops that only make, view or relabel tensors: no elementwise work, so no
 # parallel region (each of which waits a time slice for a busy core)
 METADATA_OPS = {"view", "empty", "permute", "slice", "select", "detach", "alias", "as_strided", "expand"}
-
-
-class _Spy:
-    """Counts the fill kernel's calls (and delegates everything to the extension)."""
-
-    def __init__(self, module):
-        self.module, self.calls = module, {"fill_forward": 0, "fill_backward": 0}
-
-    def __getattr__(self, name):
-        return getattr(self.module, name)
-
-    def fill_forward(self, *args):
-        self.calls["fill_forward"] += 1
-        return self.module.fill_forward(*args)
-
-    def fill_backward(self, *args):
-        self.calls["fill_backward"] += 1
-        return self.module.fill_backward(*args)
-
-
-@pytest.fixture
-def spy(monkeypatch):
-    monkeypatch.delenv("ZMAT_NO_KERNEL", raising=False)
-    module = _kernel.load()
-    if module is None:
-        pytest.skip("the compiled kernel cannot be built here")
-    s = _Spy(module)
-    monkeypatch.setitem(_kernel._state, "module", s)
-    return s
 
 
 def _sequences() -> list[str]:
@@ -82,7 +52,7 @@ def test_batch_fill_equals_fill_internal(spy, dtype):
     w = torch.randn(2, len(batch) * batch.N_max, 3, dtype=torch.float64).to(dtype)
     x, g = _value_and_grad(batch.internal_from_torsions, t, w)
     x_ref, g_ref = _value_and_grad(lambda t: fill_internal(batch._flat, t.flatten(-3, -2)), t, w)
-    assert spy.calls == {"fill_forward": 1, "fill_backward": 1}
+    assert spy.of("fill_forward", "fill_backward") == (1, 1)
     assert torch.isfinite(x).all() and x.dtype == dtype
     torch.testing.assert_close(x, x_ref, atol=1e-12, rtol=0)
     torch.testing.assert_close(g, g_ref, atol=1e-12, rtol=0)
@@ -110,7 +80,7 @@ def test_to_xyz_matches_the_torch_path(spy, monkeypatch):
     x, g = _value_and_grad(batch.to_xyz, t, w)
     monkeypatch.setenv("ZMAT_NO_KERNEL", "1")
     x_ref, g_ref = _value_and_grad(batch.to_xyz, t, w)
-    assert spy.calls == {"fill_forward": 1, "fill_backward": 1}
+    assert spy.of("fill_forward", "fill_backward") == (1, 1)
     torch.testing.assert_close(x, x_ref, atol=1e-10, rtol=0)
     torch.testing.assert_close(g, g_ref, atol=1e-9, rtol=0)
 
@@ -169,4 +139,4 @@ def test_batch_step_dispatches_a_handful_of_metadata_ops(spy, dtype):
         torch.autograd.grad(x, t, g)
     assert fwd.count <= 16 and bwd.count <= 14, (fwd.ops, bwd.ops)
     assert set(fwd.ops) | set(bwd.ops) <= METADATA_OPS, (fwd.ops, bwd.ops)
-    assert spy.calls == {"fill_forward": 2, "fill_backward": 2}
+    assert spy.of("fill_forward", "fill_backward") == (2, 2)

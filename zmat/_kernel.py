@@ -89,13 +89,11 @@ def serves(device: torch.device) -> bool:
 def usable(x: torch.Tensor) -> bool:
     """Whether a call on ``x`` may take the kernel: a plain CPU float32/float64
     tensor, outside tracing, ``torch.func`` transforms and forward-mode AD."""
-    if x.device.type != "cpu" or x.dtype not in _DTYPES or type(x) not in (torch.Tensor, torch.nn.Parameter):
+    if x.dtype not in _DTYPES or type(x) not in (torch.Tensor, torch.nn.Parameter):
         return False
-    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
-        return False
-    if _forward_ad._current_level >= 0 or disabled():  # dual tensors need the Functions' jvp
-        return False
-    return load() is not None
+    if torch._C._are_functorch_transforms_active() or _forward_ad._current_level >= 0:
+        return False  # (dual tensors need the Functions' jvp)
+    return serves(x.device)
 
 
 # ------------------------------------------------------------ protein fill

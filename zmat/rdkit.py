@@ -486,7 +486,7 @@ class TorsionSpace:
         """
         if len(spaces) == 0:
             raise ValueError("cannot batch an empty list of torsion spaces")
-        packs = [s.__dict__.get("_packed") or s._pack() for s in spaces]
+        packs = [s._pack() for s in spaces]
         counts = np.fromiter(itertools.chain.from_iterable(p[2] for p in packs), np.int64, 3 * len(packs))
         counts = counts.reshape(-1, 3)  # (S, 3): atoms, torsions, molecules
         floats = _unpack(np.concatenate([p[0] for p in packs]), counts, _FLOAT_WIDTHS)

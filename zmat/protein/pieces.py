@@ -65,11 +65,11 @@ class _Pieces:
     residue's ``N`` below this one's). Per piece atom: ``kind``; ``delta``
     ``(atoms * S, 3)``: row ``a * S + s`` holds the references of piece atom
     ``a`` minus its own index when the previous residue has ``s`` atoms
-    (``NONE`` where missing), its columns ``bond`` and ``link`` (the dihedral
-    reference of an OFFSET row, else ``BEYOND``) contiguous; ``in_head``, ``rank`` (position in the head or
-    in the tail), ``end_tail`` and ``end`` (subtree end relative to the
-    head's or the tail's start), ``depth`` (below the residue's ``N``); the
-    layout's ``atom_name``,
+    (``NONE`` where missing), its columns ``bond`` and ``link`` (the
+    dihedral reference of an OFFSET row, else ``BEYOND``) contiguous;
+    ``in_head``, ``rank`` (position in the head or in the tail), ``end_tail``
+    and ``end`` (subtree end relative to the head's or the tail's start),
+    ``depth`` (below the residue's ``N``); the layout's ``atom_name``,
     ``element``, ``ideal``, ``ideal_mask``, and its torsion slot as the
     torsion ``tors`` (-1: none) of the residue at ``tors_off``.
     """
@@ -246,6 +246,8 @@ def stamp(types: list[np.ndarray]) -> Stamp:
     size = P.size[unit_piece]
     atom0 = np.cumsum(size) - size
     unit = np.repeat(np.arange(U), size)
+    pa = np.take(P.start[unit_piece] - atom0, unit)  # piece atom of every atom
+    pa += np.arange(len(pa))
     return Stamp(
         n_max=n_max,
         L_max=L_max,
@@ -258,13 +260,8 @@ def stamp(types: list[np.ndarray]) -> Stamp:
         last=last,
         pad=pad,
         unit=unit,
-        pa=_plus_arange(np.take(P.start[unit_piece] - atom0, unit)),
+        pa=pa,
     )
-
-
-def _plus_arange(a: np.ndarray) -> np.ndarray:
-    a += np.arange(len(a))
-    return a
 
 
 def batch_table(st: Stamp) -> ConstructionTable:
@@ -292,7 +289,7 @@ def batch_table(st: Stamp) -> ConstructionTable:
     while nxt.min() < N:
         chain.append(nxt)
         nxt = take(links, nxt)
-    chain = np.stack(chain, 1) if len(chain) > 1 else ar[:, None]
+    chain = np.stack(chain, 1)
 
     # depth-first positions in a tree: heads in unit order, then tails in reverse
     head = P.head[piece]
@@ -302,13 +299,11 @@ def batch_table(st: Stamp) -> ConstructionTable:
     head_start = tree_start + heads - head - (heads - head)[tree]
     tail_start = tree_start + heads[st.last] - (heads - head)[tree] + tails[st.last] - tails
     hs, ts = take(head_start, unit), take(tail_start, unit)
-    pos_none = np.empty(N + 1, np.int64)  # + a last slot -1: the dfs position of "no parent"
-    pos, pos_none[N] = pos_none[:N], -1
-    np.copyto(pos, np.where(take(P.in_head, pa), hs, ts))
+    pos = np.where(take(P.in_head, pa), hs, ts)
     pos += take(P.rank, pa)
     order = np.empty(N, np.int64)
     order[pos] = ar
-    dfs_parent = take(pos_none, take(parent, order))
+    dfs_parent = take(np.append(pos, -1), take(parent, order))  # parent -1 reads the -1
 
     def refs():
         out = take(P.delta, rows, 0)  # np.take: several times faster than [] on rows
