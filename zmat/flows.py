@@ -31,7 +31,7 @@ from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 from torch.distributions import Transform, constraints
 
-from ._geometry import any_perpendicular, axis, safe_atan2, safe_unit, tiny
+from ._geometry import any_perpendicular, axis, safe_atan2, safe_norm, safe_unit, tiny
 from .table import ConstructionTable, as_table, index_tensor
 from .transform import to_internal, to_xyz
 
@@ -272,7 +272,7 @@ class InternalCoordinateTransform(Transform):
         padded = torch.cat([xyz, torch.zeros_like(xyz[..., :1, :])], -2)
         tree = padded.index_select(-2, t["tree_atoms"].reshape(-1)).unflatten(-2, (-1, 3))
         root, first, second = tree.unbind(-2)
-        alpha, cos_beta, gamma = _matrix_to_euler(_frame(root, first, second))
+        alpha, cos_beta, gamma = _matrix_to_euler(_frame(root, first, second), first - root)
         euler = torch.stack([alpha, cos_beta, gamma], -1).flatten(-2)
         euler = torch.cat([euler, xyz.new_zeros(euler.shape[:-1] + (1,))], -1)  # slot 3 T: a zero
         orient = euler.index_select(-1, t["euler_index"].reshape(-1)).unflatten(-1, (self.n_atoms, 3))
@@ -321,17 +321,23 @@ def _euler_to_matrix(alpha: torch.Tensor, cos_beta: torch.Tensor, gamma: torch.T
     return torch.stack([m2, m0, m1], -1)  # R = M P: columns M e_z, M e_x, M e_y
 
 
-def _matrix_to_euler(R: torch.Tensor):
+def _matrix_to_euler(R: torch.Tensor, bond: torch.Tensor):
     """The inverse of :func:`_euler_to_matrix` on proper rotations: ``(alpha, cos beta, gamma)``.
 
     ``alpha`` from the first bond's direction (0 when it is along ``+-z``); ``gamma`` from
     ``Rz(-alpha) M = Ry(beta) Rz(gamma)``, whose second row is ``(sin gamma, cos gamma, 0)`` for
-    every ``beta``: well conditioned even where ``alpha`` and ``gamma`` are not separately."""
+    every ``beta``: well conditioned even where ``alpha`` and ``gamma`` are not separately.
+    ``cos beta = bond_z / |bond|`` with a correctly rounded norm and division, so a first bond
+    exactly along ``+-z`` (molecules in a standard orientation) gives ``cos beta = +-1`` exactly:
+    near the poles the chart resolves ``sin beta`` only to ``sqrt(2 eps)`` of ``cos beta``."""
     u, v, w = R.unbind(-1)  # M = [v, w, u]
     alpha = safe_atan2(u[..., 1], u[..., 0])
     ca, sa = torch.cos(alpha), torch.sin(alpha)
     gamma = safe_atan2(ca * v[..., 1] - sa * v[..., 0], ca * w[..., 1] - sa * w[..., 0])
-    return alpha, u[..., 2], gamma
+    norm = safe_norm(bond)
+    ok = norm > 0
+    cos_beta = torch.where(ok, bond[..., 2] / torch.where(ok, norm, 1.0), u[..., 2])
+    return alpha, cos_beta, gamma
 
 
 # ---------------------------------------------------------------- the plan
