@@ -27,6 +27,7 @@ import torch
 
 from . import gaussian
 from .autotable import construction_table
+from .batch import ZMatrixBatch
 from .chemcoord import import_zmat
 from .table import as_table
 from .transform import to_internal, to_xyz
@@ -138,6 +139,11 @@ class ZMatrix:
             multiplicity=self.multiplicity,
             variables=self.variable_uses,
         )
+
+    @classmethod
+    def batch(cls, zmatrices: Sequence[ZMatrix]) -> ZMatrixBatch:
+        """Z-matrices of different sizes as one :class:`~zmat.batch.ZMatrixBatch` (one forest table)."""
+        return ZMatrixBatch(zmatrices)
 
     def find(self, *atoms: int) -> tuple[int, int]:
         """``(row, column)`` of the bond, angle or dihedral through ``atoms``.
@@ -360,9 +366,10 @@ class ZMatrix:
     @classmethod
     def from_rdkit(cls, mol, conf_id: int = -1) -> ZMatrix:
         """An RDKit Mol's conformer, rows in the Mol's atom order; see :func:`zmat.rdkit.zmatrix_from_mol`."""
-        from .rdkit import zmatrix_from_mol  # RDKit is an optional dependency
+        from .rdkit import zmatrix_from_mol  # the optional RDKit interop (a leaf: it does not import zmatrix)
 
-        return zmatrix_from_mol(mol, conf_id)
+        data = zmatrix_from_mol(mol, conf_id)
+        return cls(data.symbols, data.internal, data.table, title=data.title, charge=data.charge)
 
 
 # ------------------------------------------------------------------ checks
