@@ -132,6 +132,7 @@ class _ForestPlan:
                         index_tensor(pos, device),
                         index_tensor(local, device),
                         index_tensor(table.kind[atoms], device),
+                        index_tensor(table.dihedral_plane[atoms], device),
                         None if s == 0 else Staging.to_device(staging.gather_plan(refs), device),
                         len(atoms),
                     )
@@ -575,13 +576,13 @@ def _place(rot: torch.Tensor, pos: torch.Tensor, plan: _ForestPlan, shape) -> to
     frames_dfs = torch.cat([rot, pos.unsqueeze(1)], 1).movedim((0, 1, 2), (-2, -1, -3))
     origin = identity_frame((*frames_dfs.shape[:-3], 1), frames_dfs.dtype, frames_dfs.device)
     outputs: list[torch.Tensor] = []
-    for stage_pos, local, kind, gather, n_roots in plan.stages:
+    for stage_pos, local, kind, plane, gather, n_roots in plan.stages:
         rel = frames_dfs.index_select(-3, stage_pos)
         if gather is None:  # stage 0: segments rooted at the origin
             outputs.append(rel)
             continue
-        x = Staging.gather(outputs, origin, gather)[..., 3].unflatten(-2, (n_roots, 3))
-        anchor = segment_anchor(kind, x[..., 2, :], x[..., 1, :], x[..., 0, :])
+        f = Staging.gather(outputs, origin, gather).unflatten(-3, (n_roots, 3))  # frames of (b, a, d)
+        anchor = segment_anchor(kind, plane, f[..., 2, :, :], f[..., 1, :, :], f[..., 0, :, :])
         outputs.append(compose(anchor.index_select(-3, local), rel))
     frames = outputs[0] if len(outputs) == 1 else torch.cat(outputs, -3)
     return frames[..., 3].index_select(-2, plan.final).reshape(shape)

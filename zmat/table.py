@@ -284,6 +284,20 @@ class ConstructionTable:
         deps[rigid, 0] = self.parent[rigid]
         return _group(_longest_path_levels(deps, self.n_atoms))
 
+    @functools.cached_property
+    def dihedral_plane(self) -> np.ndarray:
+        """``(N,)`` int64: where the anchor of a POSITIONAL row ``(b, a, d)``
+        takes the plane ``(d, a, b)`` from (``_geometry.nerf_anchor``): ``+1``
+        if ``d`` is a sibling (its references start ``(b, a)``), ``-1`` a
+        cousin (``(a, b)``): ``d``'s frame, defined even where ``d`` lies on
+        the axis ``a - b``; ``0`` the positions (every other row)."""
+        b, a, d = self.refs.T
+        rd = self.refs[np.maximum(d, 0), :2]
+        positional = self.kind == POSITIONAL
+        sibling = positional & (rd[:, 0] == b) & (rd[:, 1] == a)
+        cousin = positional & (rd[:, 0] == a) & (rd[:, 1] == b)
+        return sibling.astype(np.int64) - cousin.astype(np.int64)
+
     @property
     def bonds(self) -> np.ndarray:
         """``(E, 2)`` array of ``(i, b_i)`` pairs: the bonds the table implies."""
