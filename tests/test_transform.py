@@ -493,3 +493,27 @@ def test_strategies_draw_sibling_and_cousin_rows_on_the_axis():
 
     draw()
     assert seen == {1, -1}
+
+
+@pytest.mark.parametrize("kernel", [True, False])
+@pytest.mark.parametrize("method", METHODS)
+def test_empty_batch_every_method(method, kernel):
+    # issue 20: "prefix" (and the torch path's backward) failed to reshape 0 elements
+    rows = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0], [0, 1, 2]]
+    c = torch.zeros(0, 5, 3, dtype=torch.float64, requires_grad=True)
+    with contextlib.nullcontext() if kernel else _kernel_off():
+        xyz = zmat.to_xyz(c, rows, method=method)
+        (g,) = torch.autograd.grad(xyz.sum(), c, create_graph=True)
+    assert xyz.shape == (0, 5, 3) and g.shape == (0, 5, 3)
+    assert zmat.to_internal(xyz.detach(), rows).shape == (0, 5, 3)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_meta_device_gives_shapes(method):
+    # issue 20: the autocast wrapper asked autocast about "meta", which it does not know
+    rows = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [0, 1, 2], [3, 0, 1]]
+    c = torch.zeros(2, 5, 3, device="meta", requires_grad=True)
+    xyz = zmat.to_xyz(c, rows, method=method)
+    xyz.sum().backward()
+    assert xyz.shape == (2, 5, 3) and xyz.device.type == "meta" and c.grad.shape == (2, 5, 3)
+    assert zmat.to_internal(xyz.detach(), rows).device.type == "meta"

@@ -331,7 +331,8 @@ def _flat(c: torch.Tensor) -> torch.Tensor:
 def _effective(flat: torch.Tensor, plan: _ForestPlan, index, keep) -> torch.Tensor:
     """Rows ``(r, theta, phi_eff)`` ``(3, M, B)`` gathered from flat ``C``
     (``keep``: the planned columns; the others 0; phi summed along offset chains)."""
-    g = flat.index_select(0, index).view(plan.k, -1, flat.shape[1])
+    # sizes spelled out: an empty batch has no -1 to infer
+    g = flat.index_select(0, index).view(plan.k, index.shape[0] // plan.k, flat.shape[1])
     g = torch.where(keep, g, plan.zero)
     if plan.k > 3:
         head, chain = g.split([2, plan.k - 2])
@@ -477,7 +478,8 @@ def _vjp(rot, pos, g_rot, g_pos, plan: _ForestPlan) -> torch.Tensor:
     d_eff = torch.stack([(rot[:, 0] * s2).sum(0), -(rot[:, 2] * torque).sum(0), (up * torque).sum(0)])
     # the transpose of the gather in _effective: d phi_eff reaches every phi of the chain
     d = torch.where(plan.grad_keep, d_eff.index_select(0, plan.grad_rows), plan.zero)
-    return d.new_zeros((3 * plan.n, d.shape[-1])).index_add(0, plan.grad_index, d.reshape(-1, d.shape[-1]))
+    flat = d.reshape(plan.grad_index.shape[0], d.shape[-1])  # (an empty batch too)
+    return d.new_zeros((3 * plan.n, d.shape[-1])).index_add(0, plan.grad_index, flat)
 
 
 def _jvp(rot, pos, tangent: torch.Tensor, plan: _ForestPlan):
