@@ -87,6 +87,7 @@ import torch.nn.functional as F
 from ._amp import float32_under_autocast
 from ._geometry import safe_norm
 from ._neighbors import CellList, build_cell_list
+from ._segments import on_host, segments
 
 __all__ = [
     "ALPHAFOLD_RADII",
@@ -350,12 +351,6 @@ def _keys(pairs: torch.Tensor, period: int) -> torch.Tensor:
     return torch.sort(lo * period + hi).values  # sort, not unique: unique would sync
 
 
-def _on_host(t: torch.Tensor) -> bool:
-    """Whether ``t``'s values can be read without a device sync (and outside a trace)."""
-    tracing = torch.compiler.is_compiling() or torch.jit.is_tracing()
-    return t.device.type == "cpu" and type(t) is torch.Tensor and not tracing
-
-
 def _exclusion_pairs(exclude, n: int | None, depth: int, name: str, exact: bool = True):
     """``exclude`` (pairs or a table) as an (E, 2) integer tensor, or None; ``n``: atoms
     it may name (None: unknown, not checked); a table has ``n`` rows (``exact``) or at most ``n``."""
@@ -384,7 +379,7 @@ def _exclusion_pairs(exclude, n: int | None, depth: int, name: str, exact: bool 
             want = n if exact else f"at most {n}"
             raise ValueError(f"clash_loss: {name}: construction table has {pairs.shape[0]} rows, want {want}")
         return exclusions_from_table(pairs.cpu().numpy(), depth)
-    if n is not None and _on_host(pairs):
+    if n is not None and on_host(pairs):
         host = pairs.numpy()  # host memory: checking it involves no device
         if host.min() < 0 or host.max() >= n:
             raise ValueError(
@@ -662,62 +657,6 @@ def _neighbor_sum(xyz_f, radii_f, mask_f, excl, layout: _Layout, pen: _Penalty, 
 # public entry points
 
 
-def _index_arg(x, name: str, device) -> tuple[torch.Tensor, np.ndarray | None]:
-    """An integer argument as an int64 tensor on ``device``, and its host copy when
-    it is host data (readable without a device sync), else None."""
-    if isinstance(x, torch.Tensor):
-        if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
-            raise TypeError(f"clash_loss: {name} must hold integers, got {x.dtype}")
-        host = x.numpy() if _on_host(x) else None
-        return x.to(device=device, dtype=torch.long), host
-    try:
-        host = np.asarray(x)
-    except (ValueError, TypeError) as e:
-        raise TypeError(f"clash_loss: {name} must be an integer array, got {type(x).__name__}: {e}") from None
-    if host.dtype.kind not in "iu":
-        raise TypeError(f"clash_loss: {name} must hold integers, got {host.dtype}")
-    return torch.as_tensor(host.astype(np.int64), device=device), host
-
-
-def _ragged(ptr, batch, n: int, device):
-    """``(B, batch, sizes, starts)`` of a ragged batch of ``n`` flat rows: ``batch``
-    ``(n,)`` on ``device``; ``sizes`` the ``B`` structure sizes when known on the host,
-    else None; ``starts`` ``(B,)`` the first row of each (None: an unsorted ``batch``)."""
-    sizes = None
-    if ptr is not None:
-        ptr, host = _index_arg(getattr(ptr, "ptr", ptr), "ptr", device)  # a zmat.batch.Ragged too
-        if ptr.ndim != 1 or ptr.shape[0] < 1:
-            raise ValueError(f"clash_loss: ptr must have shape (B + 1,), got {tuple(ptr.shape)}")
-        if host is not None:
-            sizes = np.diff(host)
-            if host[0] != 0 or host[-1] != n or (sizes < 0).any():
-                raise ValueError(
-                    f"clash_loss: ptr must rise from 0 to N = {n} (the flat atoms of xyz), got "
-                    f"{host[:4].tolist()}{' ...' if len(host) > 4 else ''} ending at {host[-1]}"
-                )
-        n_struct, starts = ptr.shape[0] - 1, ptr[:-1]
-        if batch is None:
-            seg = torch.arange(n_struct, device=device).repeat_interleave(ptr[1:] - starts, output_size=n)
-            return n_struct, seg, sizes, starts
-    batch, host = _index_arg(batch, "batch", device)
-    if tuple(batch.shape) != (n,):
-        raise ValueError(f"clash_loss: batch must have shape (N,) = ({n},), got {tuple(batch.shape)}")
-    if ptr is None:
-        if host is None:
-            raise ValueError(
-                f"clash_loss: batch= on {batch.device} needs ptr= too (reading the number of "
-                "structures from batch would sync with the device)"
-            )
-        n_struct = int(host.max()) + 1 if n else 0
-        sizes, starts = np.bincount(host.clip(0), minlength=n_struct), None
-        if (np.diff(host) >= 0).all():  # sorted, as PyG's: structure b is one run of rows
-            starts = torch.as_tensor(np.cumsum(sizes) - sizes, device=device)
-    if host is not None and n and (host.min() < 0 or host.max() >= n_struct):
-        lim = f"[0, {n_struct})"
-        raise ValueError(f"clash_loss: batch values must lie in {lim}, got {host.min()} to {host.max()}")
-    return n_struct, batch, sizes, starts
-
-
 def _prepare(xyz, radii, mask, pen: _Penalty, exclude=None, depth=3, ptr=None, batch=None):
     """Validate, broadcast and flatten: ``xyz_f (M, 3), radii_f (M,), mask_f, layout, excl``."""
     _check_scalars(xyz, pen)
@@ -780,7 +719,7 @@ def _layout(xyz, lead, n: int, exclude, depth: int, ptr, batch):
         offsets = torch.arange(n_struct, device=dev) * n
         excl = _structure_exclusions(exclude, offsets, [n] * n_struct, n_struct * n, depth, dev, False)
         return layout._replace(period=n_struct * n), excl
-    n_struct, seg, sizes, starts = _ragged(ptr, batch, n, dev)
+    n_struct, seg, sizes, starts = segments(ptr, batch, n, dev)
     n_lead = math.prod(lead)
     if n_lead != 1:
         seg = ((torch.arange(n_lead, device=dev) * n_struct)[:, None] + seg).reshape(-1)
@@ -1028,7 +967,7 @@ def _given_pairs_sum(xyz_f, radii_f, mask_f, excl, pairs, layout: _Layout, pen: 
     if pairs.device != xyz_f.device:
         raise ValueError(f"clash_loss: pairs on {pairs.device}, xyz on {xyz_f.device}")
     m = xyz_f.shape[0]
-    if pairs.numel() and _on_host(pairs):  # host memory: checking it involves no device
+    if pairs.numel() and on_host(pairs):  # host memory: checking it involves no device
         host = pairs.numpy()
         bad = (host < 0) | (host >= m)
         if bad.any():
