@@ -218,8 +218,17 @@ class ProteinBatch:
     """
 
     def __init__(self, sequences: Sequence[str]) -> None:
-        if isinstance(sequences, str) or len(sequences) == 0:
+        if isinstance(sequences, (str, bytes)) or not hasattr(sequences, "__len__"):
+            raise TypeError(f"ProteinBatch needs a list of sequences (str), got {type(sequences).__name__}")
+        if len(sequences) == 0:
             raise ValueError("ProteinBatch needs a non-empty list of sequences")
+        for k, s in enumerate(sequences):
+            if not isinstance(s, str):
+                raise TypeError(
+                    f"ProteinBatch: sequence {k} is a {type(s).__name__}, expected a str of one-letter codes"
+                )
+        if not any(sequences):
+            raise ValueError("ProteinBatch: every sequence is empty; a batch needs at least one residue")
         self.sequences = list(sequences)
         self._types = [_sequence_types(s) for s in self.sequences]
         if all(len(t) for t in self._types):  # the fast path: stamped from per-type pieces
@@ -322,6 +331,11 @@ class ProteinBatch:
             a[k] = a[k].reshape(B, n)
         a["residue_mask"] = a["residue_mask"].reshape(B, Lm)
         return layouts, refs, a, Lm, n
+
+    def __reduce__(self):
+        # a batch is its sequences: pickle those (DataLoader workers send batches to the parent),
+        # not the lazily made arrays and functions
+        return (type(self), (self.sequences,))
 
     def __len__(self) -> int:
         return len(self.sequences)

@@ -90,12 +90,12 @@ def backbone_frames(atom37: torch.Tensor):
         >>> pos, mask = zmat.protein.from_pdb("tests/data/1ubi.pdb").to_atom37()
         >>> R, t = backbone_frames(pos)  # R[k].T @ (C - CA) is along +x
     """
-    if (
-        not isinstance(atom37, torch.Tensor)
-        or atom37.ndim < 3
-        or atom37.shape[-1] != 3
-        or atom37.shape[-2] < 3
-    ):
+    if not isinstance(atom37, torch.Tensor):
+        raise TypeError(
+            f"backbone_frames: positions must be a torch.Tensor, got {type(atom37).__name__} "
+            "(convert with torch.as_tensor)"
+        )
+    if atom37.ndim < 3 or atom37.shape[-1] != 3 or atom37.shape[-2] < 3:
         raise ValueError(
             f"backbone_frames: positions must have shape (..., L, 37, 3) (or A >= 3 atoms with N, CA, C "
             f"first), got {tuple(getattr(atom37, 'shape', ()))}"

@@ -555,6 +555,7 @@ def _construction_rows(atoms: _Atoms, parent, ref, o, oxt) -> np.ndarray:
     planar_child[firsts] = two[at]
     pc = planar_child[parent[two]]
     d[two] = np.where(pc == two, -1, pc)
+    grand = _root_siblings(parent, grand, d, two, planar_child)
     # OFFSET on the template's sibling when usable (O: on OXT when present)
     oxt_of = np.full(atoms.n, -1, np.int64)
     oxt_of[o] = oxt
@@ -565,6 +566,34 @@ def _construction_rows(atoms: _Atoms, parent, ref, o, oxt) -> np.ndarray:
     ok = (s >= 0) & (par[s] == p) & ~sibling[s] & ((depth[s] >= 3) | (planar_child[p] == s))
     d[cand[ok]] = s[ok]
     return np.column_stack([parent, grand, d])
+
+
+def _root_siblings(parent, grand, d, two, planar_child) -> np.ndarray:
+    """Rows under a root with several children (a residue without ``N`` starting a tree).
+    Only the first child ``c1`` is a ``BOND`` row and only its first child a ``PLANAR``
+    one: a later child of the root gets ``(root, c1, PLANAR child of c1)`` (or, when ``c1``
+    has none, the second child ``(root, c1, -1)`` and the later ones ``d`` = that second
+    child); a child of a later child gets ``(b, root, c1)``. ``two``: the atoms of depth 2.
+    Updates ``d``; returns the angle column."""
+    one = np.flatnonzero((parent >= 0) & (grand < 0))
+    if len(one) == len(np.unique(parent[one])):
+        return grand  # every root has one child: nothing to do
+    grand = grand.copy()
+    roots, first = np.unique(parent[one], return_index=True)
+    c1 = np.full(len(parent), -1, np.int64)
+    c1[roots] = one[first]
+    two = two[parent[two] != c1[grand[two]]]  # under a later child of the root
+    later = one[c1[parent[one]] != one]
+    a = c1[parent[later]]
+    grand[later] = a
+    pc = planar_child[a]
+    second = np.full(len(parent), -1, np.int64)  # per root, its second child (used where pc < 0)
+    r2, i2 = np.unique(parent[later], return_index=True)
+    second[r2] = later[i2]
+    s2 = second[parent[later]]
+    d[later] = np.where(pc >= 0, pc, np.where(s2 == later, -1, s2))
+    d[two] = c1[grand[two]]
+    return grand
 
 
 def _canonical_columns(atoms: _Atoms, refs, can) -> tuple[np.ndarray, np.ndarray]:
