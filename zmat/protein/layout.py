@@ -277,6 +277,41 @@ class Layout(SharedTensors):
     def table(self) -> ConstructionTable:
         return ConstructionTable(self.refs)
 
+    @functools.cached_property
+    def proline_rows(self) -> np.ndarray:
+        """``(P, 4)`` int64 atoms CA, CB, CG, CD of the prolines whose ring rows are the
+        canonical ones (CA's bond to N, CB's length and angle, CG's chi1 row, CD's chi2
+        row): where ``zmat.protein.build`` closes the ring."""
+        cg, cd = ring_atoms(self.torsion_slot, self.res_names == "PRO")
+        cb, ca = self.refs[cg, 0], self.refs[cg, 1]
+        ok = self.ideal_mask[ca, 0] & self.ideal_mask[cb, 1]
+        return np.stack([ca, cb, cg, cd], 1)[ok]
+
+    @functools.cached_property
+    def proline_chi(self) -> np.ndarray:
+        """``(L, 7)`` int64: 1 at chi1 and 2 at chi2 of the prolines of ``proline_rows``."""
+        return proline_chi(self.torsion_slot, self.proline_rows, self.n_residues)
+
+
+def ring_atoms(torsion_slot: np.ndarray, is_pro: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """CG and CD (the atoms whose dihedrals are chi1 and chi2) of the residues flagged
+    ``is_pro`` ``(L,)`` that have both, from a layout's ``torsion_slot``."""
+    atom_of = np.full(len(is_pro) * N_TORSIONS, -1, np.int64)
+    has = np.flatnonzero(torsion_slot >= 0)
+    atom_of[torsion_slot[has]] = has
+    pro = np.flatnonzero(is_pro) * N_TORSIONS
+    cg, cd = atom_of[pro + TORSION_NAMES.index("chi1")], atom_of[pro + TORSION_NAMES.index("chi2")]
+    ok = (cg >= 0) & (cd >= 0)
+    return cg[ok], cd[ok]
+
+
+def proline_chi(torsion_slot: np.ndarray, rows: np.ndarray, n_residues: int) -> np.ndarray:
+    """``(L, 7)`` int64: 1 at the chi1 and 2 at the chi2 of the ring ``rows`` (CA, CB, CG, CD)."""
+    out = np.zeros(n_residues * N_TORSIONS, np.int64)
+    out[torsion_slot[rows[:, 2]]] = 1
+    out[torsion_slot[rows[:, 3]]] = 2
+    return out.reshape(n_residues, N_TORSIONS)
+
 
 # ------------------------------------------------------- residue names, codes
 def residue_types(res_names: Sequence[str]) -> np.ndarray:
