@@ -205,6 +205,21 @@ def test_degenerate_input_gives_finite_values_and_gradients():
     torch.testing.assert_close(T(q[2:]), xyz[2:].detach(), atol=1e-13, rtol=0)
 
 
+def test_first_bond_along_z_round_trips_exactly():
+    """The chart's poles: molecules in a standard orientation (diatomics along z) round trip to
+    rounding, because cos beta is +-1 exactly there (a rounded unit vector would lose sin beta
+    to sqrt(2 eps), ~1e-8 A)."""
+    T = InternalCoordinateTransform([[-1, -1, -1], [0, -1, -1], [1, 0, -1]])
+    L = torch.linspace(0.5, 3.0, 200, dtype=torch.float64)
+    sign = torch.where(torch.arange(200) % 2 == 0, 1.0, -1.0).double()
+    xyz = torch.zeros(200, 3, 3, dtype=torch.float64)
+    xyz[:, 1, 2] = sign * L
+    xyz[:, 2] = torch.tensor([0.7, -0.4, 0.3], dtype=torch.float64)
+    q = T.inv(xyz)
+    assert q[:, 4].abs().eq(1).all()
+    assert (T(q) - xyz).abs().max() < 1e-14
+
+
 # ---------------------------------------------------------------- bad input
 @pytest.mark.parametrize(
     "table,fixed,match",
