@@ -176,6 +176,25 @@ def test_batch_dims_dtypes_and_no_host_sync():
     assert audit.syncs == []
 
 
+def test_every_device_and_dtype_agrees_with_cpu_float64(device, dtype):
+    table = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0], [3, 2, 1], [2, 1, 3], [5, 2, 1]]
+    table += [[-1, -1, -1], [7, -1, -1], [8, 7, -1], [9, 8, 7]]
+    gen = torch.Generator().manual_seed(3)
+    xyz64 = torch.randn(2, 5, 11, 3, generator=gen, dtype=torch.float64) * 2
+    for fixed in (None, [0, 1, 2]):
+        T = InternalCoordinateTransform(table, fixed_atoms=fixed, normalize_angles=True)
+        q64 = T.inv(xyz64)
+        xyz = xyz64.to(device, dtype)
+        q = T.inv(xyz)
+        assert q.device.type == device.type and q.dtype == dtype
+        x, ladj = T.call_and_ladj(q)
+        tol = 1e-10 if dtype == torch.float64 else 1e-4
+        torch.testing.assert_close(x.cpu().double(), xyz64, atol=tol, rtol=0)
+        torch.testing.assert_close(ladj.cpu().double(), T.log_abs_det_jacobian(q64), atol=tol * 10, rtol=tol)
+        base = Independent(Normal(torch.full((33,), 0.5, device=device, dtype=dtype), 0.1), 1)
+        assert TransformedDistribution(base, [T]).sample((3,)).shape == (3, 11, 3)
+
+
 # ---------------------------------------------------------------- degenerate input
 def test_degenerate_input_gives_finite_values_and_gradients():
     table = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0], [3, 2, 1]]
