@@ -142,6 +142,20 @@ def test_transformed_distribution_log_prob_is_base_minus_ladj():
     assert T.upper[T.circular].eq(1).all() and T.lower[3 + 1] == -1 and T.upper[2 * 3 + 1] == 1
 
 
+def test_works_as_a_zuko_normalizing_flow():
+    zuko = pytest.importorskip("zuko")
+    table = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0], [-1, -1, -1]]
+    T = InternalCoordinateTransform(table, normalize_angles=True)
+    base = zuko.distributions.DiagNormal(
+        torch.zeros(15, dtype=torch.float64), torch.ones(15, dtype=torch.float64)
+    )
+    flow = zuko.distributions.NormalizingFlow(T.inv, base)  # zuko's transforms map data -> base
+    xyz = torch.randn(5, 5, 3, dtype=torch.float64)
+    q = T.inv(xyz)
+    torch.testing.assert_close(flow.log_prob(xyz), base.log_prob(q) - T.log_abs_det_jacobian(q, xyz))
+    assert flow.rsample((2,)).shape == (2, 5, 3)
+
+
 @pytest.mark.parametrize("normalize", [False, True])
 @pytest.mark.parametrize("fixed", [None, [0, 1, 2, 5]])
 def test_gradcheck_call_and_ladj(normalize, fixed):
