@@ -246,7 +246,7 @@ class InternalCoordinateTransform(Transform):
         R, origin = self._frames(c, t)
         if p.n_frames > 1:  # one frame per atom; a single frame broadcasts
             R, origin = R.index_select(2, t["frame_of"]), origin.index_select(1, t["frame_of"])
-        X = origin + R[:, 0] * Y[0] + R[:, 1] * Y[1] + R[:, 2] * Y[2]  # x = o + R y, per atom
+        X = origin + (R * Y).sum(1)  # x = o + R y per atom: R[k, j] y[j] summed over j
         return torch.where(t["cartesian"], c, _atoms(X, shape[:-2]))
 
     def _frames(self, c: torch.Tensor, t: dict):
@@ -367,9 +367,10 @@ def _euler_to_matrix(alpha: torch.Tensor, cos_beta: torch.Tensor, gamma: torch.T
     ``(3, 3, ...)``: row, column, then the shape of the angles."""
     ca, sa, cg, sg = torch.cos(alpha), torch.sin(alpha), torch.cos(gamma), torch.sin(gamma)
     cb, sb = cos_beta, _sin_from_cos(cos_beta)
-    m0 = torch.stack([ca * cb * cg - sa * sg, sa * cb * cg + ca * sg, -sb * cg])  # M e_x
-    m1 = torch.stack([-ca * cb * sg - sa * cg, -sa * cb * sg + ca * cg, sb * sg])  # M e_y
-    m2 = torch.stack([ca * sb, sa * sb, cb])  # M e_z
+    a = torch.stack([ca * cb, sa * cb, -sb])  # Rz(alpha) Ry(beta) e_x
+    b = torch.stack([-sa, ca, torch.zeros_like(ca)])  # Rz(alpha) Ry(beta) e_y
+    m2 = torch.stack([ca * sb, sa * sb, cb])  # M e_z, the first bond's direction
+    m0, m1 = cg * a + sg * b, cg * b - sg * a  # M e_x, M e_y: a and b turned by gamma
     return torch.stack([m2, m0, m1], 1)  # R = M P: columns M e_z, M e_x, M e_y
 
 
