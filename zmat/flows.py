@@ -47,14 +47,24 @@ def _clamp(dtype: torch.dtype) -> float:
     return math.sqrt(tiny(dtype))
 
 
-def _log_det(C: torch.Tensor, bond: torch.Tensor, angle: torch.Tensor) -> torch.Tensor:
-    """``sum 2 log|r| [bond] + log|sin theta| [angle]`` over the atoms, ``(...)``."""
+def _log_det(C: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``sum 2 log|r| + log|sin theta|`` over the atoms, ``(...)``; ``weight`` ``(N, 3)`` is 2 on
+    the bond column of atoms with a bond reference, 1 on the angle column of those with an angle
+    reference, 0 elsewhere (see :func:`_weights`).
+
+    Whole ``(..., N, 3)`` rows at once (column 1 through ``sin``), so the backward is a few
+    elementwise kernels, not a scatter per column."""
     eps = _clamp(C.dtype)
-    r, theta = C[..., 0], C[..., 1]
-    zero = torch.zeros((), dtype=C.dtype, device=C.device)
-    lr = torch.where(bond, 2 * torch.log(r.abs().clamp_min(eps)), zero)
-    ls = torch.where(angle, torch.log(torch.sin(theta).abs().clamp_min(eps)), zero)
-    return (lr + ls).sum(-1)
+    angle_column = torch.arange(3, device=C.device) == 1
+    v = torch.where(weight > 0, torch.where(angle_column, torch.sin(C), C), 1.0)
+    return (torch.log(v.abs().clamp_min(eps)) * weight.to(C.dtype)).sum((-1, -2))
+
+
+def _weights(bond, angle) -> np.ndarray | torch.Tensor:
+    """The ``(N, 3)`` weights of :func:`_log_det` from ``(N,)`` bool masks (numpy or torch)."""
+    lib = torch if isinstance(bond, torch.Tensor) else np
+    zero = lib.zeros_like(bond)
+    return lib.stack([2 * bond, 1 * angle, 1 * zero], 1)
 
 
 def log_det_jacobian(C: torch.Tensor, table) -> torch.Tensor:
@@ -94,7 +104,7 @@ def log_det_jacobian(C: torch.Tensor, table) -> torch.Tensor:
     if C.ndim < 2 or tuple(C.shape[-2:]) != (table.n_atoms, 3):
         raise ValueError(f"C must have shape (..., {table.n_atoms}, 3), got {tuple(C.shape)}")
     present = table.plan(C.device).present
-    return _log_det(C, present[:, 0], present[:, 1])
+    return _log_det(C, _weights(present[:, 0], present[:, 1]))
 
 
 class InternalCoordinateTransform(Transform):
@@ -282,7 +292,7 @@ class InternalCoordinateTransform(Transform):
         """``log|det d xyz / d q|``, ``(...)``, from ``q`` (``xyz`` is not read)."""
         q3 = q.unflatten(-1, self.forward_shape(q.shape)[-2:])
         t = self._tensors(q.device)
-        out = _log_det(self._scale(q3, t, inverse=False), t["bond"], t["angle"])
+        out = _log_det(self._scale(q3, t, inverse=False), t["ld_weight"])
         return out + self._constant if self._constant else out
 
     def call_and_ladj(self, q: torch.Tensor):
@@ -534,8 +544,6 @@ class _Plan:
             "cm_cartesian": cm(cartesian),
             "orientation": cm(orientation),
             "present": cm(refs >= 0),
-            "bond": free & (nref >= 1),
-            "angle": free & (nref >= 2),
         }
         scale = np.ones((n, 3))
         shift = np.zeros((n, 3))
@@ -543,6 +551,7 @@ class _Plan:
         scale[kind == PERIODIC] = 2 * math.pi
         shift[kind == PERIODIC] = -math.pi
         self.floats = {"scale": scale, "shift": shift, "cm_scale": cm(scale), "cm_shift": cm(shift)}
+        self.floats["ld_weight"] = _weights(free & (nref >= 1), free & (nref >= 2)).astype(np.float64)
 
     def tensors(self, device) -> dict:
         out = {k: index_tensor(v, device) for k, v in self.arrays.items()}
