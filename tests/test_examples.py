@@ -126,3 +126,22 @@ def test_frames_and_violations():
     loss_before, loss_after = floats(r"violation loss ([\d.]+) -> ([\d.]+);", out)
     rmsd_before, rmsd_after = floats(r"atom RMSD ([\d.]+) -> ([\d.]+) A", out)
     assert after < before and loss_after < 0.5 * loss_before and rmsd_after < rmsd_before
+
+
+def test_boltzmann_generator(tmp_path):
+    for module in ("MDAnalysis", "zuko", "matplotlib"):
+        pytest.importorskip(module)
+    png = tmp_path / "rama.png"
+    out = run([EXAMPLES / "boltzmann_generator.py", "--out", png])
+    train0, test0 = floats(r"Cartesian NLL before: train (-?[\d.]+), held out (-?[\d.]+)", out)
+    train1, test1 = floats(r"Cartesian NLL after: train (-?[\d.]+), held out (-?[\d.]+)", out)
+    assert all(math.isfinite(x) for x in (train0, test0, train1, test1))
+    (ld,) = floats(r"log\|det dxyz/dq\| vs slogdet of the autograd Jacobian: ([\d.e+-]+)", out)
+    assert ld < 1e-8
+    # maximum likelihood works in Cartesian space, also on frames it never saw (tiny run: ~ -57 / -34)
+    assert train1 < train0 - 50 and test1 < test0 - 30
+    data, samples = floats(r"alpha-R fraction: data ([\d.]+), samples ([\d.]+)", out)
+    assert 0.3 < data < 0.7 and abs(samples - data) < 0.15  # both basins, in about the data's ratio
+    lo, hi = floats(r"sampled bond lengths ([\d.]+) to ([\d.]+) A", out)
+    assert 0.7 < lo and hi < 2.0  # samples are molecules (bonds from ~1.0 A C-H to ~1.5 A C-C)
+    assert png.stat().st_size > 10_000

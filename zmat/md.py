@@ -84,15 +84,16 @@ def bonds(atoms) -> list[list[int]]:
     """The topology's bonds inside the group: for each atom (group order) its bonded neighbours.
 
     Raises:
-        ValueError: the topology has no bonds (guess them first, e.g.
-            ``MDAnalysis.Universe(top, traj, guess_bonds=True)`` or
-            ``atoms.guess_bonds()``).
+        ValueError: the topology has no bonds (guess them first:
+            ``atoms.guess_bonds()``, or ``MDAnalysis.Universe(top, traj,
+            to_guess=("bonds",))`` in MDAnalysis >= 2.8).
     """
     ag = atom_group(atoms)
     if not hasattr(ag, "bonds"):
         raise ValueError(
             "the topology has no bonds: load it with bonds (PSF, TPR, PRMTOP, PDB with CONECT) "
-            "or guess them first (MDAnalysis.Universe(..., guess_bonds=True) or atoms.guess_bonds())"
+            "or guess them first (atoms.guess_bonds(), or MDAnalysis.Universe(..., to_guess=('bonds',)) "
+            "in MDAnalysis >= 2.8)"
         )
     local = {int(g): k for k, g in enumerate(ag.indices)}
     out: list[set[int]] = [set() for _ in range(len(ag))]
