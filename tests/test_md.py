@@ -173,3 +173,29 @@ def test_flow_coordinates(universe):
     assert q.shape == (8, 66)
     xyz = md.positions(universe.atoms, stop=8)
     assert (T(q) - xyz).abs().max() < 1e-9
+
+
+def test_solvated_forest_and_flow(universe):
+    """Peptide + water dimer (tests/data/water.xyz, bonds guessed): three trees, hydrogens on
+    oxygens, and a transform that round-trips the whole system."""
+    w = mda.Universe(str(DATA / "water.xyz"))
+    w.atoms.guess_bonds()
+    u = mda.Merge(universe.atoms, w.atoms)
+    u.atoms[22:].positions += 30.0
+    table = md.construction_table(u.atoms)
+    refs = table.refs
+    # one root per molecule: the peptide's O, each water's last H (BAT's heaviest terminal atom,
+    # ties to the highest index), then its O, then the other H on that O
+    assert np.nonzero(refs[:, 0] < 0)[0].tolist() == [11, 24, 27]
+    assert refs[22:28].tolist() == [
+        [24, -1, -1],
+        [22, 24, -1],
+        [-1, -1, -1],
+        [27, -1, -1],
+        [25, 27, -1],
+        [-1, -1, -1],
+    ]
+    pytest.importorskip("zmat.flows")
+    T, q = md.flow_coordinates(u.atoms)
+    assert q.shape == (1, 3 * 28)
+    assert (T(q) - md.positions(u.atoms)).abs().max() < 1e-9
