@@ -31,7 +31,7 @@ from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 from torch.distributions import Transform, constraints
 
-from ._geometry import any_perpendicular, axis, safe_atan2, safe_unit, tiny
+from ._geometry import safe_atan2, safe_norm, tiny
 from .table import ConstructionTable, as_table, index_tensor
 from .transform import to_internal, to_xyz
 
@@ -64,12 +64,11 @@ def log_det_jacobian(C: torch.Tensor, table) -> torch.Tensor:
     theta_i`` over those with an angle reference (the Jacobian of placing atoms
     one after another is block triangular; each block is the ``r^2 sin(theta)``
     of spherical coordinates about the atom's bond reference). Only the
-    columns ``to_xyz`` reads count, so the determinant is that of the map from
-    the ``3 N - 6`` internal coordinates of a tree (``3 N - 3`` and ``3 N`` for
-    trees of two and one atoms... a root's position and its tree's orientation
-    being fixed by ``to_xyz``'s placement convention) to the positions modulo
-    that placement; :class:`InternalCoordinateTransform` adds the external
-    coordinates, which contribute nothing.
+    columns ``to_xyz`` reads count: this is the determinant of the map from a
+    tree's internal coordinates to its positions in ``to_xyz``'s placement
+    frame (root at the origin, second atom on ``+x``, third in the
+    ``xy``-plane); :class:`InternalCoordinateTransform` adds each tree's
+    position and orientation, which contribute nothing.
 
     Clamp: ``|r|`` and ``|sin theta|`` are floored at ``1e-12`` (float64) or
     ``1e-6`` (float32 and narrower) before the logarithm, so zero bonds and
@@ -234,50 +233,50 @@ class InternalCoordinateTransform(Transform):
 
     def _call(self, q: torch.Tensor) -> torch.Tensor:
         _check_tensor(q, "q")
-        q3 = q.unflatten(-1, self.forward_shape(q.shape)[-2:])
+        shape = self.forward_shape(q.shape)
         t = self._tensors(q.device)
-        c = self._scale(q3, t, inverse=False)
+        c = self._scale(q.unflatten(-1, shape[-2:]), t, inverse=False)
         p = self._plan
+        if p.n_frames == 0:  # every atom fixed
+            return c
         C = c
         if p.n_copies:  # the fixed atoms a group refers to, rebuilt in that group's frame
             C = torch.cat([c, to_internal(c.index_select(-2, t["copy_src"]), p.copy_table)], -2)
-        y = to_xyz(C, p.placement)[..., : self.n_atoms, :]
-        if p.n_frames == 0:  # every atom fixed
-            return c
+        Y = _components(to_xyz(C, p.placement)[..., : self.n_atoms, :])
         R, origin = self._frames(c, t)
-        R, origin = R.index_select(-3, t["frame_of"]), origin.index_select(-2, t["frame_of"])
-        x = origin + (R @ y.unsqueeze(-1)).squeeze(-1)
-        return torch.where(t["cartesian"], c, x)
+        if p.n_frames > 1:  # one frame per atom; a single frame broadcasts
+            R, origin = R.index_select(2, t["frame_of"]), origin.index_select(1, t["frame_of"])
+        X = origin + R[:, 0] * Y[0] + R[:, 1] * Y[1] + R[:, 2] * Y[2]  # x = o + R y, per atom
+        return torch.where(t["cartesian"], c, _atoms(X, shape[:-2]))
 
     def _frames(self, c: torch.Tensor, t: dict):
-        """Rotations ``(..., F, 3, 3)`` and origins ``(..., F, 3)`` of the free trees, then the
-        groups anchored on fixed atoms."""
+        """Rotations ``(3, 3, F, B)`` and origins ``(3, F, B)`` of the free trees, then of the
+        groups anchored on fixed atoms (``B`` the flattened batch)."""
         padded = torch.cat([c, torch.zeros_like(c[..., :1, :])], -2)  # row N: zeros
-        tree = padded.index_select(-2, t["tree_atoms"].reshape(-1)).unflatten(-2, (-1, 3))
-        root, first, second = tree.unbind(-2)
-        R = _euler_to_matrix(first[..., 2], first[..., 1], second[..., 2])
-        Rs, origins = [R], [root]
+        root, first, second = _components(padded.index_select(-2, t["tree_atoms"])).chunk(3, 1)
+        Rs, origins = [_euler_to_matrix(first[2], first[1], second[2])], [root]
         if self._plan.n_anchored:
-            anchor = c.index_select(-2, t["anchor_atoms"].reshape(-1)).unflatten(-2, (-1, 3))
-            xo, xa, xb = anchor.unbind(-2)
-            Rs.append(_frame(xo, xa, xb))
+            xo, xa, xb = _components(c.index_select(-2, t["anchor_atoms"])).chunk(3, 1)
+            Rs.append(torch.stack(_frame(xo, xa, xb), 1))
             origins.append(xo)
-        return torch.cat(Rs, -3), torch.cat(origins, -2)
+        return torch.cat(Rs, 2), torch.cat(origins, 1)
 
     def _inverse(self, xyz: torch.Tensor) -> torch.Tensor:
         _check_tensor(xyz, "xyz")
         self.inverse_shape(xyz.shape)
         t = self._tensors(xyz.device)
-        C = to_internal(xyz, self.table)
-        padded = torch.cat([xyz, torch.zeros_like(xyz[..., :1, :])], -2)
-        tree = padded.index_select(-2, t["tree_atoms"].reshape(-1)).unflatten(-2, (-1, 3))
-        root, first, second = tree.unbind(-2)
-        alpha, cos_beta, gamma = _matrix_to_euler(_frame(root, first, second))
-        euler = torch.stack([alpha, cos_beta, gamma], -1).flatten(-2)
-        euler = torch.cat([euler, xyz.new_zeros(euler.shape[:-1] + (1,))], -1)  # slot 3 T: a zero
-        orient = euler.index_select(-1, t["euler_index"].reshape(-1)).unflatten(-1, (self.n_atoms, 3))
-        q3 = torch.where(t["cartesian"], xyz, torch.where(t["orientation"], orient, C))
-        return self._scale(q3, t, inverse=True).flatten(-2)
+        P = _components(xyz)
+        P = torch.cat([P, torch.zeros_like(P[:, :1])], 1)  # column N: the origin
+        C = torch.where(t["present"], _internal(P, t["refs"]), 0.0)  # as zmat.to_internal
+        root, first, second = P.index_select(1, t["tree_atoms"]).chunk(3, 1)
+        u, v, w = _frame(root, first, second)
+        euler = torch.stack(_matrix_to_euler(u, v, w, first - root))  # (3, T, B)
+        euler = torch.cat([euler.flatten(0, 1), torch.zeros_like(P[0, :1])])  # row 3 T: a zero
+        orient = euler.index_select(0, t["euler_index"]).unflatten(0, (3, self.n_atoms))
+        Q = torch.where(t["cm_cartesian"], P[:, : self.n_atoms], torch.where(t["orientation"], orient, C))
+        if self.normalize_angles:
+            Q = (Q - t["cm_shift"].to(Q.dtype)) / t["cm_scale"].to(Q.dtype)
+        return _atoms(Q, xyz.shape[:-2]).flatten(-2)
 
     def log_abs_det_jacobian(self, q: torch.Tensor, xyz: torch.Tensor | None = None) -> torch.Tensor:
         """``log|det d xyz / d q|``, ``(...)``, from ``q`` (``xyz`` is not read)."""
@@ -292,16 +291,68 @@ class InternalCoordinateTransform(Transform):
         return xyz, self.log_abs_det_jacobian(q, xyz)
 
 
-# ---------------------------------------------------------------- rotations
-def _frame(xo: torch.Tensor, xa: torch.Tensor, xb: torch.Tensor) -> torch.Tensor:
-    """The rotation ``[u, v, u x v]`` (columns) of the placement frame of three points: ``u``
-    along ``xa - xo``, ``v`` the unit part of ``xb - xo`` normal to ``u`` (as ``to_xyz`` places a
-    tree's first three atoms: root at the origin, the second on ``+x``, the third in the
-    ``xy``-plane, ``y > 0``). Degenerate points fall back to fixed axes: finite, differentiable."""
-    u = safe_unit(xa - xo, axis(0, 3, xo))
+# ---------------------------------------------------------------- geometry, component-major
+# Vectors here are (3, ...) tensors, the components first and the batch last: on the CPU
+# gathers along atoms then copy contiguous rows, and every product is one elementwise
+# kernel over long rows (a cross product or a 3x3 matmul over (..., 3) is many times slower).
+def _components(x: torch.Tensor) -> torch.Tensor:
+    """``(..., N, 3)`` -> ``(3, N, B)``, ``B`` the flattened batch."""
+    return x.reshape(math.prod(x.shape[:-2]), *x.shape[-2:]).permute(2, 1, 0).contiguous()
+
+
+def _atoms(X: torch.Tensor, batch) -> torch.Tensor:
+    """``(3, N, B)`` -> ``(*batch, N, 3)``."""
+    return X.permute(2, 1, 0).reshape(*batch, X.shape[1], 3)
+
+
+def _dot(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return (u * v).sum(0)
+
+
+def _cross(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    u0, u1, u2 = u.unbind(0)
+    v0, v1, v2 = v.unbind(0)
+    return torch.stack([u1 * v2 - u2 * v1, u2 * v0 - u0 * v2, u0 * v1 - u1 * v0])
+
+
+def _unit(v: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+    """``v / |v|``, or ``fallback`` where ``v`` is ~0 (``zmat._geometry.safe_unit``, components first)."""
+    sq = (v * v).sum(0, keepdim=True)
+    ok = ~(sq <= tiny(v.dtype))
+    return torch.where(ok, v * torch.rsqrt(torch.where(ok, sq, 1.0)), fallback)
+
+
+def _internal(P: torch.Tensor, refs: torch.Tensor) -> torch.Tensor:
+    """``zmat.to_internal``'s ``(r, theta, phi)`` (same formulas and degenerate values),
+    ``(3, N, B)`` from positions ``(3, N + 1, B)`` (column ``N`` the origin) and the table's
+    references (``(3 N,)``, missing -> ``N``), before masking the missing columns."""
+    n = P.shape[1] - 1
+    xb, xa, xd = P.index_select(1, refs).chunk(3, 1)
+    b3 = P[:, :n] - xb
+    u = xa - xb
+    theta = safe_atan2(safe_norm(_cross(u, b3), dim=0), _dot(u, b3))
+    b1, b2 = xa - xd, xb - xa
+    n1, n2 = _cross(b1, b2), _cross(b2, b3)
+    phi = safe_atan2(safe_norm(b2, dim=0) * _dot(b1, n2), _dot(n1, n2))
+    return torch.stack([safe_norm(b3, dim=0), theta, phi])
+
+
+def _frame(xo: torch.Tensor, xa: torch.Tensor, xb: torch.Tensor):
+    """The axes ``u, v, u x v`` of the placement frame of three points: ``u`` along ``xa - xo``,
+    ``v`` the unit part of ``xb - xo`` normal to ``u`` (as ``to_xyz`` places a tree's first three
+    atoms: root at the origin, the second on ``+x``, the third in the ``xy``-plane, ``y > 0``).
+    Degenerate points fall back to fixed axes: finite, differentiable."""
+    ex = torch.zeros_like(xo[:, :1, :1])
+    ex[0] = 1
+    u = _unit(xa - xo, ex)
     w = xb - xo
-    v = safe_unit(w - (w * u).sum(-1, keepdim=True) * u, any_perpendicular(u))
-    return torch.stack([u, v, torch.linalg.cross(u, v, dim=-1)], -1)
+    # fallback for v: u x e, e = +z unless u is nearly along z, then +x
+    along_z = u[2:].abs() > 0.9
+    e = torch.cat([along_z, torch.zeros_like(along_z), ~along_z]).to(u.dtype)
+    perp = _cross(u, e)
+    perp = perp * torch.rsqrt((perp * perp).sum(0, keepdim=True).clamp_min(tiny(u.dtype)))
+    v = _unit(w - _dot(w, u) * u, perp)
+    return u, v, _cross(u, v)
 
 
 def _sin_from_cos(c: torch.Tensor) -> torch.Tensor:
@@ -312,26 +363,33 @@ def _sin_from_cos(c: torch.Tensor) -> torch.Tensor:
 
 
 def _euler_to_matrix(alpha: torch.Tensor, cos_beta: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
-    """``Rz(alpha) Ry(beta) Rz(gamma) P`` with ``P e_x = e_z, P e_y = e_x, P e_z = e_y``."""
+    """``Rz(alpha) Ry(beta) Rz(gamma) P`` with ``P e_x = e_z, P e_y = e_x, P e_z = e_y``, as
+    ``(3, 3, ...)``: row, column, then the shape of the angles."""
     ca, sa, cg, sg = torch.cos(alpha), torch.sin(alpha), torch.cos(gamma), torch.sin(gamma)
     cb, sb = cos_beta, _sin_from_cos(cos_beta)
-    m0 = torch.stack([ca * cb * cg - sa * sg, sa * cb * cg + ca * sg, -sb * cg], -1)  # M e_x
-    m1 = torch.stack([-ca * cb * sg - sa * cg, -sa * cb * sg + ca * cg, sb * sg], -1)  # M e_y
-    m2 = torch.stack([ca * sb, sa * sb, cb], -1)  # M e_z
-    return torch.stack([m2, m0, m1], -1)  # R = M P: columns M e_z, M e_x, M e_y
+    m0 = torch.stack([ca * cb * cg - sa * sg, sa * cb * cg + ca * sg, -sb * cg])  # M e_x
+    m1 = torch.stack([-ca * cb * sg - sa * cg, -sa * cb * sg + ca * cg, sb * sg])  # M e_y
+    m2 = torch.stack([ca * sb, sa * sb, cb])  # M e_z
+    return torch.stack([m2, m0, m1], 1)  # R = M P: columns M e_z, M e_x, M e_y
 
 
-def _matrix_to_euler(R: torch.Tensor):
-    """The inverse of :func:`_euler_to_matrix` on proper rotations: ``(alpha, cos beta, gamma)``.
+def _matrix_to_euler(u: torch.Tensor, v: torch.Tensor, w: torch.Tensor, bond: torch.Tensor):
+    """The inverse of :func:`_euler_to_matrix` on the proper rotation ``[u, v, w]`` (columns):
+    ``(alpha, cos beta, gamma)``.
 
     ``alpha`` from the first bond's direction (0 when it is along ``+-z``); ``gamma`` from
     ``Rz(-alpha) M = Ry(beta) Rz(gamma)``, whose second row is ``(sin gamma, cos gamma, 0)`` for
-    every ``beta``: well conditioned even where ``alpha`` and ``gamma`` are not separately."""
-    u, v, w = R.unbind(-1)  # M = [v, w, u]
-    alpha = safe_atan2(u[..., 1], u[..., 0])
+    every ``beta``: well conditioned even where ``alpha`` and ``gamma`` are not separately.
+    ``cos beta = bond_z / |bond|`` with a correctly rounded norm and division, so a first bond
+    exactly along ``+-z`` (molecules in a standard orientation) gives ``cos beta = +-1`` exactly:
+    near the poles the chart resolves ``sin beta`` only to ``sqrt(2 eps)`` of ``cos beta``."""
+    alpha = safe_atan2(u[1], u[0])  # M = [v, w, u]
     ca, sa = torch.cos(alpha), torch.sin(alpha)
-    gamma = safe_atan2(ca * v[..., 1] - sa * v[..., 0], ca * w[..., 1] - sa * w[..., 0])
-    return alpha, u[..., 2], gamma
+    gamma = safe_atan2(ca * v[1] - sa * v[0], ca * w[1] - sa * w[0])
+    norm = safe_norm(bond, dim=0)
+    ok = norm > 0
+    cos_beta = torch.where(ok, bond[2] / torch.where(ok, norm, 1.0), u[2])
+    return alpha, cos_beta, gamma
 
 
 # ---------------------------------------------------------------- the plan
@@ -454,22 +512,27 @@ class _Plan:
         euler_index = np.full((n, 3), 3 * n_trees, np.int64)  # 3 T: a zero
         orientation = np.zeros((n, 3), bool)
         t1 = tree_atoms[:, 1] < n
-        euler_index[tree_atoms[t1, 1], 1] = 3 * np.nonzero(t1)[0] + 1
-        euler_index[tree_atoms[t1, 1], 2] = 3 * np.nonzero(t1)[0]
+        euler_index[tree_atoms[t1, 1], 1] = n_trees + np.nonzero(t1)[0]  # (alpha, cos beta, gamma) rows
+        euler_index[tree_atoms[t1, 1], 2] = np.nonzero(t1)[0]
         orientation[tree_atoms[t1, 1], 1:] = True
         t2 = tree_atoms[:, 2] < n
-        euler_index[tree_atoms[t2, 2], 2] = 3 * np.nonzero(t2)[0] + 2
+        euler_index[tree_atoms[t2, 2], 2] = 2 * n_trees + np.nonzero(t2)[0]
         orientation[tree_atoms[t2, 2], 2] = True
-        self.arrays = {
-            "tree_atoms": tree_atoms,
-            "anchor_atoms": anchor_atoms,
+        cm = lambda a: a.T[:, :, None]  # noqa: E731 (per-atom (N, 3) -> components first, (3, N, 1))
+        self.arrays = {  # flat index arrays, component by component
+            "tree_atoms": tree_atoms.T.ravel(),
+            "anchor_atoms": anchor_atoms.T.ravel(),
             "frame_of": frame_of,
             "copy_src": copy_src,
-            "euler_index": euler_index,
+            "euler_index": euler_index.T.ravel(),
+            "refs": np.where(refs >= 0, refs, n).T.ravel(),
         }
+        cartesian = np.repeat(~free | (nref == 0), 3).reshape(n, 3)
         self.masks = {
-            "cartesian": np.repeat(~free | (nref == 0), 3).reshape(n, 3),
-            "orientation": orientation,
+            "cartesian": cartesian,
+            "cm_cartesian": cm(cartesian),
+            "orientation": cm(orientation),
+            "present": cm(refs >= 0),
             "bond": free & (nref >= 1),
             "angle": free & (nref >= 2),
         }
@@ -478,13 +541,14 @@ class _Plan:
         scale[kind == ANGLE] = math.pi
         scale[kind == PERIODIC] = 2 * math.pi
         shift[kind == PERIODIC] = -math.pi
-        self.scale, self.shift = scale, shift
+        self.floats = {"scale": scale, "shift": shift, "cm_scale": cm(scale), "cm_shift": cm(shift)}
 
     def tensors(self, device) -> dict:
         out = {k: index_tensor(v, device) for k, v in self.arrays.items()}
         out.update({k: torch.as_tensor(v, device=device) for k, v in self.masks.items()})
-        out["scale"] = torch.as_tensor(self.scale, device=device)
-        out["shift"] = torch.as_tensor(self.shift, device=device)
+        out.update(
+            {k: torch.as_tensor(np.ascontiguousarray(v), device=device) for k, v in self.floats.items()}
+        )
         return out
 
 
