@@ -162,3 +162,33 @@ def test_boltzmann_generator(tmp_path):
     lo, hi = floats(r"sampled bond lengths ([\d.]+) to ([\d.]+) A", out)
     assert 0.7 < lo and hi < 2.0  # samples are molecules (bonds from ~1.0 A C-H to ~1.5 A C-C)
     assert png.stat().st_size > 10_000
+
+
+def test_boltzmann_generator_rotation_augmentation():
+    """``--rotate`` turns structures rigidly about their root: internal coordinates and the root
+    position stay, the orientation (and the Cartesian log-det: none of it) changes."""
+    for module in ("MDAnalysis", "zuko"):
+        pytest.importorskip(module)
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("boltzmann_generator", EXAMPLES / "boltzmann_generator.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    ag = example.md.atom_group(
+        (example.DATA / "alanine_dipeptide.pdb", example.DATA / "alanine_dipeptide.dcd")
+    )
+    T, q = example.md.flow_coordinates(ag, normalize_angles=True, stop=16)
+    R = example.random_rotations(1000)
+    assert torch.allclose(R @ R.transpose(-1, -2), torch.eye(3, dtype=R.dtype).expand(1000, 3, 3), atol=1e-12)
+    assert torch.allclose(torch.linalg.det(R), torch.ones(1000, dtype=R.dtype))
+    assert abs(float(R[:, 2, 2].mean())) < 0.1  # Haar: cos beta uniform on [-1, 1], mean 0
+    q2 = example.rotated(T, q)
+    short_row = torch.as_tensor(T.table.refs[:, 2] < 0).repeat_interleave(3)  # the tree's first atoms
+    orientation = T.kind.eq(example.flows.COS_BETA) | (T.circular & short_row)  # cos beta, alpha, gamma
+    keep = ~orientation
+    assert int(orientation.sum()) == 3
+    assert (q2[:, keep] - q[:, keep]).abs().max() < 1e-9
+    assert (q2[:, orientation] - q[:, orientation]).abs().max() > 0.1
+    assert torch.allclose(T.log_abs_det_jacobian(q2), T.log_abs_det_jacobian(q), atol=1e-9)
