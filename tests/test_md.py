@@ -165,6 +165,11 @@ def test_periodic_molecule_is_made_whole(universe):
     assert (got[..., 0] - ref[..., 0]).abs().max() < 1e-4  # float32 positions
     broken = zmat.to_internal(md.positions(u.atoms, unwrap=False), table)
     assert (broken[..., 0] - ref[..., 0]).abs().max() > 1.0
+    plain = mda.Universe(str(DATA / "water.xyz"))  # no bonds
+    plain.dimensions = [10.0, 10.0, 10.0, 90, 90, 90]
+    with pytest.raises(ValueError, match="unwrap=True needs bonds"):
+        md.positions(plain.atoms)
+    assert md.positions(plain.atoms, unwrap=False).shape == (1, 6, 3)
 
 
 def test_flow_coordinates(universe):

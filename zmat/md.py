@@ -210,9 +210,14 @@ def positions(atoms, start=None, stop=None, step=None, *, dtype=torch.float64, u
 
     Returns:
         ``(F, N, 3)`` tensor in Angstrom (MDAnalysis' length unit).
+
+    Raises:
+        ValueError: ``unwrap`` with a periodic box but no bonds.
     """
     ag = atom_group(atoms)
     frames = ag.universe.trajectory[start:stop:step]
+    if unwrap and ag.universe.trajectory.ts.dimensions is not None and not hasattr(ag, "bonds"):
+        raise ValueError("unwrap=True needs bonds to make molecules whole: guess them, or pass unwrap=False")
     out = np.empty((len(frames), len(ag), 3), np.float64)
     for k, ts in enumerate(frames):
         whole = unwrap and ts.dimensions is not None
