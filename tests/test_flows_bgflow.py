@@ -80,6 +80,12 @@ def test_global_transform(ref, m, norm):
     # the closed form without normalisation: the CONTRACT's identity
     ld = zmat.log_det_jacobian(zmat.to_internal(xyz, T.table), T.table).numpy()
     err["contract"] = np.abs(out["dlogp"][:, 0] + ld).max() if norm == "raw" else 0.0
+    # zmat's forward from bgflow's bonds, angles and torsions (the orientation, in another chart
+    # in bgflow, and the root position from zmat's own q)
+    qb = q.clone().unflatten(-1, (-1, 3))
+    for col, (key, atoms) in enumerate(zip(("bonds", "angles", "torsions"), (b_at, a_at, t_at), strict=True)):
+        qb[:, atoms, col] = torch.as_tensor(out[key])
+    err["from_bgflow_xyz"] = float((T(qb.flatten(-2)) - xyz).abs().max())
     print(f"{m} {norm}: " + ", ".join(f"{k} {v:.1e}" for k, v in err.items()))
     print(f"  |dlogp| up to {np.abs(out['dlogp']).max():.1f}; bgflow round trip {out_rt(ref, m, norm):.1e} A")
     assert max(err.values()) < 1e-9, err
@@ -110,6 +116,14 @@ def test_relative_transform(ref, norm):
         "fixed": np.abs(q3[:, fixed].reshape(len(q3), -1) - out["x_fixed"]).max(),
         "dlogp": np.abs(out["dlogp"][:, 0] + T.log_abs_det_jacobian(q, xyz).numpy()).max(),
     }
+    # and the other way: zmat's forward from bgflow's numbers (no orientation chart in between)
+    qb = torch.zeros_like(q).unflatten(-1, (-1, 3))
+    qb[:, fixed] = torch.as_tensor(out["x_fixed"]).unflatten(-1, (-1, 3))
+    for col, key in enumerate(("bonds", "angles", "torsions")):
+        qb[:, at, col] = torch.as_tensor(out[key])
+    xyz_b, ladj_b = T.call_and_ladj(qb.flatten(-2))
+    err["from_bgflow_xyz"] = float((xyz_b - xyz).abs().max())
+    err["from_bgflow_dlogp"] = float((ladj_b + torch.as_tensor(out["dlogp"][:, 0])).abs().max())
     print(f"{m} relative {norm}: " + ", ".join(f"{k} {v:.1e}" for k, v in err.items()))
     assert max(err.values()) < 1e-9, err
     assert (T(q) - xyz).abs().max() < 1e-10
