@@ -133,7 +133,9 @@ def run_case(name: str, table, xyz64: torch.Tensor, dtype: torch.dtype, repeat: 
     res["max |ld zmat + dlogp bgflow-algorithm|"] = float((ld_zmat + dlogp).abs().max())
     res["zmat round trip A (float64)"] = float((T(q64) - xyz64).abs().max())
     res["zmat round trip A (float32)"] = float((T(T.inv(xyz64.float())).double() - xyz64).abs().max())
-    res["bgflow-algorithm round trip A (float64)"] = float((ref.to_xyz(ics64)[0] - xyz64).abs().max())
+    res["bgflow-algorithm round trip A (float64)"] = float(
+        (ref.to_xyz(ics64)[0].detach() - xyz64).abs().max()
+    )
     return res
 
 
