@@ -277,3 +277,24 @@ def test_one_based_table_gets_a_hint():
     with pytest.raises(ValueError, match=r"repeated reference") as bad:  # not 1-based either: no hint
         zmat.ConstructionTable([[-1, -1, -1], [0, -1, -1], [1, 1, -1]])
     assert "1-based" not in str(bad.value)
+
+
+def test_import_zmat_leaves_dynamo_and_scipy_unloaded():
+    # issue 24: `import zmat` took ~2 s, most of it torch._dynamo (imported by
+    # torch.compiler.assume_constant_result at import time) and scipy's sparse/spatial
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, zmat; "
+        "print(sorted(m for m in ('torch._dynamo', 'scipy.sparse', 'scipy.spatial') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_plans_are_still_constants_for_dynamo():
+    # the mark torch.compiler.assume_constant_result sets, set without importing Dynamo
+    from zmat.table import _build_constant
+
+    assert getattr(_build_constant, "_dynamo_marked_constant", False)

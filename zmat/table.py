@@ -42,14 +42,13 @@ product of local transforms along the tree of rigid parents.
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
 import torch
-from scipy.sparse import coo_matrix
-from scipy.sparse.csgraph import connected_components
 
 __all__ = ["ConstructionTable", "as_table"]
 
@@ -414,7 +413,13 @@ def _build(table: ConstructionTable, build, device: torch.device | str):
 # While torch.compile traces, Dynamo calls this for real, ahead of the
 # graph's first read of the cache (an attribute per builder, a dict per
 # device): a plan built in numpy is never traced, nor read before it exists.
-_build_constant = torch.compiler.assume_constant_result(_build)
+# ``torch.compiler.assume_constant_result`` sets the mark below; it imports
+# torch._dynamo to do so (most of a second), so ``import zmat`` sets the mark
+# itself and leaves the public call to when Dynamo is loaded anyway.
+_build_constant = _build
+_build_constant._dynamo_marked_constant = True
+if "torch._dynamo" in sys.modules:
+    torch.compiler.assume_constant_result(_build_constant)
 
 
 def index_tensor(a, device: torch.device | str) -> torch.Tensor:
@@ -559,6 +564,9 @@ def _check_acyclic(refs: np.ndarray) -> None:
     n = len(refs)
     if (refs < np.arange(n)[:, None]).all():
         return  # rows in construction order
+    from scipy.sparse import coo_matrix  # here: scipy.sparse costs a few tenths of a second to import
+    from scipy.sparse.csgraph import connected_components
+
     i, c = np.nonzero(refs >= 0)
     graph = coo_matrix((np.ones(len(i)), (i, refs[i, c])), shape=(n, n))
     n_comp, label = connected_components(graph, directed=True, connection="strong")

@@ -21,7 +21,6 @@ import os
 from typing import NamedTuple
 
 import numpy as np
-from scipy.spatial import cKDTree
 
 from .layout import (
     N_SLOTS,
@@ -155,6 +154,8 @@ def disulfide_bonds(xyz: np.ndarray, lay: Layout) -> np.ndarray:
     if len(sg) < 2:
         return np.zeros((0, 2), np.int64)
     p = xyz[sg]
+    from scipy.spatial import cKDTree  # imported when used: slow to import (import zmat)
+
     ij = cKDTree(p).query_pairs(DISULFIDE_MAX, output_type="ndarray").reshape(-1, 2)
     ij = np.sort(ij, axis=1)
     ij = ij[np.linalg.norm(p[ij[:, 0]] - p[ij[:, 1]], axis=-1) < DISULFIDE_MAX]  # strictly closer
