@@ -175,6 +175,8 @@ def _peptide_bonds(coord: np.ndarray, where: np.ndarray, chain_ids: np.ndarray) 
 def _warn_coincident(xyz: np.ndarray, lay: Layout, res_ids, chain_ids) -> None:
     """Warn (naming them) about atoms closer than ``COINCIDENT_MAX``: internal coordinates
     through such atoms (a zero bond, an undefined angle or dihedral) do not rebuild them."""
+    from scipy.spatial import cKDTree  # imported when used: slow to import (import zmat)
+
     ij = cKDTree(xyz).query_pairs(COINCIDENT_MAX, output_type="ndarray").reshape(-1, 2)
     if not len(ij):
         return
