@@ -20,15 +20,11 @@ The first two fill the internal coordinates, on plain CPU tensors, in the
 compiled kernel (``zmat._kernel.fill``: one loop, no parallel region that would
 wait for a busy core); :func:`fill_internal` is the torch path and its reference.
 
-How far ideal geometry is from real structures (measured by the tests):
-rebuilding a file's structure from its own torsions with ideal bond lengths
-and angles (``Protein.ideal_internal``) gives an RMSD after superposition of
-0.46 A (1l2y, 20 residues), 2.14 A (1ubi, 76), 3.66 A (1aki, 129), 5.90 A
-(7pfl, 305); per chain up to 9.2 A for 3wip (~200 residues a chain) and up to
-19.8 A for a 434-residue chain of 1igy. The error is the lever arm of small
-bond-angle deviations along the chain: with the measured backbone bond angles
-kept, 1aki drops to 0.46 A. FoldingDiff's representation (measured angles,
-its fixed bond lengths) rebuilds the 1aki backbone to 0.10 A.
+Ideal geometry drifts from a real structure with chain length: rebuilding a
+file's structure from its own torsions with ideal bond lengths and angles
+(``Protein.ideal_internal``) accumulates small bond-angle deviations through
+the lever arm of the chain; keeping the measured backbone angles removes most
+of it (figures: ``docs/history.md``).
 """
 
 from __future__ import annotations
