@@ -248,7 +248,8 @@ def _proline_defaults(lay, t: torch.Tensor) -> torch.Tensor:
     if not len(lay.proline_rows):
         return t
     chi = lay.tensor("proline_chi", t.device)  # (L, 7): 1 at chi1, 2 at chi2 of the prolines
-    default = torch.tensor((0.0, *PRO_DEFAULT_CHI), dtype=t.dtype, device=t.device)[chi]
+    c1, c2 = PRO_DEFAULT_CHI
+    default = torch.where(chi == 2, torch.full_like(t, c2), torch.full_like(t, c1))
     return torch.where((chi > 0) & torch.isnan(t), default, t)
 
 
