@@ -47,24 +47,15 @@ def _clamp(dtype: torch.dtype) -> float:
     return math.sqrt(tiny(dtype))
 
 
-def _log_det(C: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``sum 2 log|r| + log|sin theta|`` over the atoms, ``(...)``; ``weight`` ``(N, 3)`` is 2 on
-    the bond column of atoms with a bond reference, 1 on the angle column of those with an angle
-    reference, 0 elsewhere (see :func:`_weights`).
-
-    Whole ``(..., N, 3)`` rows at once (column 1 through ``sin``), so the backward is a few
-    elementwise kernels, not a scatter per column."""
+def _log_det(C: torch.Tensor, bond: torch.Tensor, angle: torch.Tensor) -> torch.Tensor:
+    """``sum_i bond_i log|r_i| + angle_i log|sin theta_i|``, ``(...)``: ``bond`` ``(N,)`` is 2 for
+    the atoms with a bond reference, ``angle`` 1 for those with an angle reference, else 0
+    (weights, not masks: a product is cheaper than a select, forward and backward; every
+    column read must be finite)."""
     eps = _clamp(C.dtype)
-    angle_column = torch.arange(3, device=C.device) == 1
-    v = torch.where(weight > 0, torch.where(angle_column, torch.sin(C), C), 1.0)
-    return (torch.log(v.abs().clamp_min(eps)) * weight.to(C.dtype)).sum((-1, -2))
-
-
-def _weights(bond, angle) -> np.ndarray | torch.Tensor:
-    """The ``(N, 3)`` weights of :func:`_log_det` from ``(N,)`` bool masks (numpy or torch)."""
-    lib = torch if isinstance(bond, torch.Tensor) else np
-    zero = lib.zeros_like(bond)
-    return lib.stack([2 * bond, 1 * angle, 1 * zero], 1)
+    lr = torch.log(C[..., 0].abs().clamp_min(eps)) * bond.to(C.dtype)
+    ls = torch.log(torch.sin(C[..., 1]).abs().clamp_min(eps)) * angle.to(C.dtype)
+    return (lr + ls).sum(-1)
 
 
 def log_det_jacobian(C: torch.Tensor, table) -> torch.Tensor:
@@ -104,7 +95,8 @@ def log_det_jacobian(C: torch.Tensor, table) -> torch.Tensor:
     if C.ndim < 2 or tuple(C.shape[-2:]) != (table.n_atoms, 3):
         raise ValueError(f"C must have shape (..., {table.n_atoms}, 3), got {tuple(C.shape)}")
     present = table.plan(C.device).present
-    return _log_det(C, _weights(present[:, 0], present[:, 1]))
+    C = torch.where(present, C, 1.0)  # the columns to_xyz ignores may hold anything
+    return _log_det(C, 2 * present[:, 0], present[:, 1])
 
 
 class InternalCoordinateTransform(Transform):
@@ -292,7 +284,7 @@ class InternalCoordinateTransform(Transform):
         """``log|det d xyz / d q|``, ``(...)``, from ``q`` (``xyz`` is not read)."""
         q3 = q.unflatten(-1, self.forward_shape(q.shape)[-2:])
         t = self._tensors(q.device)
-        out = _log_det(self._scale(q3, t, inverse=False), t["ld_weight"])
+        out = _log_det(self._scale(q3, t, inverse=False), t["ld_bond"], t["ld_angle"])
         return out + self._constant if self._constant else out
 
     def call_and_ladj(self, q: torch.Tensor):
@@ -551,7 +543,8 @@ class _Plan:
         scale[kind == PERIODIC] = 2 * math.pi
         shift[kind == PERIODIC] = -math.pi
         self.floats = {"scale": scale, "shift": shift, "cm_scale": cm(scale), "cm_shift": cm(shift)}
-        self.floats["ld_weight"] = _weights(free & (nref >= 1), free & (nref >= 2)).astype(np.float64)
+        self.floats["ld_bond"] = 2.0 * (free & (nref >= 1))  # log-det weights
+        self.floats["ld_angle"] = 1.0 * (free & (nref >= 2))
 
     def tensors(self, device) -> dict:
         out = {k: index_tensor(v, device) for k, v in self.arrays.items()}
