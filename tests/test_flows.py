@@ -46,17 +46,21 @@ def _tree_of(refs):
 
 
 def _anchored_fixed(refs, draw_bools):
-    """Fixed atoms for a forest: the first three atoms of some trees, and some later atoms of those."""
+    """Fixed atoms for a forest: the first three atoms of some trees and some later atoms of
+    those (groups anchored on fixed atoms); some later atoms of the other trees (free trees that
+    refer to fixed atoms)."""
     refs = np.asarray(refs)
     tree = _tree_of(refs)
     nref = (refs >= 0).sum(1)
     fixed = []
     for t, anchor in zip(np.unique(tree).tolist(), draw_bools, strict=False):
         members = np.nonzero(tree == t)[0]
+        first = members[nref[members] < 3]
+        rest = members[nref[members] == 3]
         if anchor and len(members) >= 4:
-            first = members[nref[members] < 3]
-            rest = members[nref[members] == 3]
             fixed += first.tolist() + rest[: len(rest) // 3].tolist()
+        elif not anchor:
+            fixed += rest[1::3].tolist()
     return np.array(sorted(fixed), np.int64)
 
 
@@ -182,12 +186,12 @@ def test_batch_dims_dtypes_and_no_host_sync():
     q32 = T.inv(xyz.float())
     assert q32.dtype == torch.float32 and T(q32).dtype == torch.float32
     torch.testing.assert_close(T(q32), xyz.float(), atol=1e-5, rtol=0)
-    for T in (T, InternalCoordinateTransform(table, fixed_atoms=[0, 1, 2], normalize_angles=True)):
-        qg = T.inv(xyz).requires_grad_(True)
+    for Tk in (T, InternalCoordinateTransform(table, fixed_atoms=[0, 1, 2], normalize_angles=True)):
+        qg = Tk.inv(xyz).requires_grad_(True)
         with DispatchAudit() as audit:
-            x, ladj = T.call_and_ladj(qg)
+            x, ladj = Tk.call_and_ladj(qg)
             (x.sum() + ladj.sum()).backward()
-            T.inv(x.detach())
+            Tk.inv(x.detach())
         assert audit.syncs == []
 
 
@@ -262,7 +266,7 @@ def test_first_bond_along_z_round_trips_exactly():
         ([[-1, -1, -1], [0, -1, -1], [0, -1, -1]], None, "atom 2: a second row"),
         ([[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, -1]], None, "atom 3: row \\(2, 1, -1\\)"),
         ([[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0]], [0], "atom 1: row \\(0, -1, -1\\)"),
-        ([[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0], [3, 2, 1]], [3], "atom 4 refers to fixed atom 3"),
+        ([[-1, -1, -1], [0, -1, -1], [1, 0, 3], [-1, -1, -1]], [3], "atom 2 refers to fixed atom 3 but"),
         ([[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0]], [7], "atom 7 is out of range"),
         ([[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0]], [1, 1], "atom 1 is listed more than once"),
         ([[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0]], [[0, 1]], "1-D array"),

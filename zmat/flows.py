@@ -241,15 +241,36 @@ class InternalCoordinateTransform(Transform):
         p = self._plan
         if p.n_frames == 0:  # every atom fixed
             return c
-        C = c
-        if p.n_copies:  # the fixed atoms a group refers to, rebuilt in that group's frame
-            C = torch.cat([c, to_internal(c.index_select(-2, t["copy_src"]), p.copy_table)], -2)
-        Y = _components(to_xyz(C, p.placement)[..., : self.n_atoms, :])
         R, origin = self._frames(c, t)
+        C = [c]
+        if p.n_copies:  # the fixed atoms a group refers to, rebuilt in that group's frame
+            C.append(to_internal(c.index_select(-2, t["copy_src"]), p.copy_table))
+        if p.n_tree_copies:  # the fixed atoms a free tree refers to, in the tree's frame
+            C.append(_atoms(self._tree_copies(c, R, origin, t), shape[:-2]))
+        C = torch.cat(C, -2) if len(C) > 1 else c
+        Y = _components(to_xyz(C, p.placement)[..., : self.n_atoms, :])
         if p.n_frames > 1:  # one frame per atom; a single frame broadcasts
             R, origin = R.index_select(2, t["frame_of"]), origin.index_select(1, t["frame_of"])
         X = origin + (R * Y).sum(1)  # x = o + R y per atom: R[k, j] y[j] summed over j
         return torch.where(t["cartesian"], c, _atoms(X, shape[:-2]))
+
+    def _tree_copies(self, c: torch.Tensor, R: torch.Tensor, origin: torch.Tensor, t: dict) -> torch.Tensor:
+        """Internal coordinates ``(3, M, B)`` of the fixed atoms free trees refer to, against each
+        tree's first three atoms, from their positions in the tree's placement frame
+        ``y = R^T (x - x_root)``."""
+        padded = torch.cat([c, torch.zeros_like(c[..., :1, :])], -2)
+        _, second, third = _components(padded.index_select(-2, t["tree_atoms"])).chunk(3, 1)
+        r1, r2, theta = second[0], third[0], third[1]
+        zero = torch.zeros_like(r1)
+        x3 = torch.where(t["third_on_second"][0], r1 - r2 * torch.cos(theta), r2 * torch.cos(theta))
+        y_second = torch.stack([r1, zero, zero])  # as to_xyz places them
+        y_third = torch.stack([x3, r2 * torch.sin(theta), zero])
+        k = t["tree_copy_tree"]
+        d = _components(c.index_select(-2, t["tree_copy_src"])) - origin.index_select(1, k)
+        y = (R.index_select(2, k) * d[:, None]).sum(0)  # R^T d
+        P = [torch.zeros_like(y), y_second.index_select(1, k), y_third.index_select(1, k), y]
+        P = torch.cat([*P, torch.zeros_like(y[:, :1])], 1)
+        return _internal(P, t["tree_copy_refs"])[:, 3 * y.shape[1] :]
 
     def _frames(self, c: torch.Tensor, t: dict):
         """Rotations ``(3, 3, F, B)`` and origins ``(3, F, B)`` of the free trees, then of the
@@ -494,10 +515,25 @@ class _Plan:
             i, col = np.nonzero(anchored[:, None] & (refs >= 0) & is_fixed[np.maximum(refs, 0)])
             placement[i, col] = copy_index(group_of_label[label[i]], refs[i, col])
             placement = np.concatenate([placement, copy_refs])
+        # copies of the fixed atoms a free tree refers to, rebuilt in the tree's placement frame
+        # from its first three atoms: rows (third atom, second atom, root)
+        i, col = np.nonzero(free[:, None] & (refs >= 0) & is_fixed[np.maximum(refs, 0)] & ~anchored[:, None])
+        tree_copy_src, tree_copy_tree = np.zeros(0, np.int64), np.zeros(0, np.int64)
+        if len(i):
+            tr = tree_of_label[label[i]]
+            key = np.unique(tr * n + refs[i, col])
+            tree_copy_tree, tree_copy_src = key // n, key % n
+            placement[i, col] = len(placement) + np.searchsorted(key, tr * n + refs[i, col])
+            placement = np.concatenate([placement, tree_atoms[tree_copy_tree][:, ::-1]])
+        m2 = len(tree_copy_src)
+        self.n_tree_copies = m2
+        # _internal's columns: roots, second, third atoms, then the copies' positions (+ the origin)
+        local = np.full((4 * m2, 3), 4 * m2, np.int64)
+        local[3 * m2 :] = np.arange(m2)[:, None] + np.array([2 * m2, m2, 0])
         self.n_copies = len(copy_src)
         self.n_anchored = n_groups
         self.n_frames = n_trees + n_groups
-        if self.n_copies == 0 and not is_fixed.any():
+        if self.n_copies == 0 and self.n_tree_copies == 0 and not is_fixed.any():
             self.placement = table
         else:
             self.placement = ConstructionTable(placement)
@@ -529,6 +565,9 @@ class _Plan:
             "copy_src": copy_src,
             "euler_index": euler_index.T.ravel(),
             "refs": np.where(refs >= 0, refs, n).T.ravel(),
+            "tree_copy_src": tree_copy_src,
+            "tree_copy_tree": tree_copy_tree,
+            "tree_copy_refs": local.T.ravel(),
         }
         cartesian = np.repeat(~free | (nref == 0), 3).reshape(n, 3)
         self.masks = {
@@ -536,6 +575,10 @@ class _Plan:
             "cm_cartesian": cm(cartesian),
             "orientation": cm(orientation),
             "present": cm(refs >= 0),
+            # a tree's third atom on its second (row (second, root)), else on its root
+            "third_on_second": (refs[np.minimum(tree_atoms[:, 2], n - 1), 0] == tree_atoms[:, 1])[
+                None, :, None
+            ],
         }
         scale = np.ones((n, 3))
         shift = np.zeros((n, 3))
@@ -601,10 +644,10 @@ def _check_rows(refs, nref, is_fixed, label, roots) -> None:
         i = planar[label[planar] == lab[counts > 1][0]][1]
         raise ValueError(f"atom {i}: a second row (b, a, -1) in one tree: not a bijection")
     hit = free[:, None] & (refs >= 0) & is_fixed[np.maximum(refs, 0)] & (root_of >= 0)[:, None]
+    hit &= ~np.isin(label, label[planar])[:, None]
     if hit.any():
         i, c = np.argwhere(hit)[0]
         raise ValueError(
-            f"atom {i} refers to fixed atom {refs[i, c]} but belongs to the free tree of root "
-            f"{root_of[i]}, whose position and orientation are coordinates of their own; fix the "
-            "tree's first atoms too, or refer to atoms of the tree only"
+            f"atom {i} refers to fixed atom {refs[i, c]} but its free tree (root {root_of[i]}) has no "
+            "third atom (b, a, -1) to carry the tree's frame: add one, or fix the tree's first atoms"
         )
