@@ -137,8 +137,9 @@ class InternalCoordinateTransform(Transform):
     direction, hence the rules (a ``ValueError`` naming the atom otherwise): a
     row ``(b, -1, -1)`` only on a free root (one per tree), a row
     ``(b, a, -1)`` only on a root and its bond atom (one per tree), one root
-    per connected set of free atoms, and no reference from a tree with a root
-    to a fixed atom (its orientation is free).
+    per connected set of free atoms, and a third atom in every free tree that
+    refers to fixed atoms (the fixed atoms it refers to are rebuilt in the
+    tree's placement frame from its first three atoms).
 
     ``normalize_angles=True`` maps bond angles to ``theta / pi`` in ``[0, 1]``
     and the periodic entries (dihedrals, ``alpha``, ``gamma``) to
