@@ -161,7 +161,7 @@ def test_works_as_a_zuko_normalizing_flow():
 
 
 @pytest.mark.parametrize("normalize", [False, True])
-@pytest.mark.parametrize("fixed", [None, [0, 1, 2, 5]])
+@pytest.mark.parametrize("fixed", [None, [0, 1, 2, 5], [5]])  # none; anchored groups; a free tree on one
 def test_gradcheck_call_and_ladj(normalize, fixed):
     table = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0], [3, 2, 1], [2, 1, 3], [5, 2, 1], [6, 5, 2]]
     T = InternalCoordinateTransform(table, fixed_atoms=fixed, normalize_angles=normalize)
