@@ -94,6 +94,20 @@ def test_log_det_matches_slogdet_of_the_full_jacobian(data, normalize, with_fixe
         torch.testing.assert_close(ladj, zmat.log_det_jacobian(zmat.to_internal(xyz, refs), refs))
 
 
+@pytest.mark.parametrize("third", [[1, 0, -1], [0, 1, -1]])
+@pytest.mark.parametrize("fixed", [[9], [9, 4], [7, 8, 9]])
+def test_free_tree_referring_to_fixed_atoms(third, fixed):
+    """Atom 5 of the free tree rooted at 0 refers to atom 9 (fixed; its own tree's third atom,
+    or a lone fixed atom) and, with 4 fixed, to a fixed atom of its own tree."""
+    table = [[-1, -1, -1], [0, -1, -1], third, [2, 1, 0], [3, 2, 1], [4, 3, 9], [5, 4, 3]]
+    table += [[-1, -1, -1], [7, -1, -1], [8, 7, -1]]
+    T = InternalCoordinateTransform(table, fixed_atoms=fixed)
+    xyz = torch.randn(3, 10, 3, generator=torch.Generator().manual_seed(5), dtype=torch.float64) * 2
+    q = T.inv(xyz)
+    assert (T(q) - xyz).abs().max() < 1e-12
+    torch.testing.assert_close(T.log_abs_det_jacobian(q[0]), _jacobian_logdet(T, q[0]), atol=1e-10, rtol=0)
+
+
 def test_log_det_jacobian_closed_form_and_clamp():
     table = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0]]
     C = torch.tensor([[5.0, 5, 5], [1.5, 9, 9], [1.2, 2.0, 9], [1.1, 1.9, 0.3]], dtype=torch.float64)
