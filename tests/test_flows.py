@@ -92,6 +92,9 @@ def test_log_det_matches_slogdet_of_the_full_jacobian(data, normalize, with_fixe
     torch.testing.assert_close(T.inv.log_abs_det_jacobian(xyz, q), -ladj)
     if not normalize and fixed is None:  # the contract's identity
         torch.testing.assert_close(ladj, zmat.log_det_jacobian(zmat.to_internal(xyz, refs), refs))
+        full = (np.asarray(refs) >= 0).all(1)  # their q rows are to_internal's, dihedral sign and all
+        C = zmat.to_internal(xyz, refs)
+        torch.testing.assert_close(q.reshape(n, 3)[full], C[full], atol=1e-12, rtol=0)
 
 
 @pytest.mark.parametrize("third", [[1, 0, -1], [0, 1, -1]])

@@ -33,7 +33,7 @@ from torch.distributions import Transform, constraints
 
 from ._geometry import safe_atan2, safe_norm, tiny
 from .table import ConstructionTable, as_table, index_tensor
-from .transform import to_internal, to_xyz
+from .transform import to_xyz
 
 __all__ = ["InternalCoordinateTransform", "log_det_jacobian"]
 
@@ -245,7 +245,9 @@ class InternalCoordinateTransform(Transform):
         R, origin = self._frames(c, t)
         C = [c]
         if p.n_copies:  # the fixed atoms a group refers to, rebuilt in that group's frame
-            C.append(to_internal(c.index_select(-2, t["copy_src"]), p.copy_table))
+            P = _components(c.index_select(-2, t["copy_src"]))
+            P = torch.cat([P, torch.zeros_like(P[:, :1])], 1)
+            C.append(_atoms(torch.where(t["copy_present"], _internal(P, t["copy_refs"]), 0.0), shape[:-2]))
         if p.n_tree_copies:  # the fixed atoms a free tree refers to, in the tree's frame
             C.append(_atoms(self._tree_copies(c, R, origin, t), shape[:-2]))
         C = torch.cat(C, -2) if len(C) > 1 else c
@@ -538,7 +540,7 @@ class _Plan:
             self.placement = table
         else:
             self.placement = ConstructionTable(placement)
-        self.copy_table = ConstructionTable(copy_refs - n * (copy_refs >= 0)) if self.n_copies else None
+        copy_local = np.where(copy_refs >= 0, copy_refs - n, len(copy_refs))  # missing -> the origin
 
         # what every entry of q holds
         kind = np.full((n, 3), CARTESIAN, np.int64)
@@ -569,6 +571,7 @@ class _Plan:
             "tree_copy_src": tree_copy_src,
             "tree_copy_tree": tree_copy_tree,
             "tree_copy_refs": local.T.ravel(),
+            "copy_refs": copy_local.T.ravel(),
         }
         cartesian = np.repeat(~free | (nref == 0), 3).reshape(n, 3)
         self.masks = {
@@ -576,6 +579,7 @@ class _Plan:
             "cm_cartesian": cm(cartesian),
             "orientation": cm(orientation),
             "present": cm(refs >= 0),
+            "copy_present": cm(copy_refs >= 0),
             # a tree's third atom on its second (row (second, root)), else on its root
             "third_on_second": (refs[np.minimum(tree_atoms[:, 2], n - 1), 0] == tree_atoms[:, 1])[
                 None, :, None
