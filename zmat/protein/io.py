@@ -22,7 +22,6 @@ import warnings
 from typing import NamedTuple
 
 import numpy as np
-from scipy.spatial import cKDTree
 
 from ..table import ConstructionTable
 from .layout import (
@@ -178,6 +177,8 @@ def _peptide_bonds(coord: np.ndarray, where: np.ndarray, chain_ids: np.ndarray) 
 def _warn_coincident(xyz: np.ndarray, lay: Layout, res_ids, chain_ids) -> None:
     """Warn (naming them) about atoms closer than ``COINCIDENT_MAX``: internal coordinates
     through such atoms (a zero bond, an undefined angle or dihedral) do not rebuild them."""
+    from scipy.spatial import cKDTree  # imported when used: slow to import (import zmat)
+
     ij = cKDTree(xyz).query_pairs(COINCIDENT_MAX, output_type="ndarray").reshape(-1, 2)
     if not len(ij):
         return False
@@ -257,6 +258,8 @@ def disulfide_bonds(xyz: np.ndarray, lay: Layout) -> np.ndarray:
     if len(sg) < 2:
         return np.zeros((0, 2), np.int64)
     p = xyz[sg]
+    from scipy.spatial import cKDTree  # imported when used: slow to import (import zmat)
+
     ij = cKDTree(p).query_pairs(DISULFIDE_MAX, output_type="ndarray").reshape(-1, 2)
     ij = np.sort(ij, axis=1)
     ij = ij[np.linalg.norm(p[ij[:, 0]] - p[ij[:, 1]], axis=-1) < DISULFIDE_MAX]  # strictly closer
