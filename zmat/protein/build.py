@@ -7,7 +7,10 @@ the rest of the geometry is ideal (``zmat.protein.topology``). Torsions are
 default torsion is used instead (``DEFAULT_TORSIONS``), or the measured value
 when rebuilding a structure read from a file. phi of the first residue, omega
 of the last one and chis a residue does not have are ignored; psi of the last
-residue places ``OXT`` (and so ``O``).
+residue places ``OXT`` (and so ``O``). Proline's ring is closed in every path:
+its CB-CG-CD angle is set so that CD is ``PRO_CD_N`` from N
+(:func:`proline_cd_angle`), and its NaN chi1/chi2 default to
+``topology.PRO_DEFAULT_CHI``.
 
 * :func:`internal_from_torsions` / :func:`to_xyz_from_torsions`: one sequence,
   any leading batch dimensions.
