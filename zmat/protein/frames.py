@@ -39,7 +39,7 @@ from .._geometry import safe_unit
 from ..table import ConstructionTable
 from ..transform import to_xyz
 from .atom37 import ATOM14_NAMES, RESTYPE_3, RESTYPE_ATOM14_MASK, UNK, atom14_to_atom37
-from .build import backbone_table, proline_cd_angle
+from .build import backbone_table, ideal_cd_angle
 from .topology import IDEAL, RESIDUES, TORSION_NAMES
 
 __all__ = [
@@ -264,18 +264,16 @@ def atom14_from_frames(R: torch.Tensor, t: torch.Tensor, aatype, torsions: torch
 
 def _close_prolines(base: torch.Tensor, dihedral: torch.Tensor, aa: np.ndarray) -> torch.Tensor:
     """``(M, 14, 3)`` internal coordinates with each proline's CB-CG-CD angle (atom14 slot 6)
-    closing its ring: ``zmat.protein.build.proline_cd_angle`` from the residue's rows
-    (N 0, CB 4, CG 5, CD 6)."""
+    closing its ring (``zmat.protein.build.proline_cd_angle``, ideal geometry) from chi1
+    (CG, slot 5) and chi2 (CD, slot 6)."""
     internal = torch.cat([base[..., :2], dihedral[..., None]], -1)
     pro = np.flatnonzero(aa == RESTYPE_3.index("PRO"))
     if not len(pro):
         return internal
     p = torch.as_tensor(pro, device=internal.device)
     x = internal.index_select(0, p)
-    n, cb, cg, cd = x[:, 0], x[:, 4], x[:, 5], x[:, 6]
-    angle = proline_cd_angle(
-        cg[:, 2], cd[:, 2], n[:, 0], cb[:, 0], cb[:, 1], cg[:, 0], cg[:, 1], cd[:, 0], cd[:, 1]
-    )
+    cd = x[:, 6]
+    angle = ideal_cd_angle(x[:, 5, 2], cd[:, 2])  # the rows hold proline's ideal geometry
     cd = torch.stack([cd[:, 0], angle, cd[:, 2]], -1)
     return internal.index_copy(0, p, torch.cat([x[:, :6], cd[:, None], x[:, 7:]], 1))
 
