@@ -85,7 +85,7 @@ import torch
 import torch.nn.functional as F
 
 from ._amp import float32_under_autocast
-from ._geometry import safe_norm
+from ._geometry import safe_norm, tiny
 from ._neighbors import CellList, build_cell_list
 from ._segments import on_host, segments
 
@@ -657,8 +657,9 @@ def _neighbor_sum(xyz_f, radii_f, mask_f, excl, layout: _Layout, pen: _Penalty, 
 # public entry points
 
 
-def _prepare(xyz, radii, mask, pen: _Penalty, exclude=None, depth=3, ptr=None, batch=None):
-    """Validate, broadcast and flatten: ``xyz_f (M, 3), radii_f (M,), mask_f, layout, excl``."""
+def _prepare(xyz, radii, mask, pen: _Penalty, exclude=None, depth=3, ptr=None, batch=None, flatten=True):
+    """Validate, broadcast and flatten: ``xyz_f (M, 3), radii_f (M,), mask_f, layout, excl``
+    (``flatten=False``: ``xyz``, ``radii`` as a tensor and ``mask`` as given)."""
     _check_scalars(xyz, pen)
     *lead, n, _ = xyz.shape
     full = (*lead, n)
@@ -678,10 +679,6 @@ def _prepare(xyz, radii, mask, pen: _Penalty, exclude=None, depth=3, ptr=None, b
             f"clash_loss: radii of shape {tuple(radii.shape)} do not match xyz of shape "
             f"{tuple(xyz.shape)}; expected (N,) or (..., N) with N = {n}"
         )
-    m = math.prod(full)
-    xyz_f = xyz.reshape(m, 3)
-    radii_f = radii.expand(full).reshape(m)
-    mask_f = None
     if mask is not None:
         if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
             raise TypeError("clash_loss: mask must be a bool tensor")
@@ -692,13 +689,24 @@ def _prepare(xyz, radii, mask, pen: _Penalty, exclude=None, depth=3, ptr=None, b
                 f"clash_loss: mask of shape {tuple(mask.shape)} does not match xyz of "
                 f"shape {tuple(xyz.shape)}; expected (N,) or (..., N) with N = {n}"
             )
-        mask_f = mask.expand(full).reshape(m)
-        # Padded atoms may hold garbage (NaN): a where, not a product, keeps
-        # it out of the values and the gradient.
-        xyz_f = torch.where(mask_f[:, None], xyz_f, 0.0)
-        radii_f = torch.where(mask_f, radii_f, 0.0)
     layout, excl = _layout(xyz, lead, n, exclude, depth, ptr, batch)
-    return xyz_f, radii_f, mask_f, layout, excl
+    if not flatten:
+        return xyz, radii, mask, layout, excl
+    return (*_flatten(xyz, radii, mask), layout, excl)
+
+
+def _flatten(xyz, radii, mask):
+    """``xyz_f (M, 3), radii_f (M,), mask_f (M,) or None``, padding zeroed."""
+    full = xyz.shape[:-1]
+    m = math.prod(full)
+    xyz_f = xyz.reshape(m, 3)
+    radii_f = radii.expand(full).reshape(m)
+    if mask is None:
+        return xyz_f, radii_f, None
+    mask_f = mask.expand(full).reshape(m)
+    # Padded atoms may hold garbage (NaN): a where, not a product, keeps
+    # it out of the values and the gradient.
+    return torch.where(mask_f[:, None], xyz_f, 0.0), torch.where(mask_f, radii_f, 0.0), mask_f
 
 
 def _layout(xyz, lead, n: int, exclude, depth: int, ptr, batch):
@@ -937,10 +945,15 @@ def clash_loss(
         tensor(0.4000)
     """
     pen = _penalty_params(kind, tolerance, temperature, tail, cap)
-    prepared = _prepare(xyz, radii, mask, pen, exclude, exclusion_depth, ptr, batch)
-    xyz_f, radii_f, mask_f, layout, excl = prepared
     if method not in CLASH_METHODS:
         raise ValueError(f"clash_loss: unknown method {method!r}; choose one of {CLASH_METHODS}")
+    serial = pairs is not None and _serial(xyz)
+    prepared = _prepare(xyz, radii, mask, pen, exclude, exclusion_depth, ptr, batch, flatten=not serial)
+    if pairs is not None:
+        _check_pairs(pairs, xyz)
+    if serial:
+        return _serial_pairs_loss(*prepared, pairs, pen).to(xyz.dtype).reshape(prepared[3].shape)
+    xyz_f, radii_f, mask_f, layout, excl = prepared
     if pairs is not None:
         out = _given_pairs_sum(xyz_f, radii_f, mask_f, excl, pairs, layout, pen)
     elif _resolve_method(method, xyz.device, xyz_f.shape[0], layout.n) == "neighbors":
@@ -957,16 +970,15 @@ def _resolve_method(method: str, device: torch.device, m: int, n: int) -> str:
     return "all_pairs" if (m // max(n, 1)) * n * (n - 1) // 2 <= limit else "neighbors"
 
 
-def _given_pairs_sum(xyz_f, radii_f, mask_f, excl, pairs, layout: _Layout, pen: _Penalty):
-    """Loss over a given (P, 2) pair list: no sync; self pairs, exclusions and padding
-    become a mask."""
+def _check_pairs(pairs, xyz) -> None:
+    """A (P, 2) integer pair list on ``xyz``'s device; indices checked where on the host."""
     if not isinstance(pairs, torch.Tensor) or pairs.ndim != 2 or pairs.shape[1] != 2:
         raise ValueError(f"clash_loss: pairs must be a (P, 2) tensor, got {getattr(pairs, 'shape', pairs)}")
     if pairs.dtype.is_floating_point or pairs.dtype.is_complex or pairs.dtype == torch.bool:
         raise TypeError(f"clash_loss: pairs must hold integers, got {pairs.dtype}")
-    if pairs.device != xyz_f.device:
-        raise ValueError(f"clash_loss: pairs on {pairs.device}, xyz on {xyz_f.device}")
-    m = xyz_f.shape[0]
+    if pairs.device != xyz.device:
+        raise ValueError(f"clash_loss: pairs on {pairs.device}, xyz on {xyz.device}")
+    m = xyz.numel() // 3
     if pairs.numel() and on_host(pairs):  # host memory: checking it involves no device
         host = pairs.numpy()
         bad = (host < 0) | (host >= m)
@@ -976,6 +988,11 @@ def _given_pairs_sum(xyz_f, radii_f, mask_f, excl, pairs, layout: _Layout, pen: 
                 f"clash_loss: pairs row {row} = {host[row].tolist()} is out of range [0, {m}) "
                 f"(indices into xyz.reshape(-1, 3))"
             )
+
+
+def _given_pairs_sum(xyz_f, radii_f, mask_f, excl, pairs, layout: _Layout, pen: _Penalty):
+    """Loss over a given (P, 2) pair list: no sync; self pairs, exclusions and padding
+    become a mask."""
     i, j = pairs[:, 0], pairs[:, 1]
     keep = i != j  # a self pair is no pair (no sync: a mask, not a filter)
     if mask_f is not None:
@@ -1015,3 +1032,163 @@ def _propagate_nan(out, xyz_f, radii_f, layout: _Layout):
     if layout.seg is not None:
         return out.index_add(0, layout.seg, bad)
     return out + bad.view(layout.size, layout.n).sum(-1)
+
+
+# ----------------------------------------------------------------------------
+# the CPU path of a given pair list that opens no parallel region
+#
+# torch runs an op over more than 32,768 elements (its grain) on every intra-op
+# thread, and each such op waits for all of them: with a second process busy on
+# one core, each op then waits for the scheduler (milliseconds), and a loss of
+# ~70 such ops took 100x longer. This path works on chunks of pairs whose every
+# tensor stays below the grain (1-D columns of ``_SERIAL_CHUNK`` elements), and
+# never touches an (M, 3) tensor with a torch op: so it opens no parallel region,
+# whatever the thread setting (which it leaves alone).
+
+_SERIAL_CHUNK = 32767  # below the grain (32,768): a 1-D op on a chunk runs on one thread
+
+
+def _serial(xyz) -> bool:
+    """Whether ``clash_loss(pairs=)`` takes the serial CPU path (eager CPU, several threads)."""
+    if not isinstance(xyz, torch.Tensor) or not on_host(xyz) or torch.get_num_threads() == 1:
+        return False
+    return not _is_functorch(xyz)
+
+
+def _is_functorch(t) -> bool:
+    try:  # a tensor inside torch.func transforms has no storage to read
+        t.data_ptr()
+    except RuntimeError:
+        return True
+    return False
+
+
+def _column_gather(t, rows, mod: int):
+    """``t[rows % mod]`` (``mod`` 0: ``t[rows]``) of a 1-D tensor."""
+    return t.index_select(0, rows if mod == 0 else torch.remainder(rows, mod))
+
+
+def _rows(t, full) -> tuple[torch.Tensor, int]:
+    """``t`` (broadcast to ``full``) as a 1-D tensor and the modulus of its rows."""
+    if tuple(t.shape) == tuple(full):
+        return t.reshape(-1), 0
+    if t.numel() == full[-1]:
+        return t.reshape(-1), full[-1]
+    return t.expand(full).reshape(-1), 0
+
+
+class _SerialInputs(NamedTuple):
+    radii: torch.Tensor
+    radii_mod: int
+    mask: torch.Tensor | None
+    mask_mod: int
+    pairs: torch.Tensor
+    excl: torch.Tensor | None
+    layout: _Layout
+    pen: _Penalty
+
+
+def _chunk_terms(inp: _SerialInputs, lo: int, hi: int, cols, radii=None):
+    """Per pair of chunk ``[lo, hi)``: ``(dx, dy, dz, c, keep, i)``, the separation,
+    contact distance, kept flag and first atom (differentiable through the (M,)
+    coordinate columns ``cols`` and ``radii``)."""
+    i, j = inp.pairs[lo:hi, 0], inp.pairs[lo:hi, 1]
+    radii = inp.radii if radii is None else radii
+    dx, dy, dz = (col.index_select(0, i) - col.index_select(0, j) for col in cols)
+    c = _column_gather(radii, i, inp.radii_mod) + _column_gather(radii, j, inp.radii_mod) - inp.pen.tolerance
+    keep = i != j
+    if inp.mask is not None:
+        keep = keep & _column_gather(inp.mask, i, inp.mask_mod) & _column_gather(inp.mask, j, inp.mask_mod)
+        # padding may hold NaN: keep it out of the values and the gradient
+        dx, dy, dz, c = (torch.where(keep, v, 1.0) for v in (dx, dy, dz, c))
+    if inp.excl is not None:
+        keep = keep & ~is_excluded(i, j, inp.layout.period, inp.excl)
+    return dx, dy, dz, c, keep, i
+
+
+def _chunk_penalty(pen: _Penalty, dx, dy, dz, c, keep):
+    sq = dx * dx + dy * dy + dz * dz
+    ok = ~(sq <= tiny(sq.dtype))  # as safe_norm: coincident atoms, value 0 and gradient 0
+    d = torch.where(ok, torch.sqrt(torch.where(ok, sq, 1.0)), 0.0)
+    return torch.where(keep, _penalty(pen, d, c), 0.0)
+
+
+def _host_zeros(shape, dtype) -> torch.Tensor:
+    """Zeros without a torch fill (numpy's allocation: no parallel region)."""
+    return torch.from_numpy(np.zeros(shape, dtype=torch.empty(0, dtype=dtype).numpy().dtype))
+
+
+class _SerialPairSum(torch.autograd.Function):
+    """Sum of penalties over a pair list, chunk by chunk; backward by chunk-local autograd
+    (double backward: a differentiable recomputation)."""
+
+    @staticmethod
+    def forward(xyz_f, radii, inp: _SerialInputs):
+        out = _host_zeros(inp.layout.size, torch.float64)
+        cols = xyz_f.unbind(1)  # views
+        with torch.no_grad():
+            for lo in range(0, len(inp.pairs), _SERIAL_CHUNK):
+                *terms, i = _chunk_terms(inp, lo, lo + _SERIAL_CHUNK, cols)
+                p = _chunk_penalty(inp.pen, *terms)
+                out.index_add_(0, inp.layout.of(i), p.to(torch.float64))
+        return out
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        *tensors, ctx.inp = inputs
+        ctx.save_for_backward(*tensors)
+
+    @staticmethod
+    def backward(ctx, grad):
+        xyz_f, radii = ctx.saved_tensors
+        inp, (need_x, need_r) = ctx.inp, ctx.needs_input_grad[:2]
+        if torch.is_grad_enabled() and len(inp.pairs):  # double backward: recompute with a graph
+            total = 0.0
+            for lo in range(0, len(inp.pairs), _SERIAL_CHUNK):
+                *terms, i = _chunk_terms(inp, lo, lo + _SERIAL_CHUNK, xyz_f.unbind(1), radii)
+                total = (
+                    total + (_chunk_penalty(inp.pen, *terms) * grad[inp.layout.of(i)].to(xyz_f.dtype)).sum()
+                )
+            wrt = [t for t, k in ((xyz_f, need_x), (radii, need_r)) if k]
+            got = iter(torch.autograd.grad(total, wrt, create_graph=True, allow_unused=True))
+            return (next(got) if need_x else None, next(got) if need_r else None, None)
+        gx = _host_zeros(tuple(xyz_f.shape), xyz_f.dtype) if need_x else None
+        gr = _host_zeros(len(radii), radii.dtype) if need_r else None
+        cols = xyz_f.unbind(1)
+        for lo in range(0, len(inp.pairs), _SERIAL_CHUNK):
+            i, j = inp.pairs[lo : lo + _SERIAL_CHUNK, 0], inp.pairs[lo : lo + _SERIAL_CHUNK, 1]
+            dx, dy, dz, c, keep, _ = _chunk_terms(inp, lo, lo + _SERIAL_CHUNK, cols)
+            leaves = [t.requires_grad_() for t in (dx, dy, dz, c)]
+            with torch.enable_grad():
+                g_out = grad[inp.layout.of(i)].to(xyz_f.dtype)
+                g = torch.autograd.grad((_chunk_penalty(inp.pen, *leaves, keep) * g_out).sum(), leaves)
+            if need_x:
+                for k, col in enumerate(gx.unbind(1)):  # strided views of gx: in place
+                    col.index_add_(0, i, g[k]).index_add_(0, j, -g[k])
+            if need_r:
+                ri = i if inp.radii_mod == 0 else torch.remainder(i, inp.radii_mod)
+                rj = j if inp.radii_mod == 0 else torch.remainder(j, inp.radii_mod)
+                gr.index_add_(0, ri, g[3]).index_add_(0, rj, g[3])
+        return gx, gr, None
+
+
+def _serial_pairs_loss(xyz, radii, mask, layout: _Layout, excl, pairs, pen: _Penalty):
+    """``clash_loss(pairs=)`` on the CPU, without a parallel region: ``(size,)`` float64."""
+    full = xyz.shape[:-1]
+    xyz_f = xyz.reshape(-1, 3)
+    radii_f, radii_mod = _rows(radii, full)
+    mask_f, mask_mod = (None, 0) if mask is None else _rows(mask, full)
+    inp = _SerialInputs(radii_f, radii_mod, mask_f, mask_mod, pairs.long(), excl, layout, pen)
+    out = _SerialPairSum.apply(xyz_f, radii_f, inp)
+    # NaN policy, read on the host (numpy: no parallel region): a structure with a
+    # non-finite unmasked coordinate or radius is NaN
+    bad = ~np.isfinite(xyz_f.detach().numpy()).all(1)
+    r = radii_f.detach().numpy()
+    bad |= ~np.isfinite(r if radii_mod == 0 else np.tile(r, len(bad) // radii_mod))
+    if mask_f is not None:
+        m = mask_f.numpy()
+        bad &= m if mask_mod == 0 else np.tile(m, len(bad) // mask_mod)
+    if bad.any():
+        rows = torch.from_numpy(np.nonzero(bad)[0])
+        out = out.index_put((layout.of(rows),), torch.tensor(math.nan, dtype=out.dtype))
+    return out
