@@ -673,10 +673,11 @@ class BigOps(torch.utils._python_dispatch.TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        inplace = func._schema.name.endswith("_")
-        tensors = [
-            a for a in (*args[1 if inplace else 0 :], *(kwargs or {}).values()) if isinstance(a, torch.Tensor)
-        ]
+        name = func._schema.name.split("::")[-1]
+        inplace = name.endswith("_")
+        # a gather (index_select, index) loops over its index: judged by its output
+        skip = 1 if inplace or name in ("index_select", "index") else 0
+        tensors = [a for a in (*args[skip:], *(kwargs or {}).values()) if isinstance(a, torch.Tensor)]
         if not inplace:
             tensors += [
                 o for o in (out if isinstance(out, (tuple, list)) else [out]) if isinstance(o, torch.Tensor)
@@ -692,11 +693,8 @@ class BigOps(torch.utils._python_dispatch.TorchDispatchMode):
             "detach",
             "alias",
             "t",
-            "lift",  # from_numpy: no work
         )
-        if not func._schema.name.split("::")[-1].startswith(views) and any(
-            t.numel() >= self.GRAIN for t in tensors
-        ):
+        if not name.startswith((*views, "lift")) and any(t.numel() >= self.GRAIN for t in tensors):
             self.ops.append(func._schema.name)
         return out
 
