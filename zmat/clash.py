@@ -1063,54 +1063,68 @@ def _is_functorch(t) -> bool:
     return False
 
 
-def _column_gather(t, rows, mod: int):
-    """``t[rows % mod]`` (``mod`` 0: ``t[rows]``) of a 1-D tensor."""
-    return t.index_select(0, rows if mod == 0 else torch.remainder(rows, mod))
-
-
-def _rows(t, full) -> tuple[torch.Tensor, int]:
-    """``t`` (broadcast to ``full``) as a 1-D tensor and the modulus of its rows."""
-    if tuple(t.shape) == tuple(full):
-        return t.reshape(-1), 0
-    if t.numel() == full[-1]:
-        return t.reshape(-1), full[-1]
-    return t.expand(full).reshape(-1), 0
+def _host_rows(t: torch.Tensor, full) -> np.ndarray:
+    """``t`` broadcast to ``full`` and flattened, as a numpy array (no torch op)."""
+    return np.array(np.broadcast_to(t.detach().numpy(), tuple(full))).reshape(-1)  # a writable copy
 
 
 class _SerialInputs(NamedTuple):
-    radii: torch.Tensor
-    radii_mod: int
-    mask: torch.Tensor | None
-    mask_mod: int
-    pairs: torch.Tensor
+    """Host-prepared inputs of :class:`_SerialPairSum`: padding zeroed by numpy."""
+
+    cols: tuple  # x, y, z: (M,) contiguous coordinate columns
+    radii: torch.Tensor  # (M,)
+    radii_mod: int  # radii gradient rows: atom % radii_mod (0: the atom)
+    keep_atom: torch.Tensor | None  # (M,) bool, the mask
+    i: torch.Tensor
+    j: torch.Tensor
     excl: torch.Tensor | None
     layout: _Layout
     pen: _Penalty
 
 
-def _chunk_terms(inp: _SerialInputs, lo: int, hi: int, cols, radii=None):
-    """Per pair of chunk ``[lo, hi)``: ``(dx, dy, dz, c, keep, i)``, the separation,
-    contact distance, kept flag and first atom (differentiable through the (M,)
-    coordinate columns ``cols`` and ``radii``)."""
-    i, j = inp.pairs[lo:hi, 0], inp.pairs[lo:hi, 1]
-    radii = inp.radii if radii is None else radii
-    dx, dy, dz = (col.index_select(0, i) - col.index_select(0, j) for col in cols)
-    c = _column_gather(radii, i, inp.radii_mod) + _column_gather(radii, j, inp.radii_mod) - inp.pen.tolerance
+def _chunk_terms(inp: _SerialInputs, lo: int, hi: int):
+    """Per pair of chunk ``[lo, hi)``: ``(dx, dy, dz, c, keep, i, j)``: separation,
+    contact distance, kept flag, atoms (no graph)."""
+    i, j = inp.i[lo:hi], inp.j[lo:hi]
+    dx, dy, dz = (col.index_select(0, i) - col.index_select(0, j) for col in inp.cols)
+    c = inp.radii.index_select(0, i) + inp.radii.index_select(0, j) - inp.pen.tolerance
     keep = i != j
-    if inp.mask is not None:
-        keep = keep & _column_gather(inp.mask, i, inp.mask_mod) & _column_gather(inp.mask, j, inp.mask_mod)
-        # padding may hold NaN: keep it out of the values and the gradient
-        dx, dy, dz, c = (torch.where(keep, v, 1.0) for v in (dx, dy, dz, c))
+    if inp.keep_atom is not None:
+        keep = keep & inp.keep_atom.index_select(0, i) & inp.keep_atom.index_select(0, j)
     if inp.excl is not None:
         keep = keep & ~is_excluded(i, j, inp.layout.period, inp.excl)
-    return dx, dy, dz, c, keep, i
+    return dx, dy, dz, c, keep, i, j
 
 
-def _chunk_penalty(pen: _Penalty, dx, dy, dz, c, keep):
+def _distance(dx, dy, dz):
     sq = dx * dx + dy * dy + dz * dz
     ok = ~(sq <= tiny(sq.dtype))  # as safe_norm: coincident atoms, value 0 and gradient 0
-    d = torch.where(ok, torch.sqrt(torch.where(ok, sq, 1.0)), 0.0)
-    return torch.where(keep, _penalty(pen, d, c), 0.0)
+    return torch.where(ok, torch.sqrt(torch.where(ok, sq, 1.0)), 0.0), ok
+
+
+def _penalty_grad(pen: _Penalty, d, c):
+    """``(dp/dd, dp/dc)`` of :func:`_penalty`."""
+    o = c - d
+    if pen.kind == "lennard_jones":  # see _penalty; the capped part is its tangent at d_cap = k c
+        clash = (c > 0) & (d < c)
+        c_safe = torch.where(c > 0, c, 1.0)
+        d_cap = c_safe * (1.0 + math.sqrt(pen.cap)) ** (-1.0 / 6.0)
+        d_eff = torch.maximum(d, d_cap)
+        x = (c_safe / d_eff) ** 6
+        g = 12.0 * (x - 1.0) * x
+        g_c = g / c_safe * torch.where(d < d_cap, d / d_cap, 1.0)
+        return torch.where(clash, -g / d_eff, 0.0), torch.where(clash, g_c, 0.0)
+    if pen.kind == "flat_bottom":
+        s = (o > 0).to(o.dtype)
+    elif pen.kind == "flat_bottom_squared":
+        s = 2.0 * F.relu(o)
+    elif pen.kind == "softplus":
+        z = o / pen.temperature  # F.softplus is linear above its threshold, 20
+        s = torch.where(o > -pen.tail, torch.where(z > 20.0, 1.0, torch.sigmoid(z)), 0.0)
+    else:  # soft_count
+        q = torch.sigmoid(o / pen.temperature)
+        s = torch.where(o > -pen.tail, q * (1.0 - q) / pen.temperature, 0.0)
+    return -s, s
 
 
 def _host_zeros(shape, dtype) -> torch.Tensor:
@@ -1119,75 +1133,122 @@ def _host_zeros(shape, dtype) -> torch.Tensor:
 
 
 class _SerialPairSum(torch.autograd.Function):
-    """Sum of penalties over a pair list, chunk by chunk; backward by chunk-local autograd
-    (double backward: a differentiable recomputation)."""
+    """Sum of penalties over a pair list, chunk by chunk, analytic per-pair backward
+    (double backward: a differentiable recomputation, which may use threads)."""
 
     @staticmethod
     def forward(xyz_f, radii, inp: _SerialInputs):
         out = _host_zeros(inp.layout.size, torch.float64)
-        cols = xyz_f.unbind(1)  # views
-        with torch.no_grad():
-            for lo in range(0, len(inp.pairs), _SERIAL_CHUNK):
-                *terms, i = _chunk_terms(inp, lo, lo + _SERIAL_CHUNK, cols)
-                p = _chunk_penalty(inp.pen, *terms)
-                out.index_add_(0, inp.layout.of(i), p.to(torch.float64))
+        for lo in range(0, len(inp.i), _SERIAL_CHUNK):
+            dx, dy, dz, c, keep, i, _ = _chunk_terms(inp, lo, lo + _SERIAL_CHUNK)
+            p = torch.where(keep, _penalty(inp.pen, _distance(dx, dy, dz)[0], c), 0.0)
+            out.index_add_(0, inp.layout.of(i), p.to(torch.float64))
         return out
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        *tensors, ctx.inp = inputs
-        ctx.save_for_backward(*tensors)
+        xyz_f, radii, ctx.inp = inputs
+        ctx.save_for_backward(xyz_f, radii)
 
     @staticmethod
     def backward(ctx, grad):
         xyz_f, radii = ctx.saved_tensors
         inp, (need_x, need_r) = ctx.inp, ctx.needs_input_grad[:2]
-        if torch.is_grad_enabled() and len(inp.pairs):  # double backward: recompute with a graph
-            total = 0.0
-            for lo in range(0, len(inp.pairs), _SERIAL_CHUNK):
-                *terms, i = _chunk_terms(inp, lo, lo + _SERIAL_CHUNK, xyz_f.unbind(1), radii)
-                total = (
-                    total + (_chunk_penalty(inp.pen, *terms) * grad[inp.layout.of(i)].to(xyz_f.dtype)).sum()
-                )
-            wrt = [t for t, k in ((xyz_f, need_x), (radii, need_r)) if k]
-            got = iter(torch.autograd.grad(total, wrt, create_graph=True, allow_unused=True))
-            return (next(got) if need_x else None, next(got) if need_r else None, None)
-        gx = _host_zeros(tuple(xyz_f.shape), xyz_f.dtype) if need_x else None
-        gr = _host_zeros(len(radii), radii.dtype) if need_r else None
-        cols = xyz_f.unbind(1)
-        for lo in range(0, len(inp.pairs), _SERIAL_CHUNK):
-            i, j = inp.pairs[lo : lo + _SERIAL_CHUNK, 0], inp.pairs[lo : lo + _SERIAL_CHUNK, 1]
-            dx, dy, dz, c, keep, _ = _chunk_terms(inp, lo, lo + _SERIAL_CHUNK, cols)
-            leaves = [t.requires_grad_() for t in (dx, dy, dz, c)]
-            with torch.enable_grad():
-                g_out = grad[inp.layout.of(i)].to(xyz_f.dtype)
-                g = torch.autograd.grad((_chunk_penalty(inp.pen, *leaves, keep) * g_out).sum(), leaves)
-            if need_x:
-                for k, col in enumerate(gx.unbind(1)):  # strided views of gx: in place
-                    col.index_add_(0, i, g[k]).index_add_(0, j, -g[k])
-            if need_r:
-                ri = i if inp.radii_mod == 0 else torch.remainder(i, inp.radii_mod)
-                rj = j if inp.radii_mod == 0 else torch.remainder(j, inp.radii_mod)
-                gr.index_add_(0, ri, g[3]).index_add_(0, rj, g[3])
-        return gx, gr, None
+        if torch.is_grad_enabled():  # double backward: the differentiable torch path
+            gx, gr = _SerialPairSumBackward.apply(xyz_f, radii, grad, inp)
+            return gx if need_x else None, gr if need_r else None, None
+        return _serial_grad(inp, grad, xyz_f, radii, need_x, need_r) + (None,)
+
+
+def _serial_grad(inp: _SerialInputs, grad, xyz_f, radii, need_x: bool, need_r: bool):
+    """First derivatives of :class:`_SerialPairSum`, chunk by chunk (no graph)."""
+    gx = _host_zeros(tuple(xyz_f.shape), xyz_f.dtype) if need_x else None
+    gr = _host_zeros(radii.shape[0], radii.dtype) if need_r else None
+    cols = None if gx is None else gx.unbind(1)  # strided views: written in place
+    for lo in range(0, len(inp.i), _SERIAL_CHUNK):
+        dx, dy, dz, c, keep, i, j = _chunk_terms(inp, lo, lo + _SERIAL_CHUNK)
+        d, ok = _distance(dx, dy, dz)
+        g_d, g_c = _penalty_grad(inp.pen, d, c)
+        w = torch.where(keep, grad.index_select(0, inp.layout.of(i)).to(d.dtype), 0.0)
+        if need_x:
+            s = torch.where(ok, w * g_d / torch.where(ok, d, 1.0), 0.0)  # d|dx|/d(dx) = dx / d
+            for col, v in zip(cols, (dx, dy, dz), strict=True):
+                f = s * v
+                col.index_add_(0, i, f).index_add_(0, j, -f)
+        if need_r:
+            f = w * g_c
+            ri, rj = (t if inp.radii_mod == 0 else torch.remainder(t, inp.radii_mod) for t in (i, j))
+            gr.index_add_(0, ri, f).index_add_(0, rj, f)
+    return gx, gr
+
+
+class _SerialPairSumBackward(torch.autograd.Function):
+    """Double backward of :class:`_SerialPairSum`: the same sum recomputed by plain torch
+    ops with a graph, differentiated with ``create_graph``."""
+
+    @staticmethod
+    def forward(xyz_f, radii, grad, inp):
+        return _serial_grad(inp, grad, xyz_f, radii, True, True)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        xyz_f, radii, grad, ctx.inp = inputs
+        ctx.save_for_backward(xyz_f, radii, grad)
+
+    @staticmethod
+    def backward(ctx, gg_x, gg_r):
+        xyz_f, radii, grad = ctx.saved_tensors
+        inp = ctx.inp
+        with torch.enable_grad():
+            x = xyz_f.detach().requires_grad_(True)
+            r = radii.detach().requires_grad_(True)
+            g = grad.detach().requires_grad_(True)
+            keep = None if inp.keep_atom is None else inp.keep_atom
+            x_f = x if keep is None else torch.where(keep[:, None], x, 0.0)
+            r_f = _radii_rows(r, inp, len(x))
+            pk = inp.i != inp.j
+            if keep is not None:
+                pk = pk & keep[inp.i] & keep[inp.j]
+            if inp.excl is not None:
+                pk = pk & ~is_excluded(inp.i, inp.j, inp.layout.period, inp.excl)
+            s = (_pair_sum(x_f, r_f, inp.i, inp.j, pk, inp.layout, inp.pen) * g).sum()
+            first = torch.autograd.grad(s, [x, r], create_graph=True)
+            total = sum((o * gg).sum() for o, gg in zip(first, (gg_x, gg_r), strict=True) if gg is not None)
+            if not torch.is_tensor(total):
+                return None, None, None, None
+            grads = torch.autograd.grad(total, [x, r, g], allow_unused=True)
+        return grads[0], grads[1], grads[2], None
+
+
+def _radii_rows(r, inp: _SerialInputs, m: int):
+    """Per-atom radii (M,) from the differentiable radii ``r`` (its own rows or N)."""
+    rows = r if inp.radii_mod == 0 else r.repeat(m // inp.radii_mod)
+    return rows if inp.keep_atom is None else torch.where(inp.keep_atom, rows, 0.0)
 
 
 def _serial_pairs_loss(xyz, radii, mask, layout: _Layout, excl, pairs, pen: _Penalty):
     """``clash_loss(pairs=)`` on the CPU, without a parallel region: ``(size,)`` float64."""
     full = xyz.shape[:-1]
     xyz_f = xyz.reshape(-1, 3)
-    radii_f, radii_mod = _rows(radii, full)
-    mask_f, mask_mod = (None, 0) if mask is None else _rows(mask, full)
-    inp = _SerialInputs(radii_f, radii_mod, mask_f, mask_mod, pairs.long(), excl, layout, pen)
-    out = _SerialPairSum.apply(xyz_f, radii_f, inp)
-    # NaN policy, read on the host (numpy: no parallel region): a structure with a
-    # non-finite unmasked coordinate or radius is NaN
-    bad = ~np.isfinite(xyz_f.detach().numpy()).all(1)
-    r = radii_f.detach().numpy()
-    bad |= ~np.isfinite(r if radii_mod == 0 else np.tile(r, len(bad) // radii_mod))
-    if mask_f is not None:
-        m = mask_f.numpy()
-        bad &= m if mask_mod == 0 else np.tile(m, len(bad) // mask_mod)
+    x = xyz_f.detach().numpy()
+    r = _host_rows(radii, full)
+    keep = None if mask is None else _host_rows(mask, full)
+    # NaN policy, read on the host: a non-finite unmasked coordinate or radius makes
+    # its structure NaN; padding is zeroed (it may hold anything)
+    bad = ~(np.isfinite(x).all(1) & np.isfinite(r))
+    if keep is not None:
+        bad &= keep
+        x, r = np.where(keep[:, None], x, 0), np.where(keep, r, 0)
+    cols = tuple(torch.from_numpy(np.ascontiguousarray(x[:, k])) for k in range(3))
+    radii_mod = 0 if tuple(radii.shape) == tuple(full) else (full[-1] if radii.numel() == full[-1] else -1)
+    if radii_mod == -1:  # an unusual broadcast: differentiate through rows made by torch
+        radii = radii.expand(full).reshape(-1)
+        radii_mod = 0
+    ij = pairs.numpy().astype(np.int64, copy=False)
+    i, j = (torch.from_numpy(np.ascontiguousarray(ij[:, k])) for k in range(2))  # numpy copies: no torch op
+    keep_t = None if keep is None else torch.from_numpy(keep)
+    inp = _SerialInputs(cols, torch.from_numpy(r), radii_mod, keep_t, i, j, excl, layout, pen)
+    out = _SerialPairSum.apply(xyz_f, radii.reshape(-1), inp)
     if bad.any():
         rows = torch.from_numpy(np.nonzero(bad)[0])
         out = out.index_put((layout.of(rows),), torch.tensor(math.nan, dtype=out.dtype))
