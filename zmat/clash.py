@@ -53,8 +53,8 @@ Methods:
   ``clash_loss`` makes no host-device sync and compiles into one graph.
 - ``"auto"``: ``"all_pairs"`` when the batch holds at most
   ``AUTO_MAX_PAIRS[device type]`` pairs, ``"neighbors"`` otherwise. On CPU the
-  neighbour list wins from a few hundred atoms (measured: 18x faster at
-  N = 1000), so the switch is at 50,000 pairs (N ~ 300); on accelerators
+  neighbour list wins from a few hundred atoms, so the switch is at 50,000
+  pairs (N ~ 300); on accelerators
   all-pairs is cheap and sync-free, so it is kept up to 2,000,000 pairs
   (N ~ 2000, ~0.3 GB in float32).
 
