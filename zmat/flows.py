@@ -27,8 +27,6 @@ import math
 
 import numpy as np
 import torch
-from scipy.sparse import coo_matrix
-from scipy.sparse.csgraph import connected_components
 from torch.distributions import Transform, constraints
 
 from ._geometry import safe_atan2, safe_norm, tiny
@@ -457,6 +455,9 @@ class _Plan:
         is_fixed[fixed] = True
         free = ~is_fixed
         nref = (refs >= 0).sum(1)
+        from scipy.sparse import coo_matrix  # here, not at import: `import zmat` stays light
+        from scipy.sparse.csgraph import connected_components
+
         # connected groups of free atoms (references between free atoms)
         i, col = np.nonzero((refs >= 0) & free[:, None])
         keep = free[refs[i, col]]
