@@ -128,8 +128,15 @@ class InternalCoordinateTransform(Transform):
     transforms: e.g. side chains in internal coordinates on a Cartesian
     backbone) is placed by :func:`zmat.to_xyz` in the frame of its first
     atom's three fixed references, then moved rigidly onto their given
-    positions: the whole forward is one ``to_xyz`` call and one rigid motion
-    per atom, with no Python loop over atoms or levels.
+    positions; a free tree's references to fixed atoms are rebuilt in the
+    tree's own placement frame. The whole forward is one ``to_xyz`` call and
+    one rigid motion per atom, with no Python loop over atoms or levels.
+
+    Args:
+        table: a :class:`zmat.ConstructionTable` or an integer array-like ``(N, 3)``.
+        fixed_atoms: 1-D atom indices kept in Cartesian coordinates, or ``None``.
+        normalize_angles: map angles and periodic entries to ``[0, 1]`` (below).
+        cache_size: as for every ``torch.distributions.Transform`` (0 or 1).
 
     A bijection needs each of the ``3 N`` numbers to move an atom in its own
     direction, hence the rules (a ``ValueError`` naming the atom otherwise): a
@@ -153,7 +160,7 @@ class InternalCoordinateTransform(Transform):
             ``(-inf, inf)``.
         kind: ``(3 N,)`` int64: what each entry is, one of ``CARTESIAN``,
             ``BOND``, ``ANGLE``, ``PERIODIC``, ``COS_BETA`` (module constants).
-        n_atoms, table, fixed_atoms, normalize_angles: as given.
+        n_atoms, table, normalize_angles: as given; fixed_atoms: sorted, int64.
 
     ``T(q)`` and ``T.inv(xyz)`` take any leading batch dimensions, float32 or
     float64, on any device; ``T.log_abs_det_jacobian(q, xyz)`` is
