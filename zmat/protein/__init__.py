@@ -44,6 +44,7 @@ from .build import (
     six_angles_from_backbone,
     to_xyz_from_torsions,
 )
+from .complex import TORSION_KEYS, Complex
 from .frames import (
     apply_frames,
     atom14_from_frames,
@@ -52,6 +53,7 @@ from .frames import (
     backbone_frames_from_torsions,
     rigid_from_three_points,
 )
+from .hydrogens import Protonation
 from .layout import Layout, layout_of
 from .structure import Protein, from_pdb, from_structure
 from .topology import CHI_ATOMS, RESIDUES, TORSION_NAMES, ResidueTemplate, one_to_three
@@ -71,6 +73,9 @@ __all__ = [
     "from_atom14",
     "from_atom37",
     "CHI_ATOMS",
+    "Complex",
+    "Protonation",
+    "TORSION_KEYS",
     "DEFAULT_TORSIONS",
     "FOLDINGDIFF_ANGLES",
     "FOLDINGDIFF_LENGTHS",

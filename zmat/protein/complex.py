@@ -1,0 +1,176 @@
+"""All-atom structures: :class:`Complex`, what ``zmat.protein.from_pdb`` returns
+for nucleic acids, hydrogens or ligands.
+
+A :class:`Complex` holds every kept atom of a structure (see
+``zmat/protein/allatom.py`` for what is kept, the tree and the rows), its
+construction table, internal coordinates, bonds with bond orders, and the
+torsions of its polymer residues: for amino acids ``phi, psi, omega,
+chi1..chi4`` (as :class:`~zmat.protein.Protein`), for nucleotides ``alpha ..
+zeta, chi`` and the sugar pucker ``pucker_phase, pucker_amplitude``
+(``zmat/protein/nucleic.py``); every name is a key, NaN where a residue does
+not have it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+
+from ..clash import exclusions_from_bonds, vdw_radii
+from ..table import ConstructionTable
+from ..transform import dihedrals, to_internal
+from . import io
+from .allatom import QUAD_NAMES, ComplexAtoms
+from .nucleic import NUCLEIC_TORSIONS, pucker
+from .topology import TORSION_NAMES
+
+__all__ = ["TORSION_KEYS", "Complex"]
+
+#: The keys of ``Complex.torsions``.
+TORSION_KEYS = TORSION_NAMES + NUCLEIC_TORSIONS
+_NU = [QUAD_NAMES.index(f"nu{j}") for j in range(5)]
+
+
+class Complex:
+    """Every kept atom of a structure: polymers, hydrogens, ligands (N atoms).
+
+    Attributes:
+        xyz: ``(N, 3)`` float64 tensor (Angstrom).
+        atom_names, elements: ``(N,)`` string arrays; ``added`` ``(N,)`` bool,
+            True for a hydrogen zmat completed.
+        residue_index: ``(N,)`` int64 tensor, each atom's residue (all residues,
+            ligands included, file order).
+        res_names, res_ids, ins_codes, res_chain_ids, hetero, family: per residue.
+        polymer: ``(R,)`` bool, the polymer residues (the L of ``torsions``).
+        table: one-tree ``ConstructionTable``; ``internal`` ``(N, 3)``.
+        bonds: ``(E, 2)`` int64 tensor, ``bond_orders`` ``(E,)`` biotite
+            ``BondType`` codes.
+        torsions: dict of ``(L,)`` float64 tensors over the polymer residues,
+            keys ``TORSION_KEYS``, radians, NaN where absent.
+    """
+
+    def __init__(self, parsed: ComplexAtoms) -> None:
+        self.parsed = parsed
+        self.xyz = torch.from_numpy(parsed.xyz.copy())
+        self.atom_names = parsed.atom_names
+        self.elements = parsed.elements
+        self.added = parsed.added
+        self.residue_index = torch.from_numpy(parsed.residue)
+        self.res_names = parsed.res_names
+        self.res_ids = parsed.res_ids
+        self.ins_codes = parsed.ins_codes
+        self.res_chain_ids = parsed.chain_ids
+        self.hetero = parsed.hetero
+        self.family = parsed.family
+        self.polymer = parsed.family != "ligand"
+        self.chain_id = parsed.chain_ids[parsed.residue]
+        self.bonds = torch.from_numpy(parsed.bonds)
+        self.bond_orders = parsed.bond_orders
+        self.quads = torch.from_numpy(parsed.quads)
+
+    def __len__(self) -> int:
+        return int(self.polymer.sum())
+
+    def __repr__(self) -> str:
+        fam = {f: int((self.family == f).sum()) for f in ("protein", "nucleic", "ligand")}
+        return f"Complex(atoms={self.n_atoms}, residues={fam}, hydrogens={int((self.elements == 'H').sum())})"
+
+    @property
+    def n_atoms(self) -> int:
+        return len(self.atom_names)
+
+    @functools.cached_property
+    def table(self) -> ConstructionTable:
+        return ConstructionTable(self.parsed.refs)
+
+    @functools.cached_property
+    def internal(self) -> torch.Tensor:
+        return to_internal(self.xyz, self.table)
+
+    @functools.cached_property
+    def torsions(self) -> dict[str, torch.Tensor]:
+        return self.measure_torsions(self.xyz)
+
+    def measure_torsions(self, xyz: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The ``torsions`` dict of other coordinates ``(..., N, 3)``, differentiably."""
+        d = dihedrals(xyz, self.quads.to(xyz.device))  # (..., L, Q)
+        out = {name: d[..., k] for k, name in enumerate(QUAD_NAMES[:14])}
+        out["pucker_phase"], out["pucker_amplitude"] = pucker(d[..., _NU])
+        return {k: out[k] for k in TORSION_KEYS}
+
+    @functools.cached_property
+    def radii(self) -> torch.Tensor:
+        """``(N,)`` float64 van der Waals radii (``zmat.clash.vdw_radii``)."""
+        return vdw_radii(self.elements.tolist(), dtype=torch.float64)
+
+    def exclusions(self, depth: int = 3) -> torch.Tensor:
+        """``(P, 2)`` atom pairs within ``depth`` bonds, for ``zmat.clash_loss``."""
+        return exclusions_from_bonds(self.bonds, self.n_atoms, depth=depth)
+
+    def torsion_rows(self) -> dict[str, torch.Tensor]:
+        """Per torsion key (dihedrals only), ``(L,)`` the atom whose row's
+        dihedral column is that torsion (its row is the quad reversed), -1
+        where the torsion is absent or not a row of this table."""
+        q = self.parsed.quads
+        refs = self.parsed.refs
+        last = np.maximum(q[..., 3], 0)
+        is_row = (q[..., 3] >= 0) & (refs[last] == q[..., 2::-1]).all(-1)
+        rows = np.where(is_row, q[..., 3], -1)
+        return {name: torch.from_numpy(rows[:, k]) for k, name in enumerate(QUAD_NAMES[:14])}
+
+    def internal_with_torsions(self, torsions: dict) -> torch.Tensor:
+        """``internal`` with given torsions written into their rows' dihedral
+        columns (NaN entries and torsions that are not rows keep the measured
+        value); differentiable in ``torsions``. OFFSET siblings follow.
+
+        Args:
+            torsions: dict of ``(L,)`` tensors, keys among the dihedral keys of
+                ``TORSION_KEYS`` (not the pucker).
+        """
+        rows = self.torsion_rows()
+        unknown = set(torsions) - set(rows)
+        if unknown:
+            raise ValueError(
+                f"unknown or non-row torsion names {sorted(unknown)}; expected some of {list(rows)}"
+            )
+        out = self.internal
+        phi = out[:, 2]
+        for name, value in torsions.items():
+            value = torch.as_tensor(value, dtype=out.dtype)
+            if value.shape != (len(self),):
+                raise ValueError(f"torsion {name!r} must have shape ({len(self)},), got {tuple(value.shape)}")
+            r = rows[name]
+            ok = (r >= 0) & ~torch.isnan(value)
+            idx = r[ok]
+            phi = phi.index_put((idx,), value[ok])
+        return torch.cat([out[:, :2], phi[:, None]], 1)
+
+    # ------------------------------------------------------------- output
+    def to_structure(self, xyz=None):
+        """A ``biotite.structure.AtomArray`` of every kept atom, with its bonds
+        (``xyz`` overrides the coordinates)."""
+        import biotite.structure as struc
+
+        coord = self.xyz if xyz is None else xyz
+        coord = torch.as_tensor(coord).detach().cpu().to(torch.float64).numpy()
+        if coord.shape != (self.n_atoms, 3):
+            raise ValueError(f"xyz must have shape ({self.n_atoms}, 3), got {coord.shape}")
+        ri = self.parsed.residue
+        arr = struc.AtomArray(self.n_atoms)
+        arr.coord = coord.astype(np.float32)
+        arr.chain_id = self.res_chain_ids[ri]
+        arr.res_id = self.res_ids[ri]
+        arr.ins_code = self.ins_codes[ri]
+        arr.res_name = self.res_names[ri]
+        arr.atom_name = self.atom_names.copy()
+        arr.element = self.elements.copy()
+        arr.hetero = self.hetero[ri]
+        rows = np.column_stack([self.parsed.bonds, self.bond_orders]).astype(np.int64)
+        arr.bonds = struc.BondList(self.n_atoms, rows)
+        return arr
+
+    def to_pdb(self, path, xyz=None) -> None:
+        """Write PDB, or mmCIF for ``.cif`` / ``.mmcif`` (bonds and bond orders kept in mmCIF)."""
+        io.write_atoms(self.to_structure(xyz), path)
