@@ -133,8 +133,8 @@ def _internal(x, xb, xa, xd) -> tuple[float, float, float]:
     r = float(np.linalg.norm(b3))
     theta = math.acos(float(np.clip(np.dot(-b2, b3) / (np.linalg.norm(b2) * r), -1, 1)))
     n1, n2 = np.cross(b1, b2), np.cross(b2, b3)
-    m = np.cross(n1, b2 / np.linalg.norm(b2))
-    return r, theta, math.atan2(float(np.dot(m, n2)), float(np.dot(n1, n2)))
+    y = float(np.dot(np.cross(n1, n2), b2 / np.linalg.norm(b2)))
+    return r, theta, math.atan2(y, float(np.dot(n1, n2)))
 
 
 def _frame_refs(x: str, nb: dict[str, list[str]], heavy_have: set[str]) -> tuple[str, str] | None:
