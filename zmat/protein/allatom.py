@@ -44,6 +44,7 @@ import numpy as np
 
 from .ccd import ccd_residue
 from .hydrogens import Protonation, extra_names, place, wanted
+from .ligands import rotatable_bonds, torsion_rows
 from .nucleic import NUCLEIC_TORSIONS, NUCLEOTIDES, RING_ATOMS, nucleic_parents, torsion_atoms
 from .topology import CHI_ATOMS, RESIDUES, TORSION_NAMES
 
@@ -77,7 +78,10 @@ class ComplexAtoms:
     ``"nucleic"``, ``"ligand"``), ``polymer_index`` (-1 for ligands).
     ``bonds`` ``(E, 2)`` and ``bond_orders`` ``(E,)`` (biotite ``BondType``
     codes); ``refs`` ``(N, 3)`` the construction rows; ``quads`` ``(L, Q, 4)``
-    the atoms of every ``QUAD_NAMES`` dihedral, -1 where undefined.
+    the atoms of every ``QUAD_NAMES`` dihedral, -1 where undefined; ``key``
+    the template torsion atoms. Ligand torsions (``zmat/protein/ligands.py``):
+    ``ligand_rows`` ``(T,)`` the atom whose dihedral column each is,
+    ``ligand_quads`` ``(T, 4)``, ``ligand_residue`` ``(T,)``.
     """
 
     atom_names: np.ndarray
@@ -97,6 +101,9 @@ class ComplexAtoms:
     refs: np.ndarray
     quads: np.ndarray
     key: np.ndarray
+    ligand_rows: np.ndarray
+    ligand_quads: np.ndarray
+    ligand_residue: np.ndarray
 
 
 def has_nucleotides(atoms, chain=None) -> bool:
@@ -458,6 +465,7 @@ def parse_complex(atoms, chain=None, hydrogens=False, ligands: bool = False) -> 
     refs = _rows(parent, order, key, elements != "H")
     fam = np.array([r.family for r in residues])
     poly = np.cumsum(fam != "ligand") - 1
+    lig_rows, lig_quads, lig_res = _ligand_torsions(fam, first, sizes, bonds, orders, elements, parent, refs)
     return ComplexAtoms(
         atom_names=np.array([a for r in residues for a in r.names], "U6"),
         elements=elements,
@@ -476,4 +484,18 @@ def parse_complex(atoms, chain=None, hydrogens=False, ligands: bool = False) -> 
         refs=refs,
         quads=_quads(residues, first, linked),
         key=key,
+        ligand_rows=lig_rows,
+        ligand_quads=lig_quads,
+        ligand_residue=lig_res,
     )
+
+
+def _ligand_torsions(fam, first, sizes, bonds, orders, elements, parent, refs):
+    rows, quads, res = [np.zeros(0, np.int64)], [np.zeros((0, 4), np.int64)], [np.zeros(0, np.int64)]
+    for k in np.flatnonzero(fam == "ligand").tolist():
+        atoms = np.arange(first[k], first[k] + sizes[k])
+        r, q = torsion_rows(rotatable_bonds(atoms, bonds, orders, elements), parent, refs)
+        rows.append(r)
+        quads.append(q)
+        res.append(np.full(len(r), k, np.int64))
+    return np.concatenate(rows), np.concatenate(quads), np.concatenate(res)

@@ -49,6 +49,9 @@ class Complex:
             ``BondType`` codes.
         torsions: dict of ``(L,)`` float64 tensors over the polymer residues,
             keys ``TORSION_KEYS``, radians, NaN where absent.
+        ligand_torsions: ``(T,)`` the torsions of the ligands' rotatable bonds
+            (``zmat/protein/ligands.py``); ``ligand_quads`` ``(T, 4)`` their
+            atoms, ``ligand_residue`` ``(T,)`` their residue.
     """
 
     def __init__(self, parsed: ComplexAtoms) -> None:
@@ -69,6 +72,8 @@ class Complex:
         self.bonds = torch.from_numpy(parsed.bonds)
         self.bond_orders = parsed.bond_orders
         self.quads = torch.from_numpy(parsed.quads)
+        self.ligand_quads = torch.from_numpy(parsed.ligand_quads)
+        self.ligand_residue = parsed.ligand_residue
 
     def __len__(self) -> int:
         return int(self.polymer.sum())
@@ -93,6 +98,10 @@ class Complex:
     def torsions(self) -> dict[str, torch.Tensor]:
         return self.measure_torsions(self.xyz)
 
+    @functools.cached_property
+    def ligand_torsions(self) -> torch.Tensor:
+        return dihedrals(self.xyz, self.ligand_quads)
+
     def measure_torsions(self, xyz: torch.Tensor) -> dict[str, torch.Tensor]:
         """The ``torsions`` dict of other coordinates ``(..., N, 3)``, differentiably."""
         d = dihedrals(xyz, self.quads.to(xyz.device))  # (..., L, Q)
@@ -112,13 +121,16 @@ class Complex:
     def torsion_rows(self) -> dict[str, torch.Tensor]:
         """Per torsion key (dihedrals only), ``(L,)`` the atom whose row's
         dihedral column is that torsion (its row is the quad reversed), -1
-        where the torsion is absent or not a row of this table."""
+        where the torsion is absent or not a row of this table; ``"ligand"``:
+        ``(T,)`` the rows of ``ligand_torsions``."""
         q = self.parsed.quads
         refs = self.parsed.refs
         last = np.maximum(q[..., 3], 0)
         is_row = (q[..., 3] >= 0) & (refs[last] == q[..., 2::-1]).all(-1)
         rows = np.where(is_row, q[..., 3], -1)
-        return {name: torch.from_numpy(rows[:, k]) for k, name in enumerate(QUAD_NAMES[:14])}
+        out = {name: torch.from_numpy(rows[:, k]) for k, name in enumerate(QUAD_NAMES[:14])}
+        out["ligand"] = torch.from_numpy(self.parsed.ligand_rows)
+        return out
 
     def internal_with_torsions(self, torsions: dict) -> torch.Tensor:
         """``internal`` with given torsions written into their rows' dihedral
@@ -127,7 +139,8 @@ class Complex:
 
         Args:
             torsions: dict of ``(L,)`` tensors, keys among the dihedral keys of
-                ``TORSION_KEYS`` (not the pucker).
+                ``TORSION_KEYS`` (not the pucker), and ``"ligand"``: ``(T,)``
+                values of ``ligand_torsions``.
         """
         rows = self.torsion_rows()
         unknown = set(torsions) - set(rows)
@@ -139,9 +152,11 @@ class Complex:
         phi = out[:, 2]
         for name, value in torsions.items():
             value = torch.as_tensor(value, dtype=out.dtype)
-            if value.shape != (len(self),):
-                raise ValueError(f"torsion {name!r} must have shape ({len(self)},), got {tuple(value.shape)}")
             r = rows[name]
+            if value.shape != r.shape:
+                raise ValueError(
+                    f"torsion {name!r} must have shape {tuple(r.shape)}, got {tuple(value.shape)}"
+                )
             ok = (r >= 0) & ~torch.isnan(value)
             idx = r[ok]
             phi = phi.index_put((idx,), value[ok])
