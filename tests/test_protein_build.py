@@ -9,7 +9,7 @@ import torch
 
 import zmat
 import zmat.protein as zp
-from zmat._align import rmsd
+from zmat import rmsd
 from zmat.table import POSITIONAL
 
 DATA = Path(__file__).parent / "data"

@@ -72,6 +72,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -90,7 +91,6 @@ from ._align import kabsch_rotation, superpose
 from .batch import Ragged, concatenate_tables
 from .table import ConstructionTable, index_tensor
 from .transform import dihedrals, to_internal, to_xyz
-from .zmatrix import ZMatrix
 
 __all__ = ["STRICT_SMARTS", "TorsionSpace", "rotatable_bonds", "torsion_table", "zmatrix_from_mol"]
 
@@ -341,8 +341,18 @@ def _heaviest(mol, b: int, c: int) -> int:
     return min(cands)[1]
 
 
-def zmatrix_from_mol(mol, conf_id: int = -1):
-    """A :class:`~zmat.ZMatrix` (float64, rows in the Mol's atom order) of one conformer.
+class MolZMatrix(NamedTuple):
+    """One conformer as plain z-matrix data; :meth:`zmat.ZMatrix.from_rdkit` makes the object."""
+
+    symbols: list[str]
+    internal: torch.Tensor  # (N, 3) float64
+    table: ConstructionTable
+    title: str
+    charge: int
+
+
+def zmatrix_from_mol(mol, conf_id: int = -1) -> MolZMatrix:
+    """Z-matrix data (float64, rows in the Mol's atom order) of one conformer.
 
     Its table is the torsion-space table (module docstring): each rotatable
     bond of RDKit's strict pattern is the dihedral of one row.
@@ -355,7 +365,7 @@ def zmatrix_from_mol(mol, conf_id: int = -1):
     _check_rebuilt(superpose(rebuilt, pos), pos)
     symbols = [a.GetSymbol() for a in mol.GetAtoms()]
     title = mol.GetProp("_Name") if mol.HasProp("_Name") else ""
-    return ZMatrix(symbols, internal, table, title=title, charge=Chem.GetFormalCharge(mol))
+    return MolZMatrix(symbols, internal, table, title, Chem.GetFormalCharge(mol))
 
 
 # ------------------------------------------------------------ the space
