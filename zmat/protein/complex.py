@@ -187,5 +187,6 @@ class Complex:
         return arr
 
     def to_pdb(self, path, xyz=None) -> None:
-        """Write PDB, or mmCIF for ``.cif`` / ``.mmcif`` (bonds and bond orders kept in mmCIF)."""
+        """Write PDB (bonds as ``CONECT``), or mmCIF for ``.cif`` / ``.mmcif`` (bonds with
+        their orders: ``chem_comp_bond`` and ``struct_conn``), through biotite."""
         io.write_atoms(self.to_structure(xyz), path)
