@@ -81,7 +81,8 @@ class ComplexAtoms:
     the atoms of every ``QUAD_NAMES`` dihedral, -1 where undefined; ``key``
     the template torsion atoms. Ligand torsions (``zmat/protein/ligands.py``):
     ``ligand_rows`` ``(T,)`` the atom whose dihedral column each is,
-    ``ligand_quads`` ``(T, 4)``, ``ligand_residue`` ``(T,)``.
+    ``ligand_quads`` ``(T, 4)``, ``ligand_residue`` ``(T,)``. ``linked``
+    ``(R,)``: residue ``k`` is bonded to ``k - 1`` in its polymer.
     """
 
     atom_names: np.ndarray
@@ -104,6 +105,7 @@ class ComplexAtoms:
     ligand_rows: np.ndarray
     ligand_quads: np.ndarray
     ligand_residue: np.ndarray
+    linked: np.ndarray
 
 
 def has_nucleotides(atoms, chain=None) -> bool:
@@ -487,6 +489,7 @@ def parse_complex(atoms, chain=None, hydrogens=False, ligands: bool = False) -> 
         ligand_rows=lig_rows,
         ligand_quads=lig_quads,
         ligand_residue=lig_res,
+        linked=linked,
     )
 
 

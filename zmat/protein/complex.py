@@ -24,6 +24,8 @@ from ..transform import dihedrals, to_internal
 from . import io
 from .allatom import QUAD_NAMES, ComplexAtoms
 from .nucleic import NUCLEIC_TORSIONS, pucker
+from .nucleic_ideal import NucleicIdeal, nucleic_ideal
+from .nucleic_ideal import apply as apply_ideal
 from .topology import TORSION_NAMES
 
 __all__ = ["TORSION_KEYS", "Complex"]
@@ -161,6 +163,39 @@ class Complex:
             idx = r[ok]
             phi = phi.index_put((idx,), value[ok])
         return torch.cat([out[:, :2], phi[:, None]], 1)
+
+    # --------------------------------------------------------- rebuilding
+    @functools.cached_property
+    def nucleic_plan(self) -> NucleicIdeal:
+        rows = {k: v.numpy() for k, v in self.torsion_rows().items()}
+        R = len(self.res_names)
+        prev = np.where(self.parsed.linked, np.arange(R) - 1, -1)
+        return nucleic_ideal(self.parsed, rows, prev)
+
+    def ideal_internal(self, torsions: dict | None = None) -> torch.Tensor:
+        """Internal coordinates with ideal nucleotide geometry (``zmat/protein/nucleic_ideal.py``).
+
+        Nucleotide rows get CCD bond lengths, angles and fixed dihedrals,
+        ``alpha..zeta, chi`` from ``torsions`` and the sugar ring from
+        ``pucker_phase, pucker_amplitude``, closed exactly (delta follows the
+        ring); missing keys and NaN entries take this structure's values, and
+        every other row keeps its measured value. With the default this is
+        the ideal-geometry rebuild of the structure from its own torsions and
+        puckers.
+
+        Args:
+            torsions: dict of ``(L,)`` tensors, keys among ``TORSION_KEYS``.
+
+        Returns:
+            ``(N, 3)``, differentiable in the torsions and puckers.
+        """
+        torsions = {} if torsions is None else dict(torsions)
+        unknown = set(torsions) - set(NUCLEIC_TORSIONS)
+        if unknown:
+            raise ValueError(
+                f"ideal_internal takes nucleotide torsions {NUCLEIC_TORSIONS}, got {sorted(unknown)}"
+            )
+        return apply_ideal(self.nucleic_plan, self.internal, torsions, self.torsions)
 
     # ------------------------------------------------------------- output
     def to_structure(self, xyz=None):

@@ -148,7 +148,8 @@ def torsion_atoms(res_name: str) -> dict[str, tuple[str, str, str, str]]:
     return out
 
 
-_PUCKER_DENOM = 2.0 * (math.sin(math.radians(36.0)) + math.sin(math.radians(72.0)))
+#: ``2 (sin 36 deg + sin 72 deg)``, the denominator of tan P.
+PUCKER_DENOMINATOR = 2.0 * (math.sin(math.radians(36.0)) + math.sin(math.radians(72.0)))
 
 
 def pucker(nu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -163,7 +164,7 @@ def pucker(nu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         finite where ``cos P = 0`` and has finite gradients at a flat ring.
     """
     nu0, nu1, nu2, nu3, nu4 = nu.unbind(-1)
-    y = ((nu4 + nu1) - (nu3 + nu0)) / _PUCKER_DENOM
+    y = ((nu4 + nu1) - (nu3 + nu0)) / PUCKER_DENOMINATOR
     phase = torch.remainder(torch.atan2(y, nu2), 2 * math.pi)
     amplitude = safe_norm(torch.stack([nu2, y], -1))
     return phase, amplitude
