@@ -43,7 +43,7 @@ SMILES = {
 def conformers(smiles: str, n: int, seed: int):
     mol = Chem.AddHs(Chem.MolFromSmiles(smiles))
     params = AllChem.ETKDGv3()
-    params.randomSeed = seed
+    params.randomSeed = seed + 1  # randomSeed=0 embeds n identical conformers (RDKit 2026.09)
     ids = list(AllChem.EmbedMultipleConfs(mol, n, params))
     return mol, ids
 

@@ -125,7 +125,6 @@ def main(argv=None) -> None:
         "--rattle", type=float, default=0.05, help="random displacement (A) of the start (breaks symmetry)"
     )
     args = p.parse_args(argv)
-    torch.set_num_threads(1)  # a small model: more threads only wait on each other on a shared machine
     t0 = time.perf_counter()
 
     path = Path(args.molecule)
@@ -192,4 +191,5 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
+    torch.set_num_threads(1)  # a small model: on a shared machine more threads wait for each other
     main()

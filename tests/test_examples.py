@@ -126,3 +126,20 @@ def test_frames_and_violations():
     loss_before, loss_after = floats(r"violation loss ([\d.]+) -> ([\d.]+);", out)
     rmsd_before, rmsd_after = floats(r"atom RMSD ([\d.]+) -> ([\d.]+) A", out)
     assert after < before and loss_after < 0.5 * loss_before and rmsd_after < rmsd_before
+
+
+def test_conformer_example_embeds_distinct_conformers():
+    """ETKDG with randomSeed=0 gives identical conformers: the example's seeds must not."""
+    pytest.importorskip("rdkit")
+    import importlib.util
+
+    import numpy as np
+
+    spec = importlib.util.spec_from_file_location("conformer_torsions", EXAMPLES / "conformer_torsions.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    for k, smiles in enumerate(example.SMILES.values()):  # main() seeds molecule k with k
+        mol, ids = example.conformers(smiles, 4, seed=k)
+        x = np.stack([mol.GetConformer(i).GetPositions() for i in ids])
+        spread = np.abs(x[:, None] - x[None]).max(axis=(2, 3))
+        assert len(ids) == 4 and spread[~np.eye(4, dtype=bool)].min() > 0.1, smiles

@@ -173,6 +173,10 @@ def test_gaussian_variables_are_kept_with_names_signs_and_rows():
     assert zm.variables["D1"] == pytest.approx(math.radians(175.0), abs=1e-15)
     assert zm.internal[11, 2] == -zm.internal[10, 2]
     assert torch.equal(zm.internal_from_variables(zm.variable_values()), zm.internal)
+    batch = zm.variable_values() + torch.arange(3.0, dtype=torch.float64)[:, None] / 10  # (3, V)
+    c = zm.internal_from_variables(batch)
+    assert c.shape == (3, len(zm), 3) and torch.equal(c[:, 11, 2], -c[:, 10, 2])
+    assert torch.equal(c[:, 4, 0], c[:, 5, 0]) and torch.equal(c[:, 0], zm.internal[0].expand(3, 3))
     text = zm.to_string()  # written back with the file's names and signs, literals inline
     assert re.search(r"^H\s+8\s+L6\s+5\s+A2\s+1\s+-D1$", text, re.M) and "D1= 175.0" in text
 
@@ -229,7 +233,7 @@ def test_find_looks_up_a_row_by_its_atoms():
     refs = zm.table.refs
     for i, (b, a, d) in enumerate(refs.tolist()):
         if d >= 0:
-            assert zm.find(i, b, a, d) == zm.find(d, a, b, i) == zm.find([d, a, b, i]) == (i, 2)
+            assert zm.find(i, b, a, d) == zm.find(d, a, b, i) == zm.find(np.array([d, a, b, i])) == (i, 2)
             assert zm.find(i, b, a) == zm.find(a, b, i) == (i, 1) and zm.find(b, i) == (i, 0)
     i, (b, a, d) = 5, refs[5].tolist()
     with pytest.raises(ValueError, match=f"no row holds the dihedral {i}-{a}-{b}-{d}"):

@@ -48,8 +48,8 @@ from typing import TypeVar
 
 import numpy as np
 import torch
-from scipy.sparse import coo_matrix, csr_matrix
-from scipy.sparse.csgraph import connected_components, depth_first_order
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
 
 __all__ = ["ConstructionTable", "as_table"]
 
@@ -284,6 +284,20 @@ class ConstructionTable:
         deps[rigid, 0] = self.parent[rigid]
         return _group(_longest_path_levels(deps, self.n_atoms))
 
+    @functools.cached_property
+    def dihedral_plane(self) -> np.ndarray:
+        """``(N,)`` int64: where the anchor of a POSITIONAL row ``(b, a, d)``
+        takes the plane ``(d, a, b)`` from (``_geometry.nerf_anchor``): ``+1``
+        if ``d`` is a sibling (its references start ``(b, a)``), ``-1`` a
+        cousin (``(a, b)``): ``d``'s frame, defined even where ``d`` lies on
+        the axis ``a - b``; ``0`` the positions (every other row)."""
+        b, a, d = self.refs.T
+        rd = self.refs[np.maximum(d, 0), :2]
+        positional = self.kind == POSITIONAL
+        sibling = positional & (rd[:, 0] == b) & (rd[:, 1] == a)
+        cousin = positional & (rd[:, 0] == a) & (rd[:, 1] == b)
+        return sibling.astype(np.int64) - cousin.astype(np.int64)
+
     @property
     def bonds(self) -> np.ndarray:
         """``(E, 2)`` array of ``(i, b_i)`` pairs: the bonds the table implies."""
@@ -478,23 +492,36 @@ def _validate(refs) -> np.ndarray:
         raise ValueError("construction table has references too large for int64")
     arr = arr.astype(np.int64)
     n = arr.shape[0]
-    present = arr >= 0
-    rows = np.arange(n)[:, None]
-    # one boolean mask per problem; the first offending row is reported
-    problems = {
-        "range": ((arr < -1) | (arr >= n)).any(1),
-        "gap": (present[:, 1] & ~present[:, 0]) | (present[:, 2] & ~present[:, 1]),
-        "self": (arr == rows).any(1),
-        "repeat": (
-            (present[:, 1] & (arr[:, 0] == arr[:, 1]))
-            | (present[:, 2] & ((arr[:, 0] == arr[:, 2]) | (arr[:, 1] == arr[:, 2])))
-        ),
-    }
-    bad = np.logical_or.reduce(list(problems.values()))
+    bad = _row_problems(arr)
     if bad.any():
-        _raise_row_error(int(np.argmax(bad)), arr[int(np.argmax(bad))], n)
+        i = int(np.argmax(bad))
+        try:
+            _raise_row_error(i, arr[i], n)
+        except ValueError as e:
+            if not _row_problems(np.where(arr > 0, arr - 1, -1)).any():  # valid once read as 1-based
+                raise ValueError(
+                    f"{e}. References are 0-based atom indices with -1 for none; this looks like a "
+                    "1-based table (as in z-matrix text): use refs - 1, with 0 becoming -1"
+                ) from None
+            raise
     _check_acyclic(arr)
     return arr
+
+
+def _row_problems(arr: np.ndarray) -> np.ndarray:
+    """``(N,)`` bool: rows with a reference out of range, a gap, the atom
+    itself, or a repeated reference (one mask per problem)."""
+    n = arr.shape[0]
+    present = arr >= 0
+    rows = np.arange(n)[:, None]
+    problems = (
+        ((arr < -1) | (arr >= n)).any(1),
+        (present[:, 1] & ~present[:, 0]) | (present[:, 2] & ~present[:, 1]),
+        (arr == rows).any(1),
+        (present[:, 1] & (arr[:, 0] == arr[:, 1]))
+        | (present[:, 2] & ((arr[:, 0] == arr[:, 2]) | (arr[:, 1] == arr[:, 2]))),
+    )
+    return np.logical_or.reduce(problems)
 
 
 def _raise_row_error(i: int, row: np.ndarray, n: int):
@@ -603,21 +630,42 @@ def _roots_and_depths(parent: np.ndarray):
 def _preorder(parent: np.ndarray):
     """Depth-first preorder of a forest, children in index order; returns
     ``(order, end)`` with ``end[i]`` one past the last position of ``i``'s
-    subtree. scipy's depth-first search from a virtual root above the roots
-    (O(N), in C), then the last descendant of every node by pointer jumping
-    along last children: no loop over atoms or depth in Python."""
+    subtree.
+
+    The Euler tour of the forest (a virtual root above the roots) as a linked
+    list: every node is entered (``down``, weight 1) and left (``up``, weight
+    0); after ``down i`` comes ``down`` of its first child, else ``up i``;
+    after ``up i`` the ``down`` of its next sibling, else ``up`` of its
+    parent. Weighted list ranking by pointer jumping (``ceil(log2(2 N))``
+    vectorised rounds) counts the ``down`` steps from every step to the end:
+    ``i``'s preorder position is ``N`` minus that count at ``down i``, and its
+    subtree ends where ``up i`` is. O(N log N) numpy work, whatever the shape
+    (a million roots, a star, a chain): no search, no loop over atoms."""
     n = len(parent)
     src = np.where(parent >= 0, parent, n)  # n: the virtual root
     kids = np.argsort(src, kind="stable")  # children grouped by parent, in index order
     ptr = np.searchsorted(src[kids], np.arange(n + 2))
-    graph = csr_matrix((np.ones(n, np.int8), kids, ptr), shape=(n + 1, n + 1))
-    order = depth_first_order(graph, n, directed=True, return_predecessors=False)[1:].astype(np.int64)
-    pos = np.empty(n, np.int64)
-    pos[order] = np.arange(n)
-    last = np.where(ptr[1 : n + 1] > ptr[:n], kids[np.maximum(ptr[1 : n + 1] - 1, 0)], np.arange(n))
-    while not np.array_equal(nxt := last[last], last):
-        last = nxt
-    return order, pos[last] + 1
+    has_kids = ptr[1 : n + 1] > ptr[:n]
+    end_of_tour = 2 * n
+    nxt = np.empty(2 * n + 1, np.int64)  # steps: down i = i, up i = n + i, the end = 2 n
+    nxt[:n] = np.where(has_kids, kids[np.minimum(ptr[:n], n - 1)], np.arange(n) + n)
+    sibling = np.empty(n, np.int64)
+    last = np.append(src[kids][1:] != src[kids][:-1], True)  # the last child of its parent
+    sibling[kids] = np.where(last, -1, np.append(kids[1:], -1))
+    nxt[n : 2 * n] = np.where(sibling >= 0, sibling, np.where(parent >= 0, parent + n, end_of_tour))
+    nxt[end_of_tour] = end_of_tour
+    count = np.zeros(2 * n + 1, np.int64)
+    count[:n] = 1
+    while True:  # count[e] = downs from e up to (not including) nxt[e]; then nxt[e] jumps
+        count += count[nxt]
+        step = nxt[nxt]
+        if (step == end_of_tour).all():
+            break
+        nxt = step
+    pos = n - count[:n]
+    order = np.empty(n, np.int64)
+    order[pos] = np.arange(n)
+    return order, n - count[n : 2 * n]
 
 
 def _group(label: np.ndarray) -> list[np.ndarray]:

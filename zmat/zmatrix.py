@@ -162,7 +162,7 @@ class ZMatrix:
             >>> zm.find(2, 0, 1, 3)  # the dihedral H-O-O-H is row 3's
             (3, 2)
         """
-        if len(atoms) == 1 and not isinstance(atoms[0], int):
+        if len(atoms) == 1 and isinstance(atoms[0], Sequence | np.ndarray | torch.Tensor):
             atoms = tuple(atoms[0])
         atoms = tuple(int(a) for a in atoms)
         if len(atoms) not in (2, 3, 4):
@@ -205,7 +205,7 @@ class ZMatrix:
         if values.shape[-1:] != (n_var,):
             raise ValueError(f"values must have shape (..., {n_var}), got {tuple(values.shape)}")
         slot, var, sign = self._variable_index(values.device)
-        base = self.internal.to(values.dtype).reshape(-1).expand(*values.shape[:-1], -1)
+        base = self.internal.to(values.device, values.dtype).reshape(-1).expand(*values.shape[:-1], -1)
         out = base.index_copy(-1, slot, values.index_select(-1, var) * sign.to(values.dtype))
         return out.unflatten(-1, (len(self), 3))
 

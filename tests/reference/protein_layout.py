@@ -146,10 +146,17 @@ def reference_layout(
     # ---- rows
     refs = np.full((n, 3), -1, np.int64)
     planar_child = np.full(n, -1, np.int64)
+    first_child = np.full(n, -1, np.int64)  # of a root: the BOND row
+    second_child = np.full(n, -1, np.int64)
     for v in range(n):
         p = parent[v]
         if p >= 0 and depth[v] == 2 and planar_child[p] < 0:
             planar_child[p] = v
+        if p >= 0 and depth[v] == 1:
+            if first_child[p] < 0:
+                first_child[p] = v
+            elif second_child[p] < 0:
+                second_child[p] = v
     for k, t in enumerate(templates):
         sib = _SIBLING[t.name]
         for name, v in amap[k].items():
@@ -157,10 +164,21 @@ def reference_layout(
             if p < 0:
                 continue
             pp = parent[p]
-            if pp < 0:
-                refs[v] = (p, -1, -1)
+            if pp < 0:  # a root's later children: on its first child (a tree without N)
+                c1 = first_child[p]
+                q = planar_child[c1] if c1 != v else -1
+                if c1 == v:
+                    refs[v] = (p, -1, -1)
+                elif q >= 0:
+                    refs[v] = (p, c1, q)
+                else:
+                    s2 = second_child[p]
+                    refs[v] = (p, c1, -1) if s2 == v else (p, c1, s2)
                 continue
             ppp = parent[pp]
+            if ppp < 0 and first_child[pp] != p:  # under a later child of the root
+                refs[v] = (p, pp, first_child[pp])
+                continue
             if ppp < 0:  # depth 2: one PLANAR child, its siblings OFFSET on it
                 q = planar_child[p]
                 refs[v] = (p, pp, -1) if q == v else (p, pp, q)

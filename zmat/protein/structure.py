@@ -229,6 +229,12 @@ class Protein:
             >>> Protein.from_batch(batch, 1, xyz[1]).sequence
             'ACDEFG'
         """
+        if not isinstance(batch, ProteinBatch):
+            raise TypeError(f"Protein.from_batch: batch must be a ProteinBatch, got {type(batch).__name__}")
+        if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or not -len(batch) <= b < len(batch):
+            raise ValueError(
+                f"Protein.from_batch: b={b!r} is not an index of a batch of {len(batch)} proteins"
+            )
         lay = batch.layouts[b]
         if xyz is None:
             return cls.from_sequence(batch.sequences[b])
