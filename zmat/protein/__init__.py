@@ -45,6 +45,7 @@ from .build import (
     to_xyz_from_torsions,
 )
 from .complex import TORSION_KEYS, Complex
+from .complex_batch import ComplexBatch
 from .frames import (
     apply_frames,
     atom14_from_frames,
@@ -74,6 +75,7 @@ __all__ = [
     "from_atom37",
     "CHI_ATOMS",
     "Complex",
+    "ComplexBatch",
     "Protonation",
     "TORSION_KEYS",
     "DEFAULT_TORSIONS",

@@ -23,6 +23,7 @@ from ..table import ConstructionTable
 from ..transform import dihedrals, to_internal
 from . import io
 from .allatom import QUAD_NAMES, ComplexAtoms
+from .complex_batch import ComplexBatch
 from .nucleic import NUCLEIC_TORSIONS, pucker
 from .nucleic_ideal import NucleicIdeal, nucleic_ideal
 from .nucleic_ideal import apply as apply_ideal
@@ -79,6 +80,11 @@ class Complex:
 
     def __len__(self) -> int:
         return int(self.polymer.sum())
+
+    @classmethod
+    def batch(cls, items) -> ComplexBatch:
+        """A :class:`~zmat.protein.complex_batch.ComplexBatch` of complexes (``zmat.collate``)."""
+        return ComplexBatch(items)
 
     def __repr__(self) -> str:
         fam = {f: int((self.family == f).sum()) for f in ("protein", "nucleic", "ligand")}
