@@ -30,6 +30,7 @@ heavy atom has two heavy neighbours are so fixed by local geometry; rotors
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -89,7 +90,7 @@ def wanted(res_name: str, family: str, prev: bool, nxt: bool, opts: Protonation,
         heavy: the heavy atoms the residue has (a hydrogen needs its heavy atom).
     """
     ccd = ccd_residue(res_name)
-    nb = ccd.neighbors()
+    nb = _ccd_tables(res_name)[2]
     hs = [(str(a), nb[a][0]) for a, e in zip(ccd.atom_names, ccd.elements, strict=True) if e == "H" and nb[a]]
     drop: set[str] = set()
     add: list[tuple[str, str]] = []
@@ -115,14 +116,19 @@ def wanted(res_name: str, family: str, prev: bool, nxt: bool, opts: Protonation,
     return [(h, x) for h, x in out if x in heavy]
 
 
+def _cross(u, v) -> np.ndarray:
+    """``np.cross`` of two 3-vectors, without its per-call axis handling (it dominates otherwise)."""
+    return np.array([u[1] * v[2] - u[2] * v[1], u[2] * v[0] - u[0] * v[2], u[0] * v[1] - u[1] * v[0]])
+
+
 def _nerf(xb, xa, xd, r, theta, phi) -> np.ndarray:
     """Position at bond ``r`` from ``xb``, angle ``theta`` at ``xb`` from ``xa``,
     dihedral ``phi`` (IUPAC) about ``xa-xb`` from ``xd``."""
     bc = xb - xa
     bc = bc / np.linalg.norm(bc)
-    n = np.cross(xa - xd, bc)
+    n = _cross(xa - xd, bc)
     n = n / np.linalg.norm(n)
-    m = np.cross(n, bc)
+    m = _cross(n, bc)
     s = r * math.sin(theta)
     return xb - r * math.cos(theta) * bc + s * math.cos(phi) * m + s * math.sin(phi) * n
 
@@ -132,8 +138,8 @@ def _internal(x, xb, xa, xd) -> tuple[float, float, float]:
     b3, b2, b1 = x - xb, xb - xa, xa - xd
     r = float(np.linalg.norm(b3))
     theta = math.acos(float(np.clip(np.dot(-b2, b3) / (np.linalg.norm(b2) * r), -1, 1)))
-    n1, n2 = np.cross(b1, b2), np.cross(b2, b3)
-    y = float(np.dot(np.cross(n1, n2), b2 / np.linalg.norm(b2)))
+    n1, n2 = _cross(b1, b2), _cross(b2, b3)
+    y = float(np.dot(_cross(n1, n2), b2 / np.linalg.norm(b2)))
     return r, theta, math.atan2(y, float(np.dot(n1, n2)))
 
 
@@ -170,7 +176,7 @@ def place(res_name: str, family: str, h: str, x: str, coords: dict, prev_c=None)
         if res_name == "PRO" and "CD" in coords:  # two heavy neighbours: sp3 pair
             d1, d2 = (coords["N"] - coords[y] for y in ("CA", "CD"))
             b = d1 / np.linalg.norm(d1) + d2 / np.linalg.norm(d2)
-            n = np.cross(d1, d2)
+            n = _cross(d1, d2)
             half = tetra / 2
             sign = 1.0 if h == "H2" else -1.0
             v = b / np.linalg.norm(b) * math.cos(half) + sign * n / np.linalg.norm(n) * math.sin(half)
@@ -180,12 +186,24 @@ def place(res_name: str, family: str, h: str, x: str, coords: dict, prev_c=None)
             return _nerf(coords["N"], coords["CA"], coords["C"], 1.01, tetra, math.radians(offset))
     if h == "HO5'" and "C4'" in coords:
         return _nerf(coords["O5'"], coords["C5'"], coords["C4'"], 0.96, tetra, math.pi)
-    ccd = ccd_residue(res_name)
-    ideal = dict(zip(ccd.atom_names.tolist(), ccd.ideal, strict=True))
-    is_h = dict(zip(ccd.atom_names.tolist(), (ccd.elements == "H").tolist(), strict=True))
-    refs = _frame_refs(x, ccd.neighbors(), {k for k in coords if k in ideal and not is_h[k]})
+    ideal, heavy, nb = _ccd_tables(res_name)
+    refs = _frame_refs(x, nb, {k for k in coords if k in heavy})
     if refs is None or h not in ideal or not np.isfinite(ideal[h]).all():
         raise ValueError(f"residue {res_name}: no reference atoms to place hydrogen {h} on {x}")
-    a, d = refs
-    r, theta, phi = _internal(ideal[h], ideal[x], ideal[a], ideal[d])
-    return _nerf(coords[x], coords[a], coords[d], r, theta, phi)
+    r, theta, phi = _ccd_row(res_name, h, x, *refs)
+    return _nerf(coords[x], coords[refs[0]], coords[refs[1]], r, theta, phi)
+
+
+@functools.cache
+def _ccd_tables(res_name: str):
+    """Ideal positions, heavy-atom names and bonded neighbours of a CCD entry."""
+    ccd = ccd_residue(res_name)
+    ideal = dict(zip(ccd.atom_names.tolist(), ccd.ideal, strict=True))
+    heavy = frozenset(a for a, e in zip(ccd.atom_names.tolist(), ccd.elements, strict=True) if e != "H")
+    return ideal, heavy, ccd.neighbors()
+
+
+@functools.cache
+def _ccd_row(res_name: str, h: str, x: str, a: str, d: str) -> tuple[float, float, float]:
+    ideal = _ccd_tables(res_name)[0]
+    return _internal(ideal[h], ideal[x], ideal[a], ideal[d])
