@@ -109,8 +109,13 @@ class ComplexAtoms:
 
 
 def has_nucleotides(atoms, chain=None) -> bool:
-    """True when ``atoms`` (restricted to ``chain``, a chain ID or list) has a nucleotide."""
-    nuc = np.isin(atoms.res_name, NUCLEOTIDES)
+    """True when ``atoms`` (restricted to ``chain``, a chain ID or list) has a
+    nucleotide; False for anything without residue names (the caller's type check
+    reports it)."""
+    names = getattr(atoms, "res_name", None)
+    if not isinstance(names, np.ndarray):
+        return False
+    nuc = np.isin(names, NUCLEOTIDES)
     if chain is not None:
         nuc &= np.isin(atoms.chain_id, [chain] if isinstance(chain, str) else list(chain))
     return bool(nuc.any())
@@ -140,6 +145,11 @@ class _Res:
 
 
 def _select(atoms, chain, hydrogens: bool, ligands: bool):
+    import biotite.structure as struc
+
+    if not isinstance(atoms, struc.AtomArray):
+        hint = " (take one model: stack[0])" if isinstance(atoms, struc.AtomArrayStack) else ""
+        raise TypeError(f"atoms must be a biotite.structure.AtomArray{hint}, got {type(atoms).__name__}")
     keep = ~np.isin(atoms.res_name, WATER)
     if not hydrogens:
         keep &= ~np.isin(np.char.upper(atoms.element.astype(str)), ["H", "D"])
