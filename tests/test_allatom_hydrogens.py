@@ -186,3 +186,33 @@ def test_protonation_options():
     q = from_structure(atoms[atoms.element != "H"], hydrogens=True)
     first = set(q.atom_names[q.parsed.residue == 0].tolist())
     assert "HO5'" in first and "HO3'" not in first  # 5' end without phosphate
+
+
+@pytest.mark.parametrize(
+    ("his", "want", "absent"),
+    [("HIE", {"HE2"}, {"HD1"}), ("HID", {"HD1"}, {"HE2"}), ("HIP", {"HD1", "HE2"}, set())],
+)
+def test_histidine_tautomers_and_charged_groups(his, want, absent):
+    a = pdbx.get_structure(pdbx.CIFFile.read(os.path.join(DATA, "5ugo.cif")), model=1)
+    p = from_structure(a[a.chain_id == "A"], hydrogens=Protonation(his=his))
+    res = p.parsed.residue
+    for k in np.flatnonzero(p.res_names == "HIS"):
+        names = set(p.atom_names[res == k].tolist())
+        assert want <= names and not (absent & names), (his, k, names)
+    for k in np.flatnonzero(p.res_names == "ASP"):
+        assert "HD2" not in set(p.atom_names[res == k].tolist())  # carboxylate
+    for k in np.flatnonzero(p.res_names == "LYS"):
+        names = set(p.atom_names[res == k].tolist())
+        assert "NZ" not in names or {"HZ1", "HZ2", "HZ3"} <= names  # ammonium (where NZ was modelled)
+
+
+def test_disulfide_cysteines_have_no_hg():
+    a = pdb.PDBFile.read(os.path.join(DATA, "1aki.pdb")).get_structure(model=1)
+    p = from_structure(a, hydrogens=True)
+    res = p.parsed.residue
+    cys = np.flatnonzero(p.res_names == "CYS")
+    assert len(cys) == 8
+    assert all("HG" not in set(p.atom_names[res == k].tolist()) for k in cys)
+    sg = np.flatnonzero(p.atom_names == "SG")
+    ss = [b for b in p.parsed.bonds.tolist() if b[0] in sg and b[1] in sg]
+    assert len(ss) == 4

@@ -240,7 +240,20 @@ def _linked(residues: list[_Res]) -> np.ndarray:
     return out
 
 
+def _disulfides(residues: list[_Res]) -> list[tuple[int, int]]:
+    """Pairs of cysteines (residue indices) whose SG atoms are closer than ``DISULFIDE_MAX``."""
+    cys = [k for k, r in enumerate(residues) if r.name == "CYS" and "SG" in r.names]
+    sg = [residues[k].xyz[residues[k].names.index("SG")] for k in cys]
+    return [
+        (cys[i], cys[j])
+        for i in range(len(cys))
+        for j in range(i + 1, len(cys))
+        if np.linalg.norm(sg[i] - sg[j]) < DISULFIDE_MAX
+    ]
+
+
 def _complete_hydrogens(residues: list[_Res], linked: np.ndarray, opts: Protonation) -> None:
+    bridged = {k for pair in _disulfides(residues) for k in pair}
     for k, res in enumerate(residues):
         nxt = k + 1 < len(residues) and linked[k + 1]
         heavy = {a for a, e in zip(res.names, res.elements, strict=True) if e != "H"}
@@ -250,7 +263,7 @@ def _complete_hydrogens(residues: list[_Res], linked: np.ndarray, opts: Protonat
             p = residues[k - 1]
             prev_c = p.xyz[p.names.index("C")]
         for h, x in wanted(res.name, res.family, bool(linked[k]), nxt, opts, heavy):
-            if h in res.names:
+            if h in res.names or (k in bridged and h == "HG"):  # no thiol H on a disulfide
                 continue
             res.names.append(h)
             res.elements.append("H")
@@ -259,7 +272,7 @@ def _complete_hydrogens(residues: list[_Res], linked: np.ndarray, opts: Protonat
 
 
 # ------------------------------------------------------------------- graph
-def _bonds(residues: list[_Res], first: np.ndarray, linked: np.ndarray, xyz: np.ndarray):
+def _bonds(residues: list[_Res], first: np.ndarray, linked: np.ndarray):
     """``(E, 2)`` bonds and ``(E,)`` orders: CCD bonds within residues (extra
     hydrogens on their heavy atom), polymer links, disulfides."""
     pairs, orders = [], []
@@ -281,13 +294,9 @@ def _bonds(residues: list[_Res], first: np.ndarray, linked: np.ndarray, xyz: np.
             x, y = _LINK_ATOMS[backbone_kind(res.name, res.family)]
             pairs.append((first[k - 1] + p.names.index(x), idx[y]))
             orders.append(1)
-    cys = [k for k, r in enumerate(residues) if r.name == "CYS" and "SG" in r.names]
-    sg = [first[k] + residues[k].names.index("SG") for k in cys]
-    for i in range(len(sg)):
-        for j in range(i + 1, len(sg)):
-            if np.linalg.norm(xyz[sg[i]] - xyz[sg[j]]) < DISULFIDE_MAX:
-                pairs.append((sg[i], sg[j]))
-                orders.append(1)
+    for i, j in _disulfides(residues):
+        pairs.append((first[i] + residues[i].names.index("SG"), first[j] + residues[j].names.index("SG")))
+        orders.append(1)
     return np.array(pairs, np.int64).reshape(-1, 2), np.array(orders, np.int64)
 
 
@@ -471,7 +480,7 @@ def parse_complex(atoms, chain=None, hydrogens=False, ligands: bool = False) -> 
     n = int(sizes.sum())
     xyz = np.array([x for r in residues for x in r.xyz], np.float64).reshape(n, 3)
     elements = np.array([e for r in residues for e in r.elements], "U2")
-    bonds, orders = _bonds(residues, first, linked, xyz)
+    bonds, orders = _bonds(residues, first, linked)
     pref, key = _preferred(residues, first, linked, bonds, n)
     parent, order = _tree(n, pref, bonds, xyz)
     refs = _rows(parent, order, key, elements != "H")
