@@ -40,8 +40,8 @@ from .build import (
     protein_layout,
     to_xyz_from_torsions,
 )
-from .frames import rigid_from_three_points
 from .complex import Complex
+from .frames import rigid_from_three_points
 from .layout import N_TORSIONS, Layout, residue_types, sequence_of
 from .topology import TORSION_NAMES
 
