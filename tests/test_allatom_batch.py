@@ -55,3 +55,23 @@ def test_batch_torsions_and_clash(complexes):
     losses = b.clash_loss(x)
     for k, (c, xk) in enumerate(zip(complexes, b.unbatch(x), strict=True)):
         torch.testing.assert_close(losses[k], zmat.clash_loss(xk, c.radii, exclude=c.exclusions()))
+
+
+def test_complexes_pickle_and_torsion_step_has_no_host_sync(complexes):
+    import pickle
+
+    from zmat.testing import DispatchAudit
+
+    c = pickle.loads(pickle.dumps(complexes[1]))
+    torch.testing.assert_close(zmat.to_xyz(c.internal, c.table), zmat.to_xyz(complexes[1].internal, c.table))
+    b = pickle.loads(pickle.dumps(ComplexBatch(complexes)))
+    assert len(b) == 3 and b.table.n_atoms == sum(x.n_atoms for x in complexes)
+    # a training step on torsions: write them, build, measure; no op syncs with the host
+    chi = c.torsions["chi1"].clone().requires_grad_(True)
+    lig = c.ligand_torsions.clone().requires_grad_(True)
+    c.internal_with_torsions({"chi1": chi, "ligand": lig})  # warm the cached indices
+    with DispatchAudit() as audit:
+        x = zmat.to_xyz(c.internal_with_torsions({"chi1": chi, "ligand": lig}), c.table)
+        t = c.measure_torsions(x)
+        (x.square().sum() + t["chi2"].nan_to_num().sum()).backward()
+    assert audit.syncs == [], audit.syncs

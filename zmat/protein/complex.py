@@ -150,7 +150,7 @@ class Complex:
                 ``TORSION_KEYS`` (not the pucker), and ``"ligand"``: ``(T,)``
                 values of ``ligand_torsions``.
         """
-        rows = self.torsion_rows()
+        rows = self._row_index
         unknown = set(torsions) - set(rows)
         if unknown:
             raise ValueError(
@@ -160,15 +160,26 @@ class Complex:
         phi = out[:, 2]
         for name, value in torsions.items():
             value = torch.as_tensor(value, dtype=out.dtype)
-            r = rows[name]
-            if value.shape != r.shape:
+            sel, idx = rows[name]  # fixed indices: no data-dependent indexing, no host sync
+            if value.shape != self._torsion_shape(name):
                 raise ValueError(
-                    f"torsion {name!r} must have shape {tuple(r.shape)}, got {tuple(value.shape)}"
+                    f"torsion {name!r} must have shape {self._torsion_shape(name)}, got {tuple(value.shape)}"
                 )
-            ok = (r >= 0) & ~torch.isnan(value)
-            idx = r[ok]
-            phi = phi.index_put((idx,), value[ok])
+            v = value[sel]
+            phi = phi.index_put((idx,), torch.where(torch.isnan(v), phi[idx], v))
         return torch.cat([out[:, :2], phi[:, None]], 1)
+
+    def _torsion_shape(self, name: str) -> tuple[int]:
+        return (len(self.parsed.ligand_rows),) if name == "ligand" else (len(self),)
+
+    @functools.cached_property
+    def _row_index(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Per key, the entries that are rows and their atoms (``torsion_rows``, -1 dropped)."""
+        out = {}
+        for name, r in self.torsion_rows().items():
+            sel = torch.nonzero(r >= 0)[:, 0]
+            out[name] = (sel, r[sel])
+        return out
 
     # --------------------------------------------------------- rebuilding
     @functools.cached_property
