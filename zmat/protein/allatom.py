@@ -335,7 +335,9 @@ def _preferred(residues: list[_Res], first: np.ndarray, linked: np.ndarray, bond
     return pref, key
 
 
-def _tree(n: int, pref: np.ndarray, bonds: np.ndarray, xyz: np.ndarray) -> tuple[np.ndarray, list[int]]:
+def _tree(
+    n: int, pref: np.ndarray, bonds: np.ndarray, xyz: np.ndarray, heavy: np.ndarray, residue: np.ndarray
+):
     """Parents and placement order of the module doc's tree."""
     children = [[] for _ in range(n)]
     for v in np.flatnonzero(pref >= 0).tolist():
@@ -382,10 +384,26 @@ def _tree(n: int, pref: np.ndarray, bonds: np.ndarray, xyz: np.ndarray) -> tuple
             scan += 1
         free = np.flatnonzero(~placed[scan:] & (pref[scan:] < 0))
         v = scan + int(free[0]) if len(free) else scan
+        if not order:  # the first root: a leaf of the first component if it has one
+            v = _leaf_near(v, nbrs, heavy, residue)
         anchors = np.array(deep if deep else order, np.int64)
         p = int(anchors[np.argmin(np.linalg.norm(xyz[anchors] - xyz[v], axis=1))]) if len(anchors) else -1
         put(v, p)
     return parent, order
+
+
+def _leaf_near(v: int, nbrs: list[list[int]], heavy: np.ndarray, residue: np.ndarray) -> int:
+    """``v`` if it has at most one bond, else the lowest-index heavy atom of its residue
+    with exactly one (a carbonyl or phosphate oxygen), else ``v``. A root with a single
+    child keeps every row rigid: its child is ``BOND``, the first grandchild ``PLANAR``
+    on it, all other rows ``PROPER`` / ``OFFSET`` (a root with several children makes
+    the later ones, and the chain under them, position-anchored). A heavy leaf, so that
+    every hydrogen keeps a row on its heavy atom."""
+    if len(nbrs[v]) <= 1:
+        return v
+    same = np.flatnonzero((residue == residue[v]) & heavy)
+    leaves = [int(u) for u in same if len(nbrs[u]) == 1]
+    return leaves[0] if leaves else v
 
 
 def _rows(parent: np.ndarray, order: list[int], key: np.ndarray, heavy: np.ndarray) -> np.ndarray:
@@ -482,7 +500,8 @@ def parse_complex(atoms, chain=None, hydrogens=False, ligands: bool = False) -> 
     elements = np.array([e for r in residues for e in r.elements], "U2")
     bonds, orders = _bonds(residues, first, linked)
     pref, key = _preferred(residues, first, linked, bonds, n)
-    parent, order = _tree(n, pref, bonds, xyz)
+    residue = np.repeat(np.arange(len(residues)), sizes)
+    parent, order = _tree(n, pref, bonds, xyz, elements != "H", residue)
     refs = _rows(parent, order, key, elements != "H")
     fam = np.array([r.family for r in residues])
     poly = np.cumsum(fam != "ligand") - 1
@@ -490,7 +509,7 @@ def parse_complex(atoms, chain=None, hydrogens=False, ligands: bool = False) -> 
     return ComplexAtoms(
         atom_names=np.array([a for r in residues for a in r.names], "U6"),
         elements=elements,
-        residue=np.repeat(np.arange(len(residues)), sizes),
+        residue=residue,
         xyz=xyz,
         added=np.array([a for r in residues for a in r.added], bool),
         res_names=np.array([r.name for r in residues], "U5"),
