@@ -19,6 +19,14 @@
   :func:`structural_violations` (:mod:`zmat.protein.violations`).
 * :func:`internal_from_six_angles` / :func:`six_angles_from_backbone`:
   FoldingDiff's six-angle backbone.
+* All-atom structures (``docs/allatom.md``): DNA/RNA, hydrogens
+  (``hydrogens=``, :class:`Protonation`) and ligands (``ligands=``) make
+  ``from_pdb`` return a :class:`Complex` (one tree over every kept atom,
+  nucleotide torsions and sugar puckers in ``torsions``, ligand torsions,
+  ``ideal_internal`` from torsions and puckers); :class:`ComplexBatch` batches
+  them. Modules: ``ccd`` (CCD entries), ``nucleic``, ``sugar``,
+  ``nucleic_ideal``, ``hydrogens``, ``ligands`` <- ``allatom`` (parsing, the
+  tree) <- ``complex`` <- ``structure``.
 
 Conventions: Angstrom, radians, IUPAC dihedral signs; torsion columns in
 ``TORSION_NAMES`` order; templates and ideal geometry in
