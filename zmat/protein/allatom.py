@@ -24,7 +24,9 @@ polymer residue its template parent (amino acids: the rows of
 ``topology.py``; nucleotides: ``nucleic.py``), every hydrogen its heavy atom,
 a ligand grows breadth first over its bonds; what the bonds do not reach (a
 new chain, a chain break, a ligand, an ion) hangs off the nearest placed atom
-by a *virtual* bond whose internal coordinates are measured. Rows are
+by a *virtual* bond whose internal coordinates are measured. The root is a
+heavy atom of the first residue with a single bond (``_leaf_near``), so no row
+is position-anchored. Rows are
 ``PROPER`` (``(b, parent(b), angle reference of b)``, the dihedral column
 being a torsion about ``parent(b)-b``), except that the children of one atom
 are ``OFFSET`` on one representative child (a torsion atom of the template,
