@@ -170,9 +170,10 @@ class Protein:
         Every chemical row (``layout.ideal_mask``) gets the ideal bond length,
         bond angle and fixed dihedral (``zmat.protein.topology``) and its
         torsion from ``torsions``; rows across chain breaks and virtual links
-        keep the measured values, as do torsions given as NaN. With the
-        default ``torsions`` (this structure's own) this is the torsion-only
-        rebuild of the structure.
+        keep the measured values, as do torsions given as NaN; proline rings are
+        closed (``zmat.protein.build.close_proline_rings``). With the default
+        ``torsions`` (this structure's own) this is the torsion-only rebuild of
+        the structure; :meth:`internal_from_torsions` keeps its own geometry.
 
         Args:
             torsions: ``(..., L, 7)`` tensor or dict of ``(..., L)`` tensors;
