@@ -23,6 +23,8 @@ from ..table import ConstructionTable
 from ..transform import dihedrals, to_internal
 from . import io
 from .allatom import QUAD_NAMES, ComplexAtoms
+from .amino_ideal import AminoIdeal, amino_ideal
+from .amino_ideal import apply as apply_amino
 from .complex_batch import ComplexBatch
 from .nucleic import NUCLEIC_TORSIONS, pucker
 from .nucleic_ideal import NucleicIdeal, nucleic_ideal
@@ -189,10 +191,17 @@ class Complex:
         prev = np.where(self.parsed.linked, np.arange(R) - 1, -1)
         return nucleic_ideal(self.parsed, rows, prev)
 
-    def ideal_internal(self, torsions: dict | None = None) -> torch.Tensor:
-        """Internal coordinates with ideal nucleotide geometry (``zmat/protein/nucleic_ideal.py``).
+    @functools.cached_property
+    def amino_plan(self) -> AminoIdeal:
+        R = len(self.res_names)
+        return amino_ideal(self.parsed, np.where(self.parsed.linked, np.arange(R) - 1, -1))
 
-        Nucleotide rows get CCD bond lengths, angles and fixed dihedrals,
+    def ideal_internal(self, torsions: dict | None = None) -> torch.Tensor:
+        """Internal coordinates with ideal geometry (``zmat/protein/nucleic_ideal.py``,
+        ``zmat/protein/amino_ideal.py``).
+
+        Amino-acid rows get the templates' ideal values and ``phi .. chi4``
+        from ``torsions``; nucleotide rows CCD bond lengths, angles and fixed dihedrals,
         ``alpha..zeta, chi`` from ``torsions`` and the sugar ring from
         ``pucker_phase, pucker_amplitude``, closed exactly (delta follows the
         ring); missing keys and NaN entries take this structure's values, and
@@ -207,12 +216,11 @@ class Complex:
             ``(N, 3)``, differentiable in the torsions and puckers.
         """
         torsions = {} if torsions is None else dict(torsions)
-        unknown = set(torsions) - set(NUCLEIC_TORSIONS)
+        unknown = set(torsions) - set(TORSION_KEYS)
         if unknown:
-            raise ValueError(
-                f"ideal_internal takes nucleotide torsions {NUCLEIC_TORSIONS}, got {sorted(unknown)}"
-            )
-        return apply_ideal(self.nucleic_plan, self.internal, torsions, self.torsions)
+            raise ValueError(f"ideal_internal takes torsions among {TORSION_KEYS}, got {sorted(unknown)}")
+        c = apply_amino(self.amino_plan, self.internal, torsions, self.torsions)
+        return apply_ideal(self.nucleic_plan, c, torsions, self.torsions)
 
     # ------------------------------------------------------------- output
     def to_structure(self, xyz=None):

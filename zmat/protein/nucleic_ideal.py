@@ -130,6 +130,35 @@ def _names(parsed, k: int, prev: int):
     return out
 
 
+def heavy_neighbours(parsed) -> np.ndarray:
+    """``(N,)`` number of heavy atoms bonded to each atom."""
+    out = np.zeros(len(parsed.refs), np.int64)
+    heavy = parsed.elements != "H"
+    b = parsed.bonds
+    np.add.at(out, b[:, 0], heavy[b[:, 1]])
+    np.add.at(out, b[:, 1], heavy[b[:, 0]])
+    return out
+
+
+def ccd_row_values(parsed, k: int, heavy_nb: np.ndarray) -> list[tuple[int, int, float]]:
+    """``(atom, column, value)`` CCD ideal values of the hydrogen rows of residue
+    ``k`` that lie within it (a rotor's dihedral is left out)."""
+    x = _ideal(str(parsed.res_names[k]))
+    refs, res, names = parsed.refs, parsed.residue, parsed.atom_names
+    out = []
+    for i in np.flatnonzero((res == k) & (parsed.elements == "H")).tolist():
+        row = refs[i]
+        if (row < 0).any() or (res[row] != k).any() or str(names[i]) not in x:
+            continue
+        pos = [x.get(str(names[j])) for j in row]
+        if any(p is None for p in pos):
+            continue
+        r, theta, phi = _internal(x[str(names[i])], *pos)
+        rotor = heavy_nb[row[0]] == 1 and refs[row[2], 0] != row[0]  # PROPER on a one-heavy-bond atom
+        out += [(i, 0, r), (i, 1, theta)] + ([] if rotor else [(i, 2, phi)])
+    return out
+
+
 def nucleic_ideal(parsed, torsion_rows: dict[str, np.ndarray], linked_prev: np.ndarray) -> NucleicIdeal:
     """The :class:`NucleicIdeal` plan of a parsed complex.
 
