@@ -37,6 +37,8 @@ benchmarks`` runs ``fresh`` and ``latency`` after its grid):
   made once).
 * ``scaling``: seconds per atom of forward+backward, 1k-100k atoms at batch 1
   and 1k atoms at batch 1-64.
+* ``limits``: each headline row's estimated limit on this core and the
+  fraction of it reached (``benchmarks/limits.py``).
 
 Times are medians of warm calls (fresh steps: medians over different batches).
 ``--compare DIR`` runs the ``latency`` and ``scaling`` sections with the zmat
@@ -61,7 +63,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
 AMINO = "ACDEFGHIKLMNPQRSTVWY"
-SECTIONS = ("fresh", "latency", "busy", "scaling")
+SECTIONS = ("fresh", "latency", "busy", "scaling", "limits")
 #: the sections ``python -m benchmarks --suite X`` runs after its grid
 SUITE_SECTIONS = {"quick": ("fresh", "latency"), "fresh": SECTIONS, "full": SECTIONS}
 
@@ -628,6 +630,8 @@ def _ratio_keys(rec: dict) -> set:
 
 
 def _cell(rec: dict, key: str) -> str:
+    if key == "fraction":  # of a machine limit (``benchmarks/limits.py``)
+        return f"{rec[key]:.1%}"
     return f"{rec[key]:.2f}x" if key in _ratio_keys(rec) else _fmt(rec.get(key, ""))
 
 
@@ -637,10 +641,7 @@ def _sections(records: list[dict]):
         recs = [r for r in records if r.get("section") == section]
         if recs:
             keys = [k for k in dict.fromkeys(k for r in recs for k in r) if k != "section"]
-            rows = [
-                [_fmt(r.get(k, "")) if k not in _ratio_keys(r) else f"{r[k]:.2f}x" for k in keys]
-                for r in recs
-            ]
+            rows = [[_cell(r, k) if k in r else "" for k in keys] for r in recs]
             yield section, keys, rows
 
 
@@ -674,6 +675,10 @@ def run(sections, quick: bool, compile_: bool = False) -> list[dict]:
         records += run_busy()
     if "scaling" in sections:
         records += run_scaling(quick)
+    if "limits" in sections:
+        from .limits import run as run_limits
+
+        records += run_limits()
     return records
 
 
