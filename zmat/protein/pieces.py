@@ -60,7 +60,8 @@ BEYOND = 1 << 40  # the link delta of a row that is not OFFSET: above any atom i
 class _Pieces:
     """Pieces of every ``type * 4 + place`` (then ``PAD``), their atoms concatenated.
 
-    Per piece: ``start``, ``size`` (atoms), ``ring`` (a proline's CA, CB, CG,
+    ``short_chains``: no offset chain has more than one link, whatever the
+    neighbours. Per piece: ``start``, ``size`` (atoms), ``ring`` (a proline's CA, CB, CG,
     CD as piece atoms, -1 for other types), ``head`` (atoms before the rest of
     the chain in depth-first order), ``next_depth`` (depth of the next
     residue's ``N`` below this one's). Per piece atom: ``kind``; ``delta``
@@ -75,6 +76,7 @@ class _Pieces:
     torsion ``tors`` (-1: none) of the residue at ``tors_off``.
     """
 
+    short_chains: bool
     start: np.ndarray
     size: np.ndarray
     ring: np.ndarray
@@ -166,6 +168,22 @@ def _ring(piece: dict, t: int) -> tuple:
     return cg - 4, cg - 1, cg, cd
 
 
+def _short_chains(pieces: list[dict]) -> bool:
+    """Whether no OFFSET row's dihedral reference can be an OFFSET row itself
+    (then every offset chain ends after one link): the reference is in the
+    piece, or a slot of a neighbour, which may be of any piece."""
+    offset_at = {}  # slot -> whether some piece has an OFFSET row there
+    for p in pieces:
+        for slot, k in enumerate(p["kind"]):
+            offset_at[slot] = offset_at.get(slot, False) or k == OFFSET
+    for p in pieces:
+        for a in np.flatnonzero(p["kind"] == OFFSET):
+            off, slot = p["off"][a, 2], p["slot"][a, 2]
+            if p["kind"][slot] == OFFSET if off == 0 else offset_at[slot]:
+                return False
+    return True
+
+
 @functools.cache
 def _pieces() -> _Pieces:
     types = [t for t in range(len(TYPES)) for place in range(4)]
@@ -186,6 +204,7 @@ def _pieces() -> _Pieces:
     delta = np.where(slot >= 0, delta, NONE).reshape(-1, 3)
     offset = np.repeat(cat("kind") == OFFSET, S)
     return _Pieces(
+        short_chains=_short_chains(pieces[:-1]),
         start=np.cumsum(size) - size,
         size=size,
         ring=np.array([_ring(p, t) for p, t in zip(pieces, types, strict=False)] + [(-1,) * 4], np.int64),
@@ -281,27 +300,26 @@ def stamp(types: list[np.ndarray]) -> Stamp:
     )
 
 
-def _offset_chains(link: np.ndarray, ar: np.ndarray) -> np.ndarray:
+def _offset_chains(link: np.ndarray, ar: np.ndarray, short: bool) -> np.ndarray:
     """``(N, L)`` offset chains (as ``ConstructionTable._classify`` makes them:
     every atom, then its offset reference's chain; ``N``: none) from every
-    atom's link delta (``BEYOND``: not an OFFSET row). A protein's chains end
-    after one link: that case is written into one array, no stacking."""
+    atom's link delta (``BEYOND``: not an OFFSET row). ``short``: no chain has
+    a second link (``_Pieces.short_chains``), so none is looked for."""
     N = len(ar)
-    link += ar
-    np.minimum(link, N, out=link)
-    links = np.append(link, N)
-    nxt = np.take(links, link)
-    if nxt.min() == N:  # no link of a link
-        if link.min() == N:
-            return ar[:, None].copy()
-        chain = np.empty((N, 2), np.int64)
-        chain[:, 0], chain[:, 1] = ar, link
-        return chain
-    chain = [ar, link]
+    chain = np.empty((N, 2), np.int64)
+    col = chain[:, 1]
+    np.add(link, ar, out=col)
+    np.minimum(col, N, out=col)
+    chain[:, 0] = ar
+    links = None if short else np.append(col, N)
+    nxt = None if short else np.take(links, col)
+    if short or nxt.min() == N:  # no link of a link
+        return chain if col.min() < N else chain[:, :1].copy()
+    out = [ar, col]
     while nxt.min() < N:
-        chain.append(nxt)
+        out.append(nxt)
         nxt = np.take(links, nxt)
-    return np.stack(chain, 1)
+    return np.stack(out, 1)
 
 
 def batch_table(st: Stamp) -> ConstructionTable:
@@ -322,7 +340,7 @@ def batch_table(st: Stamp) -> ConstructionTable:
     parent = take(P.bond, rows)  # every row is a rigid child of its bond reference
     parent += ar
     np.maximum(parent, -1, out=parent)
-    chain = _offset_chains(take(P.link, rows), ar)
+    chain = _offset_chains(take(P.link, rows), ar, P.short_chains)
     link = chain[:, 1] if chain.shape[1] > 1 else np.full(N, N)
 
     # depth-first positions in a tree: heads in unit order, then tails in reverse
