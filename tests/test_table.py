@@ -134,6 +134,29 @@ def test_concatenate_equals_validating_the_offset_refs(pieces):
     assert fast == ref and fast.n_levels == ref.n_levels
 
 
+@settings(max_examples=25)
+@given(
+    pieces=st.lists(tables(min_atoms=1, max_atoms=9), min_size=1, max_size=4),
+    index=st.lists(st.integers(0, 3), min_size=1, max_size=12),
+)
+def test_concatenate_with_index_equals_the_list(pieces, index):
+    index = [k % len(pieces) for k in index]
+    tables = [ConstructionTable(p) for p in pieces]
+    by_list = ConstructionTable.concatenate([tables[k] for k in index])
+    by_index = ConstructionTable.concatenate(tables, index=np.array(index))
+    for name in _PLANNED:
+        assert np.array_equal(getattr(by_index, name), getattr(by_list, name)), name
+    assert [a.tolist() for a in by_index.stage_atoms] == [a.tolist() for a in by_list.stage_atoms]
+
+
+def test_concatenate_index_is_checked():
+    water = ConstructionTable([[-1, -1, -1], [0, -1, -1], [0, 1, -1]])
+    with pytest.raises(ValueError, match="index out of range for 1 tables"):
+        ConstructionTable.concatenate([water], index=[0, 1])
+    with pytest.raises(ValueError, match="1-D integer array"):
+        ConstructionTable.concatenate([water], index=[[0]])
+
+
 def test_concatenate_validates_raw_pieces_and_rejects_empty_input():
     with pytest.raises(ValueError, match="non-empty sequence"):
         ConstructionTable.concatenate([])
@@ -277,3 +300,24 @@ def test_one_based_table_gets_a_hint():
     with pytest.raises(ValueError, match=r"repeated reference") as bad:  # not 1-based either: no hint
         zmat.ConstructionTable([[-1, -1, -1], [0, -1, -1], [1, 1, -1]])
     assert "1-based" not in str(bad.value)
+
+
+def test_import_zmat_leaves_dynamo_and_scipy_unloaded():
+    # issue 24: `import zmat` took ~2 s, most of it torch._dynamo (imported by
+    # torch.compiler.assume_constant_result at import time) and scipy's sparse/spatial
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, zmat; "
+        "print(sorted(m for m in ('torch._dynamo', 'scipy.sparse', 'scipy.spatial') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_plans_are_still_constants_for_dynamo():
+    # the mark torch.compiler.assume_constant_result sets, set without importing Dynamo
+    from zmat.table import _build_constant
+
+    assert getattr(_build_constant, "_dynamo_marked_constant", False)

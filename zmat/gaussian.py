@@ -221,7 +221,7 @@ def to_string(zm: GaussianZMatrix, *, variables: bool = False, decimals: int | N
     out += ["#", "", zm.title.strip() or "zmat", "", f"{zm.charge} {zm.multiplicity}"]
     kept = any(t for toks in zm.variables for t in toks)  # else every value gets a name
     tokens = zm.variables if kept else [[] for _ in zm.symbols]
-    defined: dict[str, tuple[str, int]] = {}  # upper-case name -> (value text, row)
+    defined: dict[str, tuple[str, int, float]] = {}  # upper-case name -> (value text, row, value)
     var_lines = []
     width = max(len(s) for s in zm.symbols)
     for k, row in enumerate(order):
@@ -237,9 +237,9 @@ def to_string(zm: GaussianZMatrix, *, variables: bool = False, decimals: int | N
                 name = tok.lstrip("+-") if tok else f"{kind}{k + 1}"
                 key = name.upper()
                 if key not in defined:
-                    defined[key] = (text, row)
+                    defined[key] = (text, row, val)
                     var_lines.append(f"{name}= {text}")
-                elif defined[key][0] != text:
+                elif abs(defined[key][2] - val) > 1e-9:  # rounding apart is one value
                     raise ValueError(
                         f"variable {name!r} is {defined[key][0]} in row {defined[key][1]} but "
                         f"{text} in row {row}: write with variables=False, or make its uses agree"

@@ -141,6 +141,7 @@ def rotatable_bonds(mol, rotatable=None) -> np.ndarray:
             with a terminal atom (nothing to rotate), a bad SMARTS.
     """
     n = mol.GetNumAtoms()
+    ring = _ring_bonds(n, _bonds(mol))  # RDKit's ring info leaves out rings closed by dative bonds
     if rotatable is None or isinstance(rotatable, str):
         smarts = STRICT_SMARTS if rotatable is None else rotatable
         patt = Chem.MolFromSmarts(smarts)
@@ -149,7 +150,7 @@ def rotatable_bonds(mol, rotatable=None) -> np.ndarray:
         pairs = set()
         for match in mol.GetSubstructMatches(patt, uniquify=False, maxMatches=100_000):
             bond = mol.GetBondBetweenAtoms(match[0], match[1])
-            if bond is None or bond.IsInRing():
+            if bond is None or tuple(sorted(match[:2])) in ring:
                 continue
             pairs.add(tuple(sorted(match[:2])))
         deg = [a.GetDegree() for a in mol.GetAtoms()]
@@ -168,14 +169,70 @@ def rotatable_bonds(mol, rotatable=None) -> np.ndarray:
         bond = mol.GetBondBetweenAtoms(b, c)
         if bond is None:
             raise ValueError(f"rotatable[{k}] = ({b}, {c}) is not a bond of the Mol")
-        if bond.IsInRing():
-            raise ValueError(f"rotatable[{k}] = ({b}, {c}) is a ring bond; ring bonds cannot be rotated")
+        if (min(b, c), max(b, c)) in ring:
+            raise ValueError(
+                f"rotatable[{k}] = ({b}, {c}) is a ring bond (rings closed by dative bonds count); "
+                "ring bonds cannot be rotated"
+            )
         for x in (b, c):
             if mol.GetAtomWithIdx(x).GetDegree() < 2:
                 raise ValueError(f"rotatable[{k}] = ({b}, {c}): atom {x} has no other neighbour to rotate")
     if len({tuple(sorted(p)) for p in pairs.tolist()}) != len(pairs):
         raise ValueError("rotatable lists a bond twice")
     return pairs.astype(np.int64)
+
+
+def _ring_bonds(n: int, edges: np.ndarray) -> set[tuple[int, int]]:
+    """The bonds ``(i, j)``, ``i < j``, that lie on a cycle of the bond graph (every bond
+    that is not a bridge; Tarjan's low-link, iterative), dative bonds included."""
+    adj: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+    for k, (i, j) in enumerate(edges.tolist()):
+        adj[i].append((j, k))
+        adj[j].append((i, k))
+    disc, low, bridge = [-1] * n, [0] * n, np.zeros(len(edges), bool)
+    clock = 0
+    for s in range(n):
+        if disc[s] >= 0:
+            continue
+        disc[s] = low[s] = clock
+        clock += 1
+        stack = [(s, -1, iter(adj[s]))]
+        while stack:
+            v, via, nbrs = stack[-1]
+            for w, k in nbrs:
+                if k == via:
+                    continue
+                if disc[w] < 0:
+                    disc[w] = low[w] = clock
+                    clock += 1
+                    stack.append((w, k, iter(adj[w])))
+                    break
+                low[v] = min(low[v], disc[w])
+            else:
+                stack.pop()
+                if stack:
+                    u = stack[-1][0]
+                    low[u] = min(low[u], low[v])
+                    bridge[via] = low[v] > disc[u]
+    return {
+        (min(i, j), max(i, j)) for (i, j), br in zip(edges.tolist(), bridge.tolist(), strict=True) if not br
+    }
+
+
+def _check_bonds_apart(mol, pos: np.ndarray) -> None:
+    """Bonded atoms must not coincide: a bond of length 0 has no direction to rotate about
+    or to measure from (an all-zero conformer used to give NaN coordinates)."""
+    e = _bonds(mol)
+    if not len(e):
+        return
+    length = np.linalg.norm(pos[e[:, 0]] - pos[e[:, 1]], axis=-1)
+    short = np.flatnonzero(length < 1e-4)
+    if len(short):
+        i, j = e[short[0]]
+        raise ValueError(
+            f"the conformer has {len(short)} bonds of length ~0, e.g. atoms {i} and {j} coincide "
+            f"({length[short[0]]:.1e} A): embed it first (e.g. AllChem.EmbedMolecule)"
+        )
 
 
 def _heavy_beyond(mol, b: int, c: int) -> bool:
@@ -272,6 +329,8 @@ def torsion_table(mol, rotatable=None, conf_id: int = -1):
         if parent[c] != b:
             b, c = c, b
         kids = children[c]
+        if not kids:
+            raise ValueError(f"bond ({b}, {c}) moves nothing: it closes a ring the Mol's ring info misses")
         if refs[kids[0], 2] < 0:
             raise ValueError(f"bond ({b}, {c}) has no dihedral reference on atom {b}'s side")
         quads.append((_heaviest(mol, b, c), b, c, _heaviest(mol, c, b)))
@@ -450,11 +509,14 @@ class TorsionSpace:
                 atom index pairs; see the module docstring.
 
         Raises:
-            ValueError: no atoms, no conformer, dummy atoms, a requested bond
-                that is not in the Mol or is in a ring.
+            ValueError: no atoms, no conformer, dummy atoms, bonded atoms that
+                coincide, a requested bond that is not in the Mol or is in a ring
+                (rings closed by dative bonds, which RDKit's ring info leaves out,
+                count).
             TypeError: ``mol`` is not a ``Chem.Mol``.
         """
         pos = torch.as_tensor(_positions(mol, conf_id))
+        _check_bonds_apart(mol, pos.numpy())
         refs, quads, dof = torsion_table(mol, rotatable, conf_id)
         table = ConstructionTable(refs)
         internal = to_internal(pos, table)

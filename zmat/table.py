@@ -42,14 +42,13 @@ product of local transforms along the tree of rigid parents.
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
 import torch
-from scipy.sparse import coo_matrix
-from scipy.sparse.csgraph import connected_components
 
 __all__ = ["ConstructionTable", "as_table"]
 
@@ -92,9 +91,12 @@ class ConstructionTable:
         self._classify()
 
     @classmethod
-    def concatenate(cls, tables: Sequence) -> ConstructionTable:
+    def concatenate(cls, tables: Sequence, index=None) -> ConstructionTable:
         """One forest table of several tables, the atoms of ``tables[k]`` after
-        those of ``tables[:k]`` (a batch of different molecules or fragments).
+        those of ``tables[:k]`` (a batch of different molecules or fragments);
+        with ``index`` (1-D integers), of ``tables[index[0]], tables[index[1]],
+        ...`` (a sequence of residues from one table per residue type, say)
+        without a Python list as long as the batch.
 
         The fast path for batch builders: each piece is validated and planned
         once (pass the same :class:`ConstructionTable` objects again and again,
@@ -108,30 +110,45 @@ class ConstructionTable:
             >>> water = ConstructionTable([[-1, -1, -1], [0, -1, -1], [0, 1, -1]])
             >>> ConstructionTable.concatenate([water, water]).refs[3:].tolist()
             [[-1, -1, -1], [3, -1, -1], [3, 4, -1]]
+            >>> ConstructionTable.concatenate([water], index=[0, 0]).n_atoms
+            6
         """
         if isinstance(tables, (ConstructionTable, np.ndarray, torch.Tensor)) or len(tables) == 0:
             raise ValueError("concatenate needs a non-empty sequence of tables")
         pieces = [as_table(t) for t in tables]
-        # One packed array per piece (cached on it), so a batch of hundreds of
-        # pieces costs one concatenation per distinct offset-chain width.
-        packed = [t._packed if "_packed" in t.__dict__ else t._pack() for t in pieces]
-        sizes = np.fromiter((a.shape[1] for a in packed), np.int64, len(packed))
-        n = int(sizes.sum())
-        heights = np.fromiter((a.shape[0] for a in packed), np.int64, len(packed))
-        if (heights == heights[0]).all():
-            out = np.concatenate(packed, 1)
-        else:  # pieces of one width at a time; the shorter chains padded with "none"
-            out = np.full((int(heights.max()), n), _NONE, np.int64)
-            starts = np.cumsum(sizes) - sizes
-            for h in np.unique(heights).tolist():
-                sel = np.nonzero(heights == h)[0]
-                part = np.concatenate([packed[k] for k in sel.tolist()], 1)
-                cols = np.arange(part.shape[1]) + np.repeat(
-                    starts[sel] - (np.cumsum(sizes[sel]) - sizes[sel]), sizes[sel]
+        if index is None:
+            index = np.arange(len(pieces))
+        else:
+            index = np.asarray(index)
+            if index.ndim != 1 or index.dtype.kind not in "iu" or not len(index):
+                raise ValueError(
+                    f"concatenate: index must be a non-empty 1-D integer array, got {index!r:.80}"
                 )
-                out[:h, cols] = part
+            if index.min() < 0 or index.max() >= len(pieces):
+                raise ValueError(f"concatenate: index out of range for {len(pieces)} tables")
+        # One packed array per piece (cached on it), side by side in a pool (the
+        # shorter offset chains padded with "none"), then one gather of columns.
+        packed = [t._packed if "_packed" in t.__dict__ else t._pack() for t in pieces]
+        size = np.fromiter((a.shape[1] for a in packed), np.int64, len(packed))
+        height = max(a.shape[0] for a in packed)
+        if all(a.shape[0] == height for a in packed):
+            pool = np.concatenate(packed, 1)
+        else:
+            pool = np.full((height, int(size.sum())), _NONE, np.int64)
+            at = 0
+            for a in packed:
+                pool[: a.shape[0], at : at + a.shape[1]] = a
+                at += a.shape[1]
+        sizes = size[index]
+        first = np.repeat(np.cumsum(sizes) - sizes, sizes)  # new index of each piece's first atom
+        if len(index) == len(pieces) and np.array_equal(index, np.arange(len(pieces))):
+            out = pool
+        else:
+            out = np.take(
+                pool, np.repeat((np.cumsum(size) - size)[index], sizes) + np.arange(len(first)) - first, 1
+            )
         # every atom index shifted by its piece's offset; "none" (_NONE) stays negative
-        out[3:] += np.repeat(np.cumsum(sizes) - sizes, sizes)
+        out[3:] += first
         return cls._from_packed(out)
 
     def _take(self, ptr: np.ndarray, index: np.ndarray) -> ConstructionTable:
@@ -414,7 +431,13 @@ def _build(table: ConstructionTable, build, device: torch.device | str):
 # While torch.compile traces, Dynamo calls this for real, ahead of the
 # graph's first read of the cache (an attribute per builder, a dict per
 # device): a plan built in numpy is never traced, nor read before it exists.
-_build_constant = torch.compiler.assume_constant_result(_build)
+# ``torch.compiler.assume_constant_result`` sets the mark below; it imports
+# torch._dynamo to do so (most of a second), so ``import zmat`` sets the mark
+# itself and leaves the public call to when Dynamo is loaded anyway.
+_build_constant = _build
+_build_constant._dynamo_marked_constant = True
+if "torch._dynamo" in sys.modules:
+    torch.compiler.assume_constant_result(_build_constant)
 
 
 def index_tensor(a, device: torch.device | str) -> torch.Tensor:
@@ -559,6 +582,9 @@ def _check_acyclic(refs: np.ndarray) -> None:
     n = len(refs)
     if (refs < np.arange(n)[:, None]).all():
         return  # rows in construction order
+    from scipy.sparse import coo_matrix  # here: scipy.sparse costs a few tenths of a second to import
+    from scipy.sparse.csgraph import connected_components
+
     i, c = np.nonzero(refs >= 0)
     graph = coo_matrix((np.ones(len(i)), (i, refs[i, c])), shape=(n, n))
     n_comp, label = connected_components(graph, directed=True, connection="strong")

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -247,7 +248,8 @@ def _proline_defaults(lay, t: torch.Tensor) -> torch.Tensor:
     if not len(lay.proline_rows):
         return t
     chi = lay.tensor("proline_chi", t.device)  # (L, 7): 1 at chi1, 2 at chi2 of the prolines
-    default = torch.tensor((0.0, *PRO_DEFAULT_CHI), dtype=t.dtype, device=t.device)[chi]
+    c1, c2 = PRO_DEFAULT_CHI
+    default = torch.where(chi == 2, torch.full_like(t, c2), torch.full_like(t, c1))
     return torch.where((chi > 0) & torch.isnan(t), default, t)
 
 
@@ -435,8 +437,48 @@ class ProteinBatch:
 
     def __reduce__(self):
         # a batch is its sequences: pickle those (DataLoader workers send batches to the parent),
-        # not the lazily made arrays and functions
-        return (type(self), (self.sequences,))
+        # not the lazily made arrays and functions; from_proteins' tensors go as state
+        state = {k: v for k, v in vars(self).items() if k in ("torsions", "torsion_mask")}
+        return (type(self), (self.sequences,), state or None)
+
+    @classmethod
+    def from_proteins(cls, proteins) -> ProteinBatch:
+        """A batch of the sequences of :class:`~zmat.protein.Protein` s, with their torsions.
+
+        Sets ``torsions`` ``(B, L_max, 7)`` float64 (each protein's measured torsions,
+        NaN where undefined and on padding) and ``torsion_mask`` ``(B, L_max, 7)`` bool
+        (defined), so ``batch.to_xyz(batch.torsions)`` rebuilds every protein with ideal
+        geometry (NaN torsions take the defaults).
+
+        A batch's proteins are single chains of complete residues: a protein with
+        chain breaks or several chains is joined into one chain (the torsions across
+        a break are undefined, so they take the defaults) with a ``UserWarning``
+        naming it; missing side-chain atoms are built. To keep breaks, rebuild with
+        ``Protein.xyz_from_torsions``.
+        """
+        proteins = list(proteins)
+        for k, p in enumerate(proteins):
+            if not hasattr(p, "torsion_tensor") or not hasattr(p, "sequence"):
+                raise TypeError(
+                    f"ProteinBatch.from_proteins: item {k} is a {type(p).__name__}, not a Protein"
+                )
+        joined = [(k, p.n_breaks, len(set(p.res_chain_ids.tolist()))) for k, p in enumerate(proteins)]
+        joined = [j for j in joined if j[1] or j[2] > 1]
+        if joined:
+            what = ", ".join(f"protein {k} ({b} breaks, {c} chains)" for k, b, c in joined[:5])
+            warnings.warn(
+                f"ProteinBatch.from_proteins: {what}: a batch builds one continuous chain per protein, so "
+                "its breaks are joined (their torsions take the defaults); Protein.xyz_from_torsions "
+                "keeps them",
+                UserWarning,
+                stacklevel=2,
+            )
+        batch = cls([p.sequence for p in proteins])
+        t = torch.full((len(batch), batch.L_max, N_TORSIONS), torch.nan, dtype=torch.float64)
+        for b, p in enumerate(proteins):
+            t[b, : len(p)] = p.torsion_tensor()
+        batch.torsions, batch.torsion_mask = t, ~torch.isnan(t)
+        return batch
 
     def __len__(self) -> int:
         return len(self.sequences)

@@ -277,7 +277,7 @@ def _close_prolines(base: torch.Tensor, dihedral: torch.Tensor, aa: np.ndarray) 
         cg[:, 2], cd[:, 2], n[:, 0], cb[:, 0], cb[:, 1], cg[:, 0], cg[:, 1], cd[:, 0], cd[:, 1]
     )
     cd = torch.stack([cd[:, 0], angle, cd[:, 2]], -1)
-    return internal.index_copy(0, p, x.index_copy(1, torch.tensor([6], device=p.device), cd[:, None]))
+    return internal.index_copy(0, p, torch.cat([x[:, :6], cd[:, None], x[:, 7:]], 1))
 
 
 def atom37_from_frames(R: torch.Tensor, t: torch.Tensor, aatype, torsions: torch.Tensor):
