@@ -27,8 +27,6 @@ import math
 
 import numpy as np
 import torch
-from scipy.sparse import coo_matrix
-from scipy.sparse.csgraph import connected_components
 from torch.distributions import Transform, constraints
 
 from ._geometry import safe_atan2, safe_norm, tiny
@@ -431,6 +429,9 @@ class _Plan:
         free = ~is_fixed
         nref = (refs >= 0).sum(1)
         # connected groups of free atoms (references between free atoms)
+        from scipy.sparse import coo_matrix  # imported when used: slow to import (import zmat)
+        from scipy.sparse.csgraph import connected_components
+
         i, col = np.nonzero((refs >= 0) & free[:, None])
         keep = free[refs[i, col]]
         graph = coo_matrix((np.ones(keep.sum()), (i[keep], refs[i[keep], col[keep]])), shape=(n, n))
