@@ -489,6 +489,7 @@ def run_latency(compile_: bool = False, rounds: int = 3) -> list[dict]:
 def _busy_cases() -> list:
     import torch
 
+    import zmat
     from zmat.protein import ProteinBatch, from_pdb
 
     p = from_pdb(DATA / "3wip.pdb")
@@ -496,10 +497,19 @@ def _busy_cases() -> list:
     batch = ProteinBatch(["".join(rng.choice(list(AMINO), 256)) for _ in range(16)])
     tors = torch.from_numpy(rng.uniform(-3, 3, (16, batch.L_max, 7))).float().requires_grad_(True)
     c12 = latency_cases()[0]
+    with torch.no_grad():
+        xyz = batch.to_xyz(tors)
+    pairs, radii = batch.clash_pairs(xyz), batch.radii.float()
+
+    def clash(x):  # a clash term as a training step has it: a pair list made every few steps
+        return zmat.clash_loss(x, radii, pairs=pairs, mask=batch.atom_mask)
+
     return [
         (c12[0], c12[1], c12[2].clone().requires_grad_(True), None),
         ("3wip batch 1", p.table, p.internal.float().requires_grad_(True), None),
         ("proteins 16 x 256 res", None, tors, batch),
+        ("clash_loss(pairs=) 16 x 256 res", clash, xyz.clone().requires_grad_(True), None),
+        ("to_xyz + clash_loss 16 x 256 res", lambda t: clash(batch.to_xyz(t)), tors, None),
     ]
 
 
@@ -515,6 +525,8 @@ def run_busy() -> list[dict]:
     for name, table, leaf, batch in cases:
 
         def forward(table=table, leaf=leaf, batch=batch):
+            if callable(table):  # a loss
+                return table(leaf)
             return batch.to_xyz(leaf) if batch is not None else zmat.to_xyz(leaf, table)
 
         # the loss gradient, made once: a loss is the user's, and a ones_like

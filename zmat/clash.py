@@ -1099,7 +1099,9 @@ def _chunk_terms(inp: _SerialInputs, lo: int, hi: int):
 def _distance(dx, dy, dz):
     sq = dx * dx + dy * dy + dz * dz
     ok = ~(sq <= tiny(sq.dtype))  # as safe_norm: coincident atoms, value 0 and gradient 0
-    return torch.where(ok, torch.sqrt(torch.where(ok, sq, 1.0)), 0.0), ok
+    # numpy's sqrt (no graph here): torch's sqrt kernel goes parallel from 2,048 elements
+    root = torch.from_numpy(np.sqrt(torch.where(ok, sq, 1.0).numpy()))
+    return torch.where(ok, root, 0.0), ok
 
 
 def _penalty_grad(pen: _Penalty, d, c):
