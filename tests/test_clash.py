@@ -666,6 +666,7 @@ class BigOps(torch.utils._python_dispatch.TorchDispatchMode):
     region at two or more threads, which waits for every thread (a busy core)."""
 
     GRAIN = 32768
+    VML = ("sqrt", "rsqrt", "pow", "exp", "log", "log1p", "expm1", "tanh", "sin", "cos")  # grain 2,048
 
     def __init__(self):
         super().__init__()
@@ -694,7 +695,8 @@ class BigOps(torch.utils._python_dispatch.TorchDispatchMode):
             "alias",
             "t",
         )
-        if not name.startswith((*views, "lift")) and any(t.numel() >= self.GRAIN for t in tensors):
+        grain = 2048 if name.rstrip("_").split(".")[0] in self.VML else self.GRAIN
+        if not name.startswith((*views, "lift")) and any(t.numel() >= grain for t in tensors):
             self.ops.append(func._schema.name)
         return out
 
