@@ -925,3 +925,14 @@ def test_benchmark_smoke(tmp_path, monkeypatch):
     assert {r["method"] for r in rows} == {"all_pairs", "neighbors"}
     assert (tmp_path / "clash.json").exists()
     assert rows[0]["loss"] == pytest.approx(rows[1]["loss"], rel=1e-4)
+
+
+def test_ragged_benchmark_smoke(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(DATA.parent.parent))  # the repository root
+    from benchmarks.clash import main
+
+    rows = main(
+        ["--ragged", "--molecules", "4", "--repeats", "1", "--dtype", "float64", "--out", str(tmp_path)]
+    )
+    assert len(rows) == 2 and all(r["max_abs_diff"] < 1e-12 and r["one_call_ms"] > 0 for r in rows)
+    assert (tmp_path / "clash_ragged.json").exists()
