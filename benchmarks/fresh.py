@@ -509,6 +509,11 @@ def _busy_cases() -> list:
     out = [(c12[0], c12[2].clone(), c12[1]), ("3wip batch 1", p.internal.float(), p.table)]
     out = [(name, C.requires_grad_(True), functools.partial(zmat.to_xyz, C, table)) for name, C, table in out]
     out.append(("proteins 16 x 256 res", tors, lambda: batch.to_xyz(tors)))
+    with torch.no_grad():
+        xyz = batch.to_xyz(tors).requires_grad_(True)
+    pairs, radii = batch.clash_pairs(xyz), batch.radii.float()  # a list made every few steps
+    clash = functools.partial(zmat.clash_loss, xyz, radii, pairs=pairs, mask=batch.atom_mask)
+    out.append(("clash_loss(pairs=) 16 x 256 res", xyz, clash))
     if hasattr(zmat.protein, "structural_violations"):
         whole = ProteinBatch(batch.sequences)  # its own: the step reads more of a batch
         out.append(("proteins 16 x 256 res, whole step", *_whole_step(whole, rng)))
