@@ -91,11 +91,11 @@ def test_opcheck_placement_ops(spy, dtype):
     _, plan = _plan(chain_table(9))
     c = random_internal(9, batch=(3,), seed=1).to(dtype).reshape(3, -1).requires_grad_()
     ops = torch.ops.zmat
-    torch.library.opcheck(ops.place.default, (c, *plan.placement, plan.order))
-    torch.library.opcheck(ops.frames.default, (c, *plan.placement))
-    frames, _ = ops.place(c.detach(), *plan.placement, plan.order)
+    torch.library.opcheck(ops.place.default, (c, *plan.placement, plan.chunks, plan.order))
+    torch.library.opcheck(ops.frames.default, (c, *plan.placement, plan.chunks))
+    frames, _ = ops.place(c.detach(), *plan.placement, plan.chunks, plan.order)
     g = torch.randn_like(frames)
-    args = (plan.gather, plan.keep, plan.parent, c.shape[1])
+    args = (plan.gather, plan.keep, plan.parent, plan.chunks, c.shape[1])
     for grads in ((g[..., :3], g[..., 3], None, None), (None, None, g[..., 3], plan.order)):
         torch.library.opcheck(ops.place_backward.default, (frames, *grads, *args))
     assert spy.calls["forward"] > 0 and spy.calls["backward"] > 0

@@ -73,6 +73,8 @@ _DTYPES = (torch.float32, torch.float64)
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 #: atoms of a call (structures x atoms) from which it splits over threads
 PARALLEL_ATOMS = 1 << 15
+#: atoms per unit of work where a call on few structures splits their trees
+CHUNK_ATOMS = 4096
 _state: dict = {}  # "module": the loaded library (:class:`_Library`), or None where it failed
 
 
@@ -200,18 +202,44 @@ def usable(x: torch.Tensor) -> bool:
 
 def threads(structures: int, atoms: int) -> int:
     """Threads for a call on ``structures`` of ``atoms`` each: one below
-    :data:`PARALLEL_ATOMS` in all, else ``torch.get_num_threads()`` (at most one per structure)."""
-    if structures < 2 or structures * atoms < PARALLEL_ATOMS:
+    :data:`PARALLEL_ATOMS` in all, else ``torch.get_num_threads()``."""
+    if structures * atoms < PARALLEL_ATOMS:
         return 1
-    return min(torch.get_num_threads(), structures)
+    return torch.get_num_threads()
+
+
+def split(structures: int, plan: KernelPlan):
+    """``(threads, chunks)`` of a placement call: the structures are the units
+    of work where there are enough of them, else also runs of whole trees
+    (``plan.chunks``; ``None``: no split)."""
+    n = threads(structures, plan.n)
+    if n == 1 or structures >= 2 * n:
+        return n, None
+    return n, plan.chunks
+
+
+def _chunks(parent: np.ndarray) -> np.ndarray:
+    """Dfs positions ``0 ... N`` where runs of whole trees of about
+    :data:`CHUNK_ATOMS` atoms start (a tree is contiguous in dfs order)."""
+    n = len(parent)
+    roots = np.flatnonzero(parent < 0)
+    if n < 2 * CHUNK_ATOMS or len(roots) < 2:
+        return np.array([0, n], np.int64)
+    first = np.searchsorted(roots, np.arange(0, n, CHUNK_ATOMS))  # first root from every multiple on
+    bounds = np.unique(np.concatenate([roots[np.minimum(first, len(roots) - 1)], [0, n]]))
+    chunk = np.searchsorted(bounds, np.arange(n), side="right") - 1
+    inside = parent >= 0
+    if (chunk[parent[inside]] != chunk[inside]).any():  # a tree across a boundary: no split
+        return np.array([0, n], np.int64)
+    return bounds.astype(np.int64)
 
 
 # ------------------------------------------------------------------ the library
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _SIGNATURES = {  # pointers and integers (sizes, element strides), see the C sources
-    "forward": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _P, _I],
+    "forward": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _I, _P, _P, _I],
     "backward": [_P, _I, _I, _I, _I, _P, _I, _I, _I, _I, _P, _I, _I, _I, _P, _I, _I, _I]
-    + [_P, _I, _I, _I, _P, _P, _P, _I, _P, _I],
+    + [_P, _I, _I, _I, _P, _P, _P, _P, _I, _I, _P, _I],
     "fill_forward": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P],
     "fill_backward": [_P, _I, _I, _I, _P, _I, _I, _I, _I, _I, _I, _P, _P],
     "torsions_forward": [_I, _I, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _P, _I],
@@ -235,25 +263,31 @@ class _Library:
                 fn.argtypes, fn.restype = args, None
                 self.fns[name, dtype] = fn
 
-    def forward(self, c: Tensor, gather, keep, trig, parent, order=None, threads: int = 1, frames=True):
+    def forward(
+        self, c: Tensor, gather, keep, trig, parent, order=None, threads: int = 1, frames=True, chunks=None
+    ):
         """``c`` ``(B, 3N)`` -> ``(frames, xyz)``: frames ``(B, N, 3, 4)`` in dfs order
         (``None`` unless ``frames``) and, given ``order``, positions ``(B, N, 3)`` in
-        atom order (else ``None``)."""
+        atom order (else ``None``). ``chunks``: dfs positions where runs of whole trees
+        start, ``0 ... N`` (``None``: one), the units of work beside the structures."""
         b, n = c.shape[0], parent.shape[0]
         f = c.new_empty((b, n, 3, 4)) if frames else None
         xyz = None if order is None else c.new_empty((b, n, 3))
         self.fns["forward", c.dtype](
             c.data_ptr(), b, *c.stride(), n, gather.shape[0], gather.data_ptr(), keep.data_ptr(),
             trig.data_ptr(), parent.data_ptr(), None if order is None else order.data_ptr(),
+            *((None, 1) if chunks is None else (chunks.data_ptr(), chunks.shape[0] - 1)),
             None if f is None else f.data_ptr(), None if xyz is None else xyz.data_ptr(), threads,
         )  # fmt: skip
         return f, xyz
 
-    def backward(self, frames, g_rot, g_pos, g_x, rows, gather, keep, parent, n3: int, threads: int = 1):
+    def backward(
+        self, frames, g_rot, g_pos, g_x, rows, gather, keep, parent, n3: int, threads: int = 1, chunks=None
+    ):
         """Gradient ``(B, n3)`` from the forward's frames ``(B, N, 3, 4)`` and the optional
         gradients of their rotations ``g_rot`` ``(B, N, 3, 3)`` and positions ``g_pos``
         ``(B, N, 3)`` (dfs order), and of positions ``g_x`` ``(B, M, 3)`` (row ``rows[j]``,
-        or ``j``, for dfs position ``j``)."""
+        or ``j``, for dfs position ``j``); ``chunks`` as in :meth:`forward`."""
         b = frames.shape[0]
         grad = frames.new_empty((b, n3))
         self.fns["backward", frames.dtype](
@@ -262,7 +296,9 @@ class _Library:
             *((None, *_NO_STRIDES[:3]) if g_pos is None else (g_pos.data_ptr(), *g_pos.stride())),
             *((None, *_NO_STRIDES[:3]) if g_x is None else (g_x.data_ptr(), *g_x.stride())),
             None if rows is None else rows.data_ptr(), b, parent.shape[0], gather.shape[0],
-            gather.data_ptr(), keep.data_ptr(), parent.data_ptr(), n3, grad.data_ptr(), threads,
+            gather.data_ptr(), keep.data_ptr(), parent.data_ptr(),
+            *((None, 1) if chunks is None else (chunks.data_ptr(), chunks.shape[0] - 1)),
+            n3, grad.data_ptr(), threads,
         )  # fmt: skip
         return grad
 
@@ -317,27 +353,30 @@ def _lib() -> _Library:
 # dispatch costs more than the kernel on a small molecule).
 @torch.library.custom_op("zmat::place", mutates_args=())
 def _op_place(
-    c: Tensor, gather: Tensor, keep: Tensor, trig: Tensor, parent: Tensor, order: Tensor
+    c: Tensor, gather: Tensor, keep: Tensor, trig: Tensor, parent: Tensor, chunks: Tensor, order: Tensor
 ) -> tuple[Tensor, Tensor]:
     """``c`` ``(B, 3N)`` -> frames ``(B, N, 3, 4)`` (dfs order), positions ``(B, N, 3)`` (atom order)."""
-    frames, xyz = _lib().forward(c, gather, keep, trig, parent, order, threads(c.shape[0], parent.shape[0]))
-    return frames, xyz
+    n = threads(c.shape[0], parent.shape[0])
+    return _lib().forward(c, gather, keep, trig, parent, order, n, True, chunks)
 
 
 @torch.library.custom_op("zmat::frames", mutates_args=())
-def _op_frames(c: Tensor, gather: Tensor, keep: Tensor, trig: Tensor, parent: Tensor) -> Tensor:
+def _op_frames(
+    c: Tensor, gather: Tensor, keep: Tensor, trig: Tensor, parent: Tensor, chunks: Tensor
+) -> Tensor:
     """``c`` ``(B, 3N)`` -> frames ``(B, N, 3, 4)`` in dfs order."""
-    return _lib().forward(c, gather, keep, trig, parent, None, threads(c.shape[0], parent.shape[0]))[0]
+    n = threads(c.shape[0], parent.shape[0])
+    return _lib().forward(c, gather, keep, trig, parent, None, n, True, chunks)[0]
 
 
 @torch.library.custom_op("zmat::place_backward", mutates_args=())
 def _op_place_backward(
     frames: Tensor, g_rot: Tensor | None, g_pos: Tensor | None, g_x: Tensor | None, rows: Tensor | None,
-    gather: Tensor, keep: Tensor, parent: Tensor, n3: int,
+    gather: Tensor, keep: Tensor, parent: Tensor, chunks: Tensor, n3: int,
 ) -> Tensor:  # fmt: skip
     """The gradient ``(B, n3)`` of ``c`` (see :meth:`_Library.backward`)."""
-    b, n = frames.shape[0], parent.shape[0]
-    return _lib().backward(frames, g_rot, g_pos, g_x, rows, gather, keep, parent, n3, threads(b, n))
+    n = threads(frames.shape[0], parent.shape[0])
+    return _lib().backward(frames, g_rot, g_pos, g_x, rows, gather, keep, parent, n3, n, chunks)
 
 
 @torch.library.custom_op("zmat::fill", mutates_args=())
@@ -376,18 +415,18 @@ def _op_torsions_backward(
 
 
 @_op_place.register_fake
-def _(c, gather, keep, trig, parent, order):
+def _(c, gather, keep, trig, parent, chunks, order):
     b, n = c.shape[0], parent.shape[0]
     return c.new_empty((b, n, 3, 4)), c.new_empty((b, n, 3))
 
 
 @_op_frames.register_fake
-def _(c, gather, keep, trig, parent):
+def _(c, gather, keep, trig, parent, chunks):
     return c.new_empty((c.shape[0], parent.shape[0], 3, 4))
 
 
 @_op_place_backward.register_fake
-def _(frames, g_rot, g_pos, g_x, rows, gather, keep, parent, n3):
+def _(frames, g_rot, g_pos, g_x, rows, gather, keep, parent, chunks, n3):
     return frames.new_empty((frames.shape[0], n3))
 
 
@@ -412,31 +451,31 @@ def _(g, t, col, parent, slot, t0, u, p, x0):
 
 
 def _place_setup(ctx, inputs, output):
-    c, gather, keep, _, parent, order = inputs
+    c, gather, keep, _, parent, chunks, order = inputs
     ctx.n3 = c.shape[1]
-    ctx.save_for_backward(output[0], gather, keep, parent, order)
+    ctx.save_for_backward(output[0], gather, keep, parent, chunks, order)
 
 
 def _place_bwd(ctx, g_frames, g_xyz):
-    frames, gather, keep, parent, order = ctx.saved_tensors
+    frames, gather, keep, parent, chunks, order = ctx.saved_tensors
     g_rot = g_pos = None
     if g_frames is not None:
         g_rot, g_pos = g_frames[..., :3], g_frames[..., 3]
-    args = (g_rot, g_pos, g_xyz, order, gather, keep, parent, ctx.n3)
-    return torch.ops.zmat.place_backward(frames, *args), None, None, None, None, None
+    args = (g_rot, g_pos, g_xyz, order, gather, keep, parent, chunks, ctx.n3)
+    return torch.ops.zmat.place_backward(frames, *args), None, None, None, None, None, None
 
 
 def _frames_setup(ctx, inputs, output):
-    c, gather, keep, _, parent = inputs
+    c, gather, keep, _, parent, chunks = inputs
     ctx.n3 = c.shape[1]
-    ctx.save_for_backward(output, gather, keep, parent)
+    ctx.save_for_backward(output, gather, keep, parent, chunks)
 
 
 def _frames_bwd(ctx, g_frames):
-    frames, gather, keep, parent = ctx.saved_tensors
+    frames, gather, keep, parent, chunks = ctx.saved_tensors
     g_rot, g_pos = g_frames[..., :3], g_frames[..., 3]
-    args = (g_rot, g_pos, None, None, gather, keep, parent, ctx.n3)
-    return torch.ops.zmat.place_backward(frames, *args), None, None, None, None
+    args = (g_rot, g_pos, None, None, gather, keep, parent, chunks, ctx.n3)
+    return torch.ops.zmat.place_backward(frames, *args), None, None, None, None, None
 
 
 def _fill_setup(ctx, inputs, output):
@@ -581,6 +620,7 @@ class KernelPlan:
         self.gather, self.parent, self.order = (torch.from_numpy(a) for a in (ints[:k], ints[k], ints[k + 1]))
         self.keep, self.trig = torch.from_numpy(self._flags[:k]), torch.from_numpy(self._flags[k:])
         self.placement = (self.gather, self.keep, self.trig, self.parent)  # the forward's arrays
+        self.chunks = torch.from_numpy(_chunks(ints[k]))  # units of work for threads (whole trees)
 
     def take(self, ptr: np.ndarray, index: np.ndarray) -> KernelPlan:
         """The plan of ``ConstructionTable._take(ptr, index)``'s table, by the
@@ -622,7 +662,8 @@ def positions(C: torch.Tensor, plan: KernelPlan, table: ConstructionTable) -> to
     ``(..., N, 3)``, for tables whose segments are all rooted at the origin
     (``table.constant_anchors``)."""
     if torch.compiler.is_compiling():
-        return torch.ops.zmat.place(C.reshape(-1, 3 * plan.n), *plan.placement, plan.order)[1].view(C.shape)
+        c = C.reshape(-1, 3 * plan.n)
+        return torch.ops.zmat.place(c, *plan.placement, plan.chunks, plan.order)[1].view(C.shape)
     if torch.is_grad_enabled() and C.requires_grad:
         return _Positions.apply(C, plan, table)[0]
     return _place(C, plan, False)[1].view(C.shape)  # no graph: no Function, no frames
@@ -633,7 +674,7 @@ def frames(flat: torch.Tensor, plan: KernelPlan, table: ConstructionTable):
     segment anchors, component-major, dfs order: rotations ``(3, 3, N, B)``,
     positions ``(3, N, B)`` (as ``RigidForest`` in ``zmat/_analytic.py``)."""
     if torch.compiler.is_compiling():
-        return _split(torch.ops.zmat.frames(flat.t(), *plan.placement))
+        return _split(torch.ops.zmat.frames(flat.t(), *plan.placement, plan.chunks))
     return _Frames.apply(flat, plan, table)
 
 
@@ -641,7 +682,8 @@ def _place(C: torch.Tensor, plan: KernelPlan, frames: bool = True):
     """Frames ``(B, N, 3, 4)`` in dfs order (``None`` unless ``frames``) and
     positions ``(B, N, 3)`` in atom order."""
     c = C.reshape(-1, 3 * plan.n)
-    return _state["module"].forward(c, *plan.placement, plan.order, threads(c.shape[0], plan.n), frames)
+    n, chunks = split(c.shape[0], plan)
+    return _state["module"].forward(c, *plan.placement, plan.order, n, frames, chunks)
 
 
 def _split(frames: torch.Tensor):
@@ -651,14 +693,14 @@ def _split(frames: torch.Tensor):
     return frames[:, :3], frames[:, 3]
 
 
-def _backward(ctx, frames, g_rot, g_pos, g_x=None, split=None) -> torch.Tensor:
+def _backward(ctx, frames, g_rot, g_pos, g_x=None, saved=None) -> torch.Tensor:
     """Gradient ``(B, 3 N)`` of the flat internal coordinates from the saved
     ``frames`` ``(B, N, 3, 4)`` and the output gradients: of the rotations
     and positions (component-major, ``(3, 3, N, B)``, ``(3, N, B)``) and of
     the positions in atom order ``g_x`` ``(..., N, 3)``. A backward that
     must be differentiable takes the torch ``vjp`` (through the frames, which
     are outputs of the Functions below: so double backward differentiates
-    it, as ``RigidForest``'s; ``split``: the saved ``(rot, pos)`` outputs, if
+    it, as ``RigidForest``'s; ``saved``: the saved ``(rot, pos)`` outputs, if
     the Function's outputs are those)."""
     plan = ctx.plan
     if g_x is not None:
@@ -667,10 +709,11 @@ def _backward(ctx, frames, g_rot, g_pos, g_x=None, split=None) -> torch.Tensor:
         if g_x is not None:
             g_dfs = g_x.index_select(1, plan.order).permute(2, 1, 0)
             g_pos = g_dfs if g_pos is None else g_pos + g_dfs
-        return plan.vjp(ctx.table, *(split or _split(frames)), g_rot, g_pos).t()
+        return plan.vjp(ctx.table, *(saved or _split(frames)), g_rot, g_pos).t()
     g_rot = None if g_rot is None else g_rot.permute(3, 2, 0, 1)
     g_pos = None if g_pos is None else g_pos.permute(2, 1, 0)
-    args = (plan.order, plan.gather, plan.keep, plan.parent, 3 * plan.n, threads(frames.shape[0], plan.n))
+    n, chunks = split(frames.shape[0], plan)
+    args = (plan.order, plan.gather, plan.keep, plan.parent, 3 * plan.n, n, chunks)
     return _state["module"].backward(frames, g_rot, g_pos, g_x, *args)
 
 
@@ -700,8 +743,8 @@ class _Frames(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, flat: torch.Tensor, plan: KernelPlan, table: ConstructionTable):
-        args = (*plan.placement, None, threads(flat.shape[1], plan.n))
-        frames, _ = _state["module"].forward(flat.t(), *args)
+        n, chunks = split(flat.shape[1], plan)
+        frames, _ = _state["module"].forward(flat.t(), *plan.placement, None, n, True, chunks)
         rot, pos = _split(frames)
         ctx.plan, ctx.table, ctx.frames = plan, table, frames
         ctx.save_for_backward(rot, pos)  # outputs (double backward differentiates through them)
@@ -712,4 +755,4 @@ class _Frames(torch.autograd.Function):
     def backward(ctx, g_rot, g_pos):
         if g_rot is None and g_pos is None:
             return None, None, None
-        return _backward(ctx, ctx.frames, g_rot, g_pos, split=ctx.saved_tensors).t(), None, None
+        return _backward(ctx, ctx.frames, g_rot, g_pos, saved=ctx.saved_tensors).t(), None, None

@@ -24,10 +24,11 @@ namespace {
 // whatever the input's dtype; only the stored frames are rounded.
 using A = double;
 
+// dfs positions lo..hi-1 (whole trees: parents inside the range) of one structure.
 template <typename T>
 void place_one(const T* c, int64_t sc, int64_t n, int64_t k_rows, const int64_t* gather,
-               const uint8_t* keep, const uint8_t* trig, const int64_t* parent, A* f) {
-  for (int64_t j = 0; j < n; ++j) {
+               const uint8_t* keep, const uint8_t* trig, const int64_t* parent, A* f, int64_t lo, int64_t hi) {
+  for (int64_t j = lo; j < hi; ++j) {
     A r = keep[j] ? A(c[gather[j] * sc]) : A(0);
     A phi = 0;
     for (int64_t k = 2; k < k_rows; ++k) {
@@ -71,30 +72,34 @@ A* scratch(std::vector<A>& kept, std::vector<A>& local, int64_t size) {
 
 // c: b structures of flat internal coordinates (element strides cs0, cs1);
 // gather (K, N), keep (K, N), trig (2, N), parent (N,) (-1: none), all in dfs
-// order. Writes frames (b, N, 3, 4) in dfs order unless `frames` is null and,
-// if `order` (atom index of every dfs position) is given, positions xyz
-// (b, N, 3) in atom order.
+// order; chunks (n_chunks + 1,) dfs positions where runs of whole trees start
+// (0 ... N; null: one chunk), the units of work with the structures. Writes frames (b, N, 3, 4)
+// in dfs order unless `frames` is null and, if `order` (atom index of every
+// dfs position) is given, positions xyz (b, N, 3) in atom order.
 template <typename T>
 void forward(const T* c, int64_t b, int64_t cs0, int64_t cs1, int64_t n, int64_t k_rows,
              const int64_t* gather, const uint8_t* keep, const uint8_t* trig, const int64_t* parent,
-             const int64_t* order, T* frames, T* xyz, int64_t threads) {
-  zmat::parallel_for(b, threads, [&](int64_t s) {
+             const int64_t* order, const int64_t* chunks, int64_t n_chunks, T* frames, T* xyz,
+             int64_t threads) {
+  const int64_t whole[2] = {0, n};
+  if (!chunks) chunks = whole, n_chunks = 1;
+  zmat::parallel_for(b * n_chunks, threads, [&](int64_t unit) {
+    const int64_t s = unit / n_chunks, lo = chunks[unit % n_chunks], hi = chunks[unit % n_chunks + 1];
     static thread_local std::vector<A> kept;
     std::vector<A> local;
     A* work = scratch(kept, local, 12 * n);
-    place_one<T>(c + s * cs0, cs1, n, k_rows, gather, keep, trig, parent, work);
+    place_one<T>(c + s * cs0, cs1, n, k_rows, gather, keep, trig, parent, work, lo, hi);
     if (frames) {
       T* f = frames + s * n * 12;
-      for (int64_t q = 0; q < 12 * n; ++q) f[q] = static_cast<T>(work[q]);
+      for (int64_t q = 12 * lo; q < 12 * hi; ++q) f[q] = static_cast<T>(work[q]);
     }
     if (order) {
       T* x = xyz + s * n * 3;
-      for (int64_t j = 0; j < n; ++j)
+      for (int64_t j = lo; j < hi; ++j)
         for (int i = 0; i < 3; ++i) x[3 * order[j] + i] = static_cast<T>(work[12 * j + 4 * i + 3]);
     }
   });
 }
-
 
 // Abe-Go backward: subtree sums of the position gradients and of the moments
 // in reverse dfs order, then d r, d theta, d phi_eff per atom, scattered to the
@@ -103,21 +108,26 @@ void forward(const T* c, int64_t b, int64_t cs0, int64_t cs1, int64_t n, int64_t
 // each optional (null): g_rot (b, N, 3, 3) ([s, j, i, k]: component i of axis
 // k), g_pos (b, N, 3), both in dfs order, and g_x (b, M, 3) whose row rows[j]
 // (or j) belongs to dfs position j. Strides fs, grs, gps, gxs in elements.
-// Writes grad (b, n3).
+// chunks as in forward (a tree's entries of grad are its own atoms'). Writes
+// grad (b, n3).
 template <typename T>
 void backward(const T* fr, const int64_t* fs, const T* grp, const int64_t* grs, const T* gpp,
               const int64_t* gps, const T* gxp, const int64_t* gxs, const int64_t* row, int64_t b, int64_t n,
-              int64_t k_rows, const int64_t* g, const uint8_t* kp, const int64_t* par, int64_t n3, T* grad,
-              int64_t threads) {
-  zmat::parallel_for(b, threads, [&](int64_t t) {
+              int64_t k_rows, const int64_t* g, const uint8_t* kp, const int64_t* par, const int64_t* chunks,
+              int64_t n_chunks, int64_t n3, T* grad, int64_t threads) {
+  const int64_t whole[2] = {0, n};
+  if (!chunks) chunks = whole, n_chunks = 1;
+  if (n_chunks > 1) std::fill(grad, grad + b * n3, T(0));  // before any unit adds to it
+  zmat::parallel_for(b * n_chunks, threads, [&](int64_t unit) {
+    const int64_t t = unit / n_chunks, lo = chunks[unit % n_chunks], hi = chunks[unit % n_chunks + 1];
     static thread_local std::vector<A> kept;
     std::vector<A> local;
     A* s = scratch(kept, local, 6 * n);  // per dfs position: S2 (3), S1 (3), summed in double
     const T* f0 = fr + t * fs[0];
     auto R = [&](int64_t j, int i, int k) { return A(f0[j * fs[1] + i * fs[2] + k * fs[3]]); };
     auto X = [&](int64_t j, int i) { return A(f0[j * fs[1] + i * fs[2] + 3 * fs[3]]); };
-    std::fill(s, s + 6 * n, A(0));
-    for (int64_t j = n - 1; j >= 0; --j) {  // children come later in dfs order
+    std::fill(s + 6 * lo, s + 6 * hi, A(0));
+    for (int64_t j = hi - 1; j >= lo; --j) {  // children come later in dfs order
       A gp[3] = {0, 0, 0};
       if (gpp) {
         const T* gx = gpp + t * gps[0] + j * gps[1];
@@ -150,8 +160,8 @@ void backward(const T* fr, const int64_t* fs, const T* grp, const int64_t* grs, 
       }
     }
     T* out = grad + t * n3;
-    std::fill(out, out + n3, T(0));
-    for (int64_t j = 0; j < n; ++j) {
+    if (n_chunks == 1) std::fill(out, out + n3, T(0));
+    for (int64_t j = lo; j < hi; ++j) {
       const A* s2 = s + 6 * j;
       const A* s1 = s2 + 3;
       A xp[3] = {0, 0, 0}, up[3] = {1, 0, 0};  // anchor origin and first axis
@@ -233,19 +243,21 @@ void fill_backward(const T* gp, const int64_t* gs, const T* tp, const int64_t* t
   extern "C" void zmat_forward_##SUFFIX(const T* c, int64_t b, int64_t cs0, int64_t cs1, int64_t n,        \
                                         int64_t k_rows, const int64_t* gather, const uint8_t* keep,        \
                                         const uint8_t* trig, const int64_t* parent, const int64_t* order,   \
-                                        T* frames, T* xyz, int64_t threads) {                               \
-    forward<T>(c, b, cs0, cs1, n, k_rows, gather, keep, trig, parent, order, frames, xyz, threads);        \
+                                        const int64_t* chunks, int64_t n_chunks, T* frames, T* xyz,         \
+                                        int64_t threads) {                                                  \
+    forward<T>(c, b, cs0, cs1, n, k_rows, gather, keep, trig, parent, order, chunks, n_chunks, frames, xyz, \
+               threads);                                                                                    \
   }                                                                                                         \
   extern "C" void zmat_backward_##SUFFIX(                                                                   \
       const T* frames, int64_t f0, int64_t f1, int64_t f2, int64_t f3, const T* g_rot, int64_t r0,          \
       int64_t r1, int64_t r2, int64_t r3, const T* g_pos, int64_t p0, int64_t p1, int64_t p2, const T* g_x, \
       int64_t x0, int64_t x1, int64_t x2, const int64_t* rows, int64_t b, int64_t n, int64_t k_rows,        \
-      const int64_t* gather, const uint8_t* keep, const int64_t* parent, int64_t n3, T* grad,               \
-      int64_t threads) {                                                                                    \
+      const int64_t* gather, const uint8_t* keep, const int64_t* parent, const int64_t* chunks,             \
+      int64_t n_chunks, int64_t n3, T* grad, int64_t threads) {                                             \
     const int64_t fs[4] = {f0, f1, f2, f3}, grs[4] = {r0, r1, r2, r3}, gps[3] = {p0, p1, p2},               \
                   gxs[3] = {x0, x1, x2};                                                                    \
-    backward<T>(frames, fs, g_rot, grs, g_pos, gps, g_x, gxs, rows, b, n, k_rows, gather, keep, parent, n3, \
-                grad, threads);                                                                             \
+    backward<T>(frames, fs, g_rot, grs, g_pos, gps, g_x, gxs, rows, b, n, k_rows, gather, keep, parent,     \
+                chunks, n_chunks, n3, grad, threads);                                                                             \
   }                                                                                                         \
   extern "C" void zmat_fill_forward_##SUFFIX(const T* t, int64_t t0, int64_t t1, int64_t t2, int64_t s_n,  \
                                              int64_t n, const double* ideal, const int64_t* slot,           \
