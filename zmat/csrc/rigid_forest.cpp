@@ -24,7 +24,8 @@ namespace {
 // whatever the input's dtype; only the stored frames are rounded.
 using A = double;
 
-// dfs positions lo..hi-1 (whole trees: parents inside the range) of one structure.
+// dfs positions lo..hi-1 (whole trees: parents inside the range) of one
+// structure; the frame of position j goes to f[12 * (j - lo)].
 template <typename T>
 void place_one(const T* c, int64_t sc, int64_t n, int64_t k_rows, const int64_t* gather,
                const uint8_t* keep, const uint8_t* trig, const int64_t* parent, A* f, int64_t lo, int64_t hi) {
@@ -47,13 +48,13 @@ void place_one(const T* c, int64_t sc, int64_t n, int64_t k_rows, const int64_t*
     const A L[12] = {-ct,      -st,      0,   -r * ct,      //
                      st * cp,  -ct * cp, -sp, r * st * cp,  //
                      st * sp,  -ct * sp, cp,  r * st * sp};
-    A* out = f + 12 * j;
+    A* out = f + 12 * (j - lo);
     const int64_t p = parent[j];
     if (p < 0) {
       for (int q = 0; q < 12; ++q) out[q] = L[q];
       continue;
     }
-    const A* a = f + 12 * p;
+    const A* a = f + 12 * (p - lo);
     for (int i = 0; i < 3; ++i) {
       const A a0 = a[4 * i], a1 = a[4 * i + 1], a2 = a[4 * i + 2];
       for (int k = 0; k < 4; ++k) out[4 * i + k] = a0 * L[k] + a1 * L[4 + k] + a2 * L[8 + k];
@@ -87,16 +88,16 @@ void forward(const T* c, int64_t b, int64_t cs0, int64_t cs1, int64_t n, int64_t
     const int64_t s = unit / n_chunks, lo = chunks[unit % n_chunks], hi = chunks[unit % n_chunks + 1];
     static thread_local std::vector<A> kept;
     std::vector<A> local;
-    A* work = scratch(kept, local, 12 * n);
+    A* work = scratch(kept, local, 12 * (hi - lo));
     place_one<T>(c + s * cs0, cs1, n, k_rows, gather, keep, trig, parent, work, lo, hi);
     if (frames) {
-      T* f = frames + s * n * 12;
-      for (int64_t q = 12 * lo; q < 12 * hi; ++q) f[q] = static_cast<T>(work[q]);
+      T* f = frames + (s * n + lo) * 12;
+      for (int64_t q = 0; q < 12 * (hi - lo); ++q) f[q] = static_cast<T>(work[q]);
     }
     if (order) {
       T* x = xyz + s * n * 3;
       for (int64_t j = lo; j < hi; ++j)
-        for (int i = 0; i < 3; ++i) x[3 * order[j] + i] = static_cast<T>(work[12 * j + 4 * i + 3]);
+        for (int i = 0; i < 3; ++i) x[3 * order[j] + i] = static_cast<T>(work[12 * (j - lo) + 4 * i + 3]);
     }
   });
 }
@@ -122,11 +123,12 @@ void backward(const T* fr, const int64_t* fs, const T* grp, const int64_t* grs, 
     const int64_t t = unit / n_chunks, lo = chunks[unit % n_chunks], hi = chunks[unit % n_chunks + 1];
     static thread_local std::vector<A> kept;
     std::vector<A> local;
-    A* s = scratch(kept, local, 6 * n);  // per dfs position: S2 (3), S1 (3), summed in double
+    A* s0 = scratch(kept, local, 6 * (hi - lo));  // per dfs position: S2 (3), S1 (3), summed in double
+    A* s = s0 - 6 * lo;  // s[6 * j] for j in lo..hi-1
     const T* f0 = fr + t * fs[0];
     auto R = [&](int64_t j, int i, int k) { return A(f0[j * fs[1] + i * fs[2] + k * fs[3]]); };
     auto X = [&](int64_t j, int i) { return A(f0[j * fs[1] + i * fs[2] + 3 * fs[3]]); };
-    std::fill(s + 6 * lo, s + 6 * hi, A(0));
+    std::fill(s0, s0 + 6 * (hi - lo), A(0));
     for (int64_t j = hi - 1; j >= lo; --j) {  // children come later in dfs order
       A gp[3] = {0, 0, 0};
       if (gpp) {
