@@ -82,6 +82,7 @@ SCRIPTS = {
     "torsions": "benchmarks.torsions",
     "gpu": "benchmarks.gpu",
     "protein_tensors": "benchmarks.protein_tensors",  # AlphaFold tensors, frames, violation losses
+    "flows": "benchmarks.flows",  # zmat.flows.InternalCoordinateTransform vs bgflow's algorithm
 }
 
 SUITES = {"quick": QUICK, "methods": METHODS, "targets": TARGETS, "full": FULL, "tiny": TINY, "fresh": []}

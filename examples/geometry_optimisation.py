@@ -2,10 +2,11 @@
 
 An ASE calculator gives energies and Cartesian forces ``F = -dE/dx``. zmat's
 ``to_xyz`` is differentiable, so autograd turns the forces into the gradient
-with respect to the internal coordinates in one vector-Jacobian product::
+with respect to the internal coordinates in one vector-Jacobian product,
+``dE/dC = -(dx/dC)^T F``; ``zmat.ase.InternalEnergy`` is that bridge::
 
-    xyz = zm.to_xyz(C)          # C requires grad
-    xyz.backward(-F)            # C.grad = dE/dC = -(dx/dC)^T F
+    energy = zmat.ase.InternalEnergy(zm, calc)
+    energy(C).backward()        # C requires grad; C.grad = dE/dC
 
 and any torch optimiser (here L-BFGS) works on bond lengths, angles and
 dihedrals directly. Freezing a coordinate is just leaving it out of the
@@ -41,7 +42,7 @@ from ase.optimize import BFGS
 from ase.utils.ff import Angle, Dihedral, Morse, VdW
 
 import zmat
-from zmat._align import rmsd
+import zmat.ase
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
 
@@ -74,28 +75,7 @@ def peroxide_force_field() -> ForceField:
     )
 
 
-class InternalEnergy:
-    """Energy and internal-coordinate gradient of a ZMatrix under an ASE calculator."""
-
-    def __init__(self, zm: zmat.ZMatrix, calc) -> None:
-        self.zm, self.atoms = zm, zm.to_atoms()
-        self.atoms.cell = 100.0 * np.eye(3)  # ASE's ForceField needs a cell (pbc stays off)
-        self.atoms.calc = calc
-        self.real = torch.as_tensor(~zm.dummy_mask)
-        self.calls = 0
-
-    def __call__(self, C: torch.Tensor) -> torch.Tensor:
-        """Energy (eV) as a 0-d tensor whose backward fills ``dE/dC``."""
-        xyz = self.zm.to_xyz(C)[self.real]
-        self.atoms.positions = xyz.detach().numpy()
-        energy = self.atoms.get_potential_energy()
-        forces = torch.as_tensor(self.atoms.get_forces(), dtype=C.dtype)
-        self.calls += 1
-        # E(C) = E(x(C)); a surrogate with the same value and gradient -F . dx/dC
-        return (xyz * -forces).sum() - (xyz.detach() * -forces).sum() + energy
-
-
-def relax(energy: InternalEnergy, C: torch.Tensor, free: torch.Tensor, steps: int, gtol: float):
+def relax(energy: zmat.ase.InternalEnergy, C: torch.Tensor, free: torch.Tensor, steps: int, gtol: float):
     """Minimise over ``C[free]`` with L-BFGS; returns (C, E, max |dE/dC| over free, iterations)."""
     x = C[free].clone().requires_grad_(True)
     fixed = C.detach()
@@ -157,7 +137,9 @@ def main(argv=None) -> None:
     zm = zmat.ZMatrix.from_atoms(atoms)
     calc_name = args.calculator or ("peroxide-ff" if path.name == "peroxide.xyz" else "emt")
     calc = peroxide_force_field() if calc_name == "peroxide-ff" else EMT()
-    energy = InternalEnergy(zm, calc)
+    seen = zm.to_atoms()
+    seen.cell = 100.0 * np.eye(3)  # ASE's ForceField needs a cell (pbc stays off)
+    energy = zmat.ase.InternalEnergy(zm, calc, atoms=seen)
     print(f"{zm}: {len(zm)} rows, table {zm.table}, calculator {calc_name}")
 
     C0 = zm.internal.clone()
@@ -177,18 +159,13 @@ def main(argv=None) -> None:
     opt.run(fmax=1e-4, steps=10 * args.steps)
     e_ref = ref.get_potential_energy()
     print(f"Cartesian BFGS (ASE, fmax 1e-4): E = {e_ref:.6f} eV after {opt.nsteps} steps")
-    dev = float(rmsd(torch.tensor(xyz), torch.tensor(ref.positions)))
+    dev = float(zmat.rmsd(torch.tensor(xyz), torch.tensor(ref.positions)))
     print(f"RMSD between the internal-coordinate and the Cartesian minimum: {dev:.2e} A")
 
     # ---- relaxed dihedral scan
     row = args.scan_row
     if row is None and calc_name == "peroxide-ff":
-        sym = zm.symbols
-        row = next(
-            i
-            for i, (b, a, d) in enumerate(zm.table.refs)
-            if d >= 0 and (sym[i], sym[b], sym[a], sym[d]) == ("H", "O", "O", "H")
-        )
+        row, _ = zm.find(0, 1, 2, 3)  # the row whose dihedral is H-O-O-H (atoms in the file's order)
         phi_min = math.degrees(C[row, 2])
         print(f"optimised H-O-O-H dihedral: {abs(phi_min):.2f} deg (O-O {float(C[2, 0]):.4f} A)")
     if row is not None and args.scan_points > 0:
@@ -214,4 +191,5 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
+    torch.set_num_threads(1)  # a small model: on a shared machine more threads wait for each other
     main()

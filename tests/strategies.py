@@ -10,9 +10,12 @@ from hypothesis import strategies as st
 
 
 @st.composite
-def tables(draw, min_atoms=1, max_atoms=12, forest=True, proper_bias=0.5, permute=True):
+def tables(draw, min_atoms=1, max_atoms=12, forest=True, proper_bias=0.5, permute=True, plane_bias=0.3):
     """A random valid table (list of rows): chains, branches, offsets, forests,
-    arbitrary references, rows permuted out of construction order."""
+    arbitrary references, rows permuted out of construction order. With
+    probability ``plane_bias`` a non-proper full row takes as dihedral
+    reference a sibling (references ``(b, a, ...)``) or a cousin (``(a, b, ...)``)
+    where there is one: the rows whose anchor plane comes from ``d``'s frame."""
     n = draw(st.integers(min_atoms, max_atoms))
     rows: list[list[int]] = []
     tree: list[int] = []  # tree id of each constructed atom
@@ -45,6 +48,9 @@ def tables(draw, min_atoms=1, max_atoms=12, forest=True, proper_bias=0.5, permut
                 row = [b, a, -1]
                 if nref >= 3:
                     d = draw(st.sampled_from([j for j in others if j != a]))
+                    kin = [j for j in range(k) if rows[j][:2] in ([b, a], [a, b])]
+                    if kin and draw(st.floats(0, 1)) < plane_bias:
+                        d = draw(st.sampled_from(kin))
                     row = [b, a, d]
         rows.append(row)
         tree.append(tree[-1])
@@ -75,6 +81,24 @@ def internal_coordinates(draw, n, batch=(), linear=False, margin=0.15):
         theta = np.where(pick, rng.choice(special, shape), theta)
     phi = rng.uniform(-math.pi, math.pi, shape)
     return torch.tensor(np.stack([r, theta, phi], -1), dtype=torch.float64)
+
+
+@st.composite
+def straight_angles(draw, rows, batch=()):
+    """``(*batch, n, 3)`` float64 internal coordinates with bond angles exactly
+    0 or pi: on ~30% of the rows (every row kind), and on ~80% of the atoms
+    that are another row's sibling or cousin dihedral reference (which then
+    lies exactly on that row's axis). Other angles stay 0.15 from 0 and pi."""
+    n = len(rows)
+    c = draw(internal_coordinates(n, batch=batch)).numpy()
+    rng = np.random.default_rng(draw(st.integers(0, 2**31 - 1)))
+    pick = rng.random((*batch, n)) < 0.3
+    for b, a, d in rows:
+        if d >= 0 and rows[d][:2] in ([b, a], [a, b]):
+            pick[..., d] |= rng.random(batch) < 0.8
+    special = rng.choice(np.array([0.0, math.pi]), (*batch, n))
+    c[..., 1] = np.where(pick, special, c[..., 1])
+    return torch.tensor(c)
 
 
 def chain_table(n: int) -> list[list[int]]:

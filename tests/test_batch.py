@@ -67,6 +67,25 @@ def test_zmatrix_batch_and_collate():
     assert np.array_equal(t.refs[3:], expected) and atoms.ptr.tolist() == [0, 3, 8]
     with pytest.raises(ValueError, match="empty"):
         collate([])
+    with pytest.raises(TypeError, match=r"cannot batch ZMatrix objects with \['ConstructionTable'\]"):
+        collate([water, chain.table])
+
+
+def test_collate_dispatches_on_the_batchable_protocol():
+    """Any type with a ``batch`` classmethod batches itself (no sniffing for ``quads``)."""
+
+    class Frames:
+        def __init__(self, n):
+            self.n = n
+
+        @classmethod
+        def batch(cls, items):
+            return ("frames", sum(x.n for x in items))
+
+    assert isinstance(Frames(1), zmat.batch.Batchable) and isinstance(
+        zmat.ZMatrix.from_string("O"), zmat.batch.Batchable
+    )
+    assert collate([Frames(2), Frames(3)]) == ("frames", 5)
 
 
 def test_zmat_imports_without_rdkit():

@@ -75,6 +75,8 @@ def test_seed_user_raw_arrays(chemcoord_zmat):
     C3, table3 = from_chemcoord_arrays(c_table, radians, degrees=False)
     assert table3 == table
     torch.testing.assert_close(C3, C, rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match=r"above pi with degrees=False: the values look like degrees"):
+        from_chemcoord_arrays(c_table, values, degrees=False)  # degrees where radians were promised
 
 
 def test_zmatrix_from_chemcoord(chemcoord_zmat):

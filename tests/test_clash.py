@@ -594,6 +594,182 @@ def test_nan_policy_propagates_per_structure(kind, bad):
     assert torch.isfinite(clash_loss(xyz, radii, kind=kind, mask=masked, method="neighbors")).all()
 
 
+def test_given_pairs_self_pairs_count_zero_duplicates_twice_and_bad_indices_raise():
+    xyz, radii = cloud(10, seed=30, density=0.5)
+    pairs = candidate_pairs(xyz, radii)
+    want = clash_loss(xyz, radii, pairs=pairs)
+    assert want > 0
+    selfish = torch.cat([pairs, torch.tensor([[3, 3], [7, 7]])])
+    torch.testing.assert_close(clash_loss(xyz, radii, pairs=selfish), want, rtol=0, atol=0)
+    twice = torch.cat([pairs, pairs[:1]])  # trusted, documented: a repeated pair counts twice
+    once = clash_loss(xyz, radii, pairs=pairs[:1])
+    torch.testing.assert_close(clash_loss(xyz, radii, pairs=twice), want + once)
+    for bad in ([[-1, 0]], [[0, 10]]):
+        with pytest.raises(ValueError, match=r"pairs row 0 .* out of range \[0, 10\)"):
+            clash_loss(xyz, radii, pairs=torch.tensor(bad))
+    with pytest.raises(TypeError, match="pairs must hold integers"):
+        clash_loss(xyz, radii, pairs=pairs.double())
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_radius_gives_nan_on_every_path(bad):
+    xyz, radii = cloud(60, seed=31, density=0.05, batch=(3,))
+    radii = radii.expand(3, 60).clone()
+    radii[1, 7] = bad
+    want = [clash_loss(xyz[b], radii[b], method="all_pairs") for b in (0, 2)]
+    pairs = candidate_pairs(xyz, radii)
+    for extra in (dict(method="all_pairs"), dict(method="neighbors"), dict(pairs=pairs)):
+        got = clash_loss(xyz, radii, **extra)
+        assert torch.isnan(got[1]), extra
+        torch.testing.assert_close(got[[0, 2]], torch.stack(want))
+    masked = torch.ones(3, 60, dtype=torch.bool)
+    masked[1, 7] = False  # a masked atom's radius may hold anything
+    for extra in (dict(method="all_pairs"), dict(method="neighbors"), dict(pairs=pairs)):
+        assert torch.isfinite(clash_loss(xyz, radii, mask=masked, **extra)).all(), extra
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_float32_sum_is_exact_to_its_rounding(method):
+    # 2000 coincident atoms: 2M equal penalties; a float32 running sum drifted by +1.8%
+    n = 2000
+    p = float(torch.tensor(1.7) + torch.tensor(1.7) - 1.5)  # one pair's float32 penalty
+    got = clash_loss(torch.zeros(n, 3), torch.full((n,), 1.7), method=method)
+    assert got.dtype == torch.float32
+    assert abs(float(got) / (p * n * (n - 1) / 2) - 1) < 1.2e-7  # float32 rounding of the sum
+
+
+def test_radii_none_or_not_numbers_is_a_type_error():
+    with pytest.raises(TypeError, match="radii is required"):
+        clash_loss(torch.rand(5, 3), None)
+    with pytest.raises(TypeError, match="radii must be numbers"):
+        clash_loss(torch.rand(5, 3), ["C"] * 5)
+
+
+def test_pair_lists_are_bounded_by_the_memory_budget():
+    # 300 coincident atoms: 44,850 pairs (718 kB as a list); the budget is 160 kB
+    xyz, radii = torch.zeros(300, 3), torch.full((300,), 1.7)
+    with pytest.raises(ValueError, match="pair list would exceed memory_budget"):
+        candidate_pairs(xyz, radii, memory_budget=160_000)
+    assert len(candidate_pairs(xyz, radii, memory_budget=800_000)) == 300 * 299 // 2
+    got = clash_loss(xyz, radii, method="neighbors", memory_budget=160_000)  # chunked instead
+    torch.testing.assert_close(got, clash_loss(xyz, radii, method="all_pairs"))
+    import zmat.protein as zp
+
+    batch = zp.ProteinBatch(["MKVLAAG"])
+    with pytest.raises(ValueError, match="pair list would exceed memory_budget"):
+        batch.clash_pairs(torch.zeros(1, batch.N_max, 3), memory_budget=5_000)
+
+
+# ----------------------------------------------------------------------------
+# ragged batches (ptr / batch)
+
+
+def ragged_case(sizes=(7, 30, 1, 0, 45), seed=40):
+    """Structures of different sizes back to back, per-structure exclusions and mask."""
+    g = torch.Generator().manual_seed(seed)
+    parts = [cloud(n, seed=seed + k, density=0.08) for k, n in enumerate(sizes)]
+    xyz = torch.cat([x for x, _ in parts])
+    radii = torch.cat([r for _, r in parts])
+    excl = [random_pairs(n, 2 * n, seed + k) if n > 1 else torch.zeros(0, 2, dtype=torch.long)
+            for k, n in enumerate(sizes)]  # fmt: skip
+    mask = torch.rand(len(xyz), generator=g) > 0.1
+    ptr = torch.tensor([0, *np.cumsum(sizes)])
+    return xyz, radii, excl, mask, ptr
+
+
+@pytest.mark.parametrize("kind", ["flat_bottom", "softplus", "lennard_jones"])
+def test_ragged_batch_equals_the_loop_over_structures(kind):
+    xyz, radii, excl, mask, ptr = ragged_case()
+    kw = dict(kind=kind, tolerance=0.5)
+
+    def loop(x):
+        return torch.stack([
+            clash_loss(x[a:b], radii[a:b], exclude=e, mask=mask[a:b], method="all_pairs", **kw)
+            for a, b, e in zip(ptr[:-1].tolist(), ptr[1:].tolist(), excl, strict=True)
+        ])  # fmt: skip
+
+    want = loop(xyz)
+    assert (want[[0, 1, 4]] > 0).all()
+    flat_excl = torch.cat([e + a for e, a in zip(excl, ptr[:-1].tolist(), strict=True)])
+    pairs = candidate_pairs(xyz, radii, exclude=excl, mask=mask, ptr=ptr, **kw)
+    batch = torch.repeat_interleave(torch.arange(5), ptr.diff())
+    for extra in (
+        dict(method="all_pairs", ptr=ptr),
+        dict(method="neighbors", ptr=ptr),
+        dict(method="neighbors", memory_budget=TINY_BUDGET, ptr=ptr),
+        dict(pairs=pairs, ptr=ptr),
+        dict(method="neighbors", batch=batch),  # host batch alone
+        dict(method="all_pairs", ptr=ptr.numpy(), batch=batch),
+    ):
+        got = clash_loss(xyz, radii, exclude=excl, mask=mask, **kw, **extra)
+        assert got.shape == (5,)
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, msg=str(extra))
+    flat = clash_loss(xyz, radii, exclude=flat_excl, mask=mask, ptr=ptr, **kw)  # flat pairs work too
+    torch.testing.assert_close(flat, want, rtol=1e-12, atol=1e-12)
+    x = xyz.clone().requires_grad_(True)
+    (g_want,) = torch.autograd.grad(loop(x).sum(), x)
+    (g_got,) = torch.autograd.grad(
+        clash_loss(x, radii, exclude=excl, mask=mask, pairs=pairs, ptr=ptr, **kw).sum(), x
+    )
+    torch.testing.assert_close(g_got, g_want, rtol=1e-12, atol=1e-12)
+
+
+def test_ragged_leading_dims_and_gradcheck():
+    from zmat.batch import Ragged
+
+    xyz, radii, excl, _, ptr = ragged_case(sizes=(5, 8), seed=50)
+    xyz = torch.stack([xyz, xyz.flip(0)])  # two samples of the batch
+    r = Ragged([5, 8])
+    got = clash_loss(xyz, radii, exclude=excl, ptr=r, method="all_pairs")
+    assert got.shape == (2, 2)
+    for s in range(2):
+        for b, (a, c) in enumerate(((0, 5), (5, 13))):
+            want = clash_loss(xyz[s, a:c], radii[a:c], exclude=excl[b], method="all_pairs")
+            torch.testing.assert_close(got[s, b], want, rtol=1e-12, atol=1e-12)
+    x = xyz[0].clone().requires_grad_(True)
+    f = lambda x: clash_loss(x, radii, exclude=excl, ptr=ptr, kind="softplus", method="neighbors")  # noqa: E731
+    assert torch.autograd.gradcheck(f, (x,))
+    assert torch.autograd.gradgradcheck(f, (x,))
+
+
+def test_padded_batch_takes_per_structure_exclusions():
+    xyz, radii = cloud(40, seed=60, density=0.08, batch=(3,))
+    excl = [random_pairs(40, 60, seed=61 + b) for b in range(3)]
+    got = clash_loss(xyz, radii, exclude=excl, method="neighbors")
+    for b in range(3):
+        torch.testing.assert_close(got[b], clash_loss(xyz[b], radii, exclude=excl[b]), rtol=1e-12, atol=1e-12)
+    pairs = candidate_pairs(xyz, radii, exclude=excl)
+    torch.testing.assert_close(clash_loss(xyz, radii, exclude=excl, pairs=pairs), got, rtol=1e-12, atol=1e-12)
+
+
+def test_ragged_with_pairs_makes_no_sync():
+    from zmat.testing import DispatchAudit
+
+    xyz, radii, excl, mask, ptr = ragged_case()
+    pairs = candidate_pairs(xyz, radii, exclude=excl, mask=mask, ptr=ptr, skin=1.0)
+    x = xyz.clone().requires_grad_(True)
+    clash_loss(x, radii, exclude=excl, mask=mask, pairs=pairs, ptr=ptr)
+    with DispatchAudit() as audit:
+        clash_loss(x, radii, exclude=excl, mask=mask, pairs=pairs, ptr=ptr).sum().backward()
+    assert audit.syncs == []
+
+
+def test_ragged_errors():
+    xyz, radii, excl, _, ptr = ragged_case(sizes=(5, 8), seed=70)
+    with pytest.raises(ValueError, match="ptr must rise from 0 to N = 13"):
+        clash_loss(xyz, radii, ptr=[0, 5, 12])
+    with pytest.raises(TypeError, match="ptr must hold integers"):
+        clash_loss(xyz, radii, ptr=ptr.double())
+    with pytest.raises(ValueError, match="batch must have shape"):
+        clash_loss(xyz, radii, batch=torch.zeros(12, dtype=torch.long))
+    with pytest.raises(ValueError, match="exclude has 3 entries"):
+        clash_loss(xyz, radii, ptr=ptr, exclude=[*excl, excl[0]])
+    with pytest.raises(ValueError, match=r"exclude\[0\] index out of range \[0, 5\)"):
+        clash_loss(xyz, radii, ptr=ptr, exclude=[excl[1], excl[1]])
+    with pytest.raises(ValueError, match="holds 1 structures"):
+        clash_loss(xyz, radii, exclude=excl)  # padded (N, 3): one structure
+
+
 # ----------------------------------------------------------------------------
 # CUDA (skipped without a GPU)
 

@@ -50,10 +50,10 @@ def test_ase_formats_and_stdout(tmp_path, capsys):
 def test_errors_are_reported(tmp_path, capsys):
     bad = tmp_path / "bad.gzmat"
     bad.write_text("O\nH 1 0.9\nH 1 0.9 2 ANG\n")
-    assert main(["convert", str(bad), str(tmp_path / "x.xyz")]) == 1
+    assert main(["convert", str(bad), str(tmp_path / "x.xyz")]) == 2
     err = capsys.readouterr().err
     assert "line 3" in err and "ANG" in err
-    assert main(["convert", str(tmp_path / "missing.xyz"), "-"]) == 1
+    assert main(["convert", str(tmp_path / "missing.xyz"), "-"]) == 2
     with pytest.raises(SystemExit):
         main(["frobnicate"])
 
@@ -76,3 +76,50 @@ def test_version_has_one_source(capsys):
         main(["--version"])
     assert capsys.readouterr().out.strip() == f"zmat {zmat.__version__}"
     assert importlib.metadata.version("zmat") == zmat.__version__
+
+
+_WATER = "3\nwater\nO 0 0 0\nH 0.96 0 0\nH -0.24 0.93 0\n"
+
+
+@pytest.mark.parametrize(
+    "args, stdin, match",
+    [
+        (["in.unknownext", "out.xyz"], "", r"in.unknownext: unknown file format .*--from"),
+        (["w.xyz", "out.weird"], "", r"out.weird: ASE cannot write the format 'weird'.*--to"),
+        (["w.xyz", "out.xyz", "--to", "nosuch"], "", r"cannot write the format 'nosuch'"),
+        (["empty.xyz", "-"], "", r"empty.xyz: the file is empty"),
+        (["w.xyz", "-", "--index", "5"], "", r"--index 5 is out of range: it holds 1 structure"),
+        (["w.xyz", "-", "--index", "-2"], "", r"--index -2 is out of range"),
+        (["-", "out.xyz"], "", r"standard input is empty"),
+        (["-", "out.xyz"], _WATER, r"standard input \(read as a z-matrix; --from FORMAT .*\): line 3"),
+        (["missing.xyz", "-"], "", r"missing.xyz: no such file"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_status_2(tmp_path, monkeypatch, capsys, args, stdin, match):
+    # issue 20: these showed ASE's or StopIteration's tracebacks (exit status 1)
+    import io
+    import re
+
+    (tmp_path / "w.xyz").write_text(_WATER)
+    (tmp_path / "empty.xyz").write_text("")
+    (tmp_path / "in.unknownext").write_text("hello\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
+    assert main(["convert", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("zmat: error: ") and re.search(match, err), err
+
+
+def test_standard_input_z_matrix_and_ase_format(tmp_path, monkeypatch, capsys):
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO(_WATER))
+    assert main(["convert", "-", "-", "--from", "xyz"]) == 0
+    text = capsys.readouterr().out
+    assert ZMatrix.from_string(text).symbols == ["O", "H", "H"]
+    monkeypatch.setattr("sys.stdin", io.StringIO(text))
+    assert main(["convert", "-", str(tmp_path / "w.xyz")]) == 0
+    back = ase.io.read(tmp_path / "w.xyz")
+    assert back.get_chemical_symbols() == ["O", "H", "H"]
+    d = back.get_distance(0, 1)
+    assert abs(d - 0.96) < 1e-6

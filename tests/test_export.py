@@ -192,6 +192,7 @@ class RestraintEnergy(torch.nn.Module):
         )
 
 
+@pytest.mark.filterwarnings(r"ignore:`torch.jit.\w+` is deprecated:DeprecationWarning")
 def test_torchscript_energy_gives_the_same_forces():
     # TorchScript is what OpenMM-Torch's TorchForce loads: a traced, saved and
     # reloaded energy gives the eager energy and forces (-dE/dx by autograd).

@@ -7,21 +7,13 @@ import numpy as np
 import pytest
 import torch
 from biotite.structure.io import pdb
+from reference.protein_layout import reference_disulfides
 
 import zmat
 import zmat.protein as zp
-from zmat._align import rmsd
+from zmat import rmsd
 
 DATA = Path(__file__).parent / "data"
-
-
-def reference_disulfides(xyz, lay):
-    sg = np.nonzero((lay.atom_names == "SG") & (lay.res_names[lay.residue_index] == "CYS"))[0]
-    if len(sg) < 2:
-        return np.zeros((0, 2), np.int64)
-    d = np.linalg.norm(xyz[sg, None] - xyz[None, sg], axis=-1)
-    i, j = np.nonzero(np.triu(d < zp.io.DISULFIDE_MAX, 1))
-    return np.stack([sg[i], sg[j]], 1)
 
 
 def test_pdb_and_cif_agree():

@@ -128,8 +128,10 @@ def test_batch_step_dispatches_a_handful_of_metadata_ops(spy, dtype):
     # A regression guard: ``ProteinBatch.to_xyz`` fwd+bwd on the CPU was ~60
     # aten ops, ~40 of them elementwise (each a parallel region at this size,
     # slowing the step ~35x while another process held one of two cores).
+    # No proline here: closing proline rings adds elementwise ops on (S, prolines) tensors
+    # (build.close_proline_rings; below the parallel grain size), see the next test.
     rng = np.random.default_rng(8)
-    batch = ProteinBatch(["".join(rng.choice(list(AMINO), 64)) for _ in range(4)])
+    batch = ProteinBatch(["".join(rng.choice(list(AMINO.replace("P", "")), 64)) for _ in range(4)])
     t = _torsions((len(batch), batch.L_max, 7), dtype, seed=8).requires_grad_()
     x = batch.to_xyz(t)
     torch.autograd.grad(x, t, torch.ones_like(x))  # plans built, kernel loaded
@@ -141,3 +143,20 @@ def test_batch_step_dispatches_a_handful_of_metadata_ops(spy, dtype):
     assert fwd.count <= 16 and bwd.count <= 14, (fwd.ops, bwd.ops)
     assert set(fwd.ops) | set(bwd.ops) <= METADATA_OPS, (fwd.ops, bwd.ops)
     assert spy.of("fill_forward", "fill_backward") == (2, 2)
+
+
+def test_proline_rings_add_a_fixed_number_of_ops():
+    """Closing the proline rings costs the same ops whatever the batch size (they act on
+    (S, P) tensors), next to the fill kernel's."""
+    counts = []
+    for n in (1, 8):
+        batch = ProteinBatch(["MKPVPLGPW" * 4] * n)
+        t = _torsions((len(batch), batch.L_max, 7), torch.float64, seed=9).requires_grad_()
+        x = batch.to_xyz(t)
+        torch.autograd.grad(x, t, torch.ones_like(x))
+        with DispatchAudit() as fwd:
+            x = batch.to_xyz(t)
+        with DispatchAudit() as bwd:
+            torch.autograd.grad(x, t, torch.ones_like(x))
+        counts.append((fwd.count, bwd.count))
+    assert counts[0] == counts[1], counts

@@ -11,7 +11,7 @@ import torch
 
 import zmat
 import zmat.protein as zp
-from zmat._align import rmsd
+from zmat import rmsd
 
 DATA = Path(__file__).parent / "data"
 

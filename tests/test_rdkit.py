@@ -7,7 +7,9 @@ must agree to 1e-8 A after superposition (and, by the frame convention, also
 without it), and RDKit's stereo perception of the result must not change.
 """
 
+import ast
 import pickle
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -251,6 +253,15 @@ def test_zmatrix_from_rdkit(mols):
         assert zm.symbols == [a.GetSymbol() for a in mol.GetAtoms()]
         assert zmat.rmsd(zm.to_xyz(), positions(mol)) < 1e-10, name
         assert zm.charge == Chem.GetFormalCharge(mol)
+
+
+def test_rdkit_module_is_a_leaf(mols):
+    """zmat.rdkit returns plain data and imports no ZMatrix: no import circle with zmat.zmatrix."""
+    tree = ast.parse(Path(zmat.rdkit.__file__).read_text())
+    names = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    assert not [m for m in names if "zmatrix" in m]
+    data = zmat.rdkit.zmatrix_from_mol(mols["ibuprofen"])
+    assert not isinstance(data, zmat.ZMatrix) and data.internal.shape == (data.table.n_atoms, 3)
 
 
 def test_multiple_conformers_and_to_mols(mols):

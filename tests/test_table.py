@@ -134,6 +134,29 @@ def test_concatenate_equals_validating_the_offset_refs(pieces):
     assert fast == ref and fast.n_levels == ref.n_levels
 
 
+@settings(max_examples=25)
+@given(
+    pieces=st.lists(tables(min_atoms=1, max_atoms=9), min_size=1, max_size=4),
+    index=st.lists(st.integers(0, 3), min_size=1, max_size=12),
+)
+def test_concatenate_with_index_equals_the_list(pieces, index):
+    index = [k % len(pieces) for k in index]
+    tables = [ConstructionTable(p) for p in pieces]
+    by_list = ConstructionTable.concatenate([tables[k] for k in index])
+    by_index = ConstructionTable.concatenate(tables, index=np.array(index))
+    for name in _PLANNED:
+        assert np.array_equal(getattr(by_index, name), getattr(by_list, name)), name
+    assert [a.tolist() for a in by_index.stage_atoms] == [a.tolist() for a in by_list.stage_atoms]
+
+
+def test_concatenate_index_is_checked():
+    water = ConstructionTable([[-1, -1, -1], [0, -1, -1], [0, 1, -1]])
+    with pytest.raises(ValueError, match="index out of range for 1 tables"):
+        ConstructionTable.concatenate([water], index=[0, 1])
+    with pytest.raises(ValueError, match="1-D integer array"):
+        ConstructionTable.concatenate([water], index=[[0]])
+
+
 def test_concatenate_validates_raw_pieces_and_rejects_empty_input():
     with pytest.raises(ValueError, match="non-empty sequence"):
         ConstructionTable.concatenate([])
@@ -213,3 +236,88 @@ def test_lazy_arrays_are_safe_to_read_from_threads():
         t.join()
     assert not errors and len(got) == 4 and all(np.array_equal(g, base.refs) for g in got)
     assert "refs" not in vars(table)["_lazy"]
+
+
+def _plain_preorder(parent):
+    """Recursive depth-first preorder, children in index order: the definition."""
+    n = len(parent)
+    kids = [[] for _ in range(n + 1)]
+    for i, p in enumerate(parent):
+        kids[p if p >= 0 else n].append(i)
+    order, end = [], [0] * n
+    stack = [(c, False) for c in reversed(kids[n])]
+    while stack:
+        i, done = stack.pop()
+        if done:
+            end[i] = len(order)
+            continue
+        order.append(i)
+        stack.append((i, True))
+        stack.extend((c, False) for c in reversed(kids[i]))
+    return order, end
+
+
+@settings(max_examples=200)
+@given(st.lists(st.floats(0, 1), min_size=1, max_size=40), st.randoms(use_true_random=False))
+def test_preorder_is_the_depth_first_order(links, rnd):
+    from zmat.table import _preorder
+
+    n = len(links)
+    perm = list(range(n))
+    rnd.shuffle(perm)
+    parent = np.full(n, -1)
+    for k in range(1, n):  # roots where links[k] < 0.2; stars and chains come up often
+        if links[k] >= 0.2:
+            parent[perm[k]] = perm[int(links[k] * k) % k]
+    order, end = _preorder(parent)
+    want_order, want_end = _plain_preorder(parent)
+    assert order.tolist() == want_order and end.tolist() == want_end
+
+
+@pytest.mark.parametrize("shape", ["roots", "star", "planar star", "chain"])
+def test_wide_and_deep_tables_are_planned(shape):
+    # issue 20: scipy's depth_first_order in _preorder was quadratic in the number of
+    # roots or of one atom's children (300k roots: ~100 s); now log-depth numpy rounds
+    n = 300_000
+    refs = np.full((n, 3), -1, np.int64)
+    i = np.arange(n)
+    if shape == "star":
+        refs[1:, 0] = 0
+    elif shape == "planar star":
+        refs[1, 0], refs[2:, 0], refs[2:, 1] = 0, 1, 0
+    elif shape == "chain":
+        refs[1:, 0], refs[2:, 1], refs[3:, 2] = i[:-1], i[:-2], i[:-3]
+    t = zmat.ConstructionTable(refs)
+    assert t.subtree_end[0] == (1 if shape == "roots" else n) and sorted(t.dfs_order[:5]) == [0, 1, 2, 3, 4]
+
+
+def test_one_based_table_gets_a_hint():
+    # issue 24: "atom 0 refers to itself" alone did not say what was wrong
+    with pytest.raises(ValueError, match=r"itself.*0-based atom indices with -1 for none.*refs - 1"):
+        zmat.ConstructionTable([[0, 0, 0], [1, 0, 0], [2, 1, 0], [3, 2, 1]])
+    with pytest.raises(ValueError, match=r"row 1: atom 1 refers to itself.*1-based"):
+        zmat.ConstructionTable([[-1, -1, -1], [1, -1, -1], [2, 1, -1], [3, 2, 1]])
+    with pytest.raises(ValueError, match=r"repeated reference") as bad:  # not 1-based either: no hint
+        zmat.ConstructionTable([[-1, -1, -1], [0, -1, -1], [1, 1, -1]])
+    assert "1-based" not in str(bad.value)
+
+
+def test_import_zmat_leaves_dynamo_and_scipy_unloaded():
+    # issue 24: `import zmat` took ~2 s, most of it torch._dynamo (imported by
+    # torch.compiler.assume_constant_result at import time) and scipy's sparse/spatial
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, zmat; "
+        "print(sorted(m for m in ('torch._dynamo', 'scipy.sparse', 'scipy.spatial') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_plans_are_still_constants_for_dynamo():
+    # the mark torch.compiler.assume_constant_result sets, set without importing Dynamo
+    from zmat.table import _build_constant
+
+    assert getattr(_build_constant, "_dynamo_marked_constant", False)

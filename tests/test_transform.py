@@ -1,6 +1,8 @@
 """to_xyz / to_internal: every method, against ASE, each other, finite differences."""
 
+import contextlib
 import math
+import os
 
 import numpy as np
 import pytest
@@ -8,7 +10,7 @@ import torch
 from ase.io.zmatrix import parse_zmatrix
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import chain_table, internal_coordinates, random_internal, tables
+from strategies import chain_table, internal_coordinates, random_internal, straight_angles, tables
 
 import zmat
 from zmat.table import POSITIONAL
@@ -354,3 +356,164 @@ def test_half_precision_runs_and_is_close(half, atol, method):
     out.sum().backward()
     assert out.dtype == half and torch.isfinite(ch.grad).all()
     assert (out.double() - ref).abs().max() < atol
+
+
+# ---------------------------------------------------------------- straight angles
+# The rule for collinear references (docs/conventions.md, "Degenerate geometry"):
+# a sibling or cousin dihedral reference gives its own frame's plane; any other
+# collinear (d, a, b) a fixed perpendicular chosen with a tolerance for rounding.
+
+
+@contextlib.contextmanager
+def _kernel_off():
+    """The torch path instead of the compiled kernel (read at every call)."""
+    old = os.environ.get("ZMAT_NO_KERNEL")
+    os.environ["ZMAT_NO_KERNEL"] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop("ZMAT_NO_KERNEL") if old is None else os.environ.__setitem__("ZMAT_NO_KERNEL", old)
+
+
+@settings(max_examples=40)
+@given(rows=tables(min_atoms=3, max_atoms=12, proper_bias=0.3, plane_bias=0.7), data=st.data())
+def test_methods_agree_at_exactly_straight_angles(rows, data):
+    c = data.draw(straight_angles(rows, batch=(2,)))
+    assert_methods_agree(c, rows, atol=1e-10)  # the CPU kernel serves "analytic" where it is built
+    with _kernel_off():  # and the torch path
+        assert_methods_agree(c, rows, atol=1e-10, methods=("reference", "analytic"))
+    x = c.clone().requires_grad_()
+    xyz = zmat.to_xyz(x, rows)
+    (g,) = torch.autograd.grad(xyz.square().sum(), x)
+    assert torch.isfinite(xyz).all() and torch.isfinite(g).all()
+
+
+@settings(max_examples=20)
+@given(rows=tables(min_atoms=4, max_atoms=12, forest=False, permute=False, proper_bias=0.2, plane_bias=0.8))
+def test_sibling_and_cousin_planes_match_ase_off_the_axis(rows):
+    # away from straight angles the frame rule is the cross product of positions
+    c = random_internal(len(rows), seed=len(rows))
+    ase_xyz = torch.tensor(parse_zmatrix(_zmatrix_lines(rows, c)).positions)
+    for method in METHODS:
+        assert torch.allclose(zmat.to_xyz(c, rows, method=method), ase_xyz, atol=1e-10, rtol=0)
+
+
+_ALLENE_TABLE = [[-1, -1, -1], [0, -1, -1], [0, 1, -1], [1, 0, 2], [1, 0, 3], [2, 0, 3], [2, 0, 3]]
+
+
+def test_allene_issue_example_every_method_agrees():
+    # issue 20: atom 3's dihedral reference (atom 2, a cousin) lies on the axis 0-1;
+    # reference/levels and prefix/analytic differed by 0.93-1.0 A
+    p = math.pi
+    c = torch.tensor(
+        [[0, 0, 0], [1.31119, 0, 0], [1.31119, p, 0], [1.08566, 2.11863, 0], [1.08566, 2.11863, p]]
+        + [[1.08566, 2.11863, p / 2], [1.08566, 2.11863, -p / 2]],
+        dtype=torch.float64,
+    )
+    assert_methods_agree(c, _ALLENE_TABLE, atol=1e-10)
+    with _kernel_off():
+        assert_methods_agree(c, _ALLENE_TABLE, atol=1e-10, methods=("reference", "analytic"))
+    xyz = zmat.to_xyz(c, _ALLENE_TABLE)
+    # the cousin's plane: atom 3 at phi = 0 lies in the plane of atoms 2, 0, 1 (the xy-plane
+    # of atom 2's placement), on the +y side, as ASE places it
+    ase = torch.tensor(parse_zmatrix(_zmatrix_lines(_ALLENE_TABLE, c)).positions)
+    torch.testing.assert_close(xyz, ase, atol=1e-9, rtol=0)
+
+
+def _breadth_first_table(atoms):
+    """A plain breadth-first table from ASE's bonds, atoms relabelled in construction
+    order: b the parent, a and d the nearest placed atoms up the tree (or placed
+    neighbours of b); no attempt to avoid collinear references."""
+    from ase.neighborlist import natural_cutoffs, neighbor_list
+
+    i, j = neighbor_list("ij", atoms, natural_cutoffs(atoms))
+    nbrs = [sorted(j[i == k].tolist()) for k in range(len(atoms))]
+    order, parent = [0], {0: -1}
+    for k in order:
+        for m in nbrs[k]:
+            if m not in parent:
+                parent[m] = k
+                order.append(m)
+    placed, rows = [], []
+    for k in order:
+        refs = []
+        up = parent[k]
+        while up >= 0 and len(refs) < 3:
+            refs.append(up)
+            up = parent[up]
+        for m in placed:  # fill from placed atoms next to the references
+            if len(refs) >= min(3, len(placed)):
+                break
+            if m not in refs and any(m in nbrs[r] or parent[m] == r for r in refs):
+                refs.append(m)
+        for m in placed:
+            if len(refs) >= min(3, len(placed)):
+                break
+            if m not in refs:
+                refs.append(m)
+        rows.append([order.index(r) for r in refs] + [-1] * (3 - len(refs)))
+        placed.append(k)
+    return rows, atoms.positions[order]
+
+
+@pytest.mark.parametrize("name", ["C3H4_D2d", "2-butyne", "CO2", "C2H2"])
+def test_real_linear_molecules_rebuild_and_agree(name):
+    from ase.collections import g2
+
+    rows, pos = _breadth_first_table(g2[name])
+    x = torch.tensor(pos, dtype=torch.float64)
+    c = zmat.to_internal(x, rows)
+    assert_methods_agree(c, rows, atol=1e-10)
+    with _kernel_off():
+        assert_methods_agree(c, rows, atol=1e-10, methods=("reference", "analytic"))
+    rebuilt = zmat.to_xyz(c, rows)
+    # every internal coordinate that is defined comes back
+    mask = _defined(rows, c, x)
+    back = zmat.to_internal(rebuilt, rows)
+    assert ((back - c).abs()[mask] < 1e-9).all()
+    if name != "2-butyne":  # (its methyls' relative twist is a dihedral about the C4 axis: not in the table)
+        assert float(zmat.rmsd(rebuilt, x)) < 1e-8
+        ase = torch.tensor(parse_zmatrix(_zmatrix_lines(rows, c)).positions)
+        if torch.isfinite(ase).all():  # ASE normalises a zero vector where references are collinear
+            assert float(zmat.rmsd(ase, x)) < 1e-8
+
+
+def test_strategies_draw_sibling_and_cousin_rows_on_the_axis():
+    # guard: the straight-angle tests see both kinds of plane rows, with d exactly on the axis
+    seen = set()
+
+    @settings(max_examples=60)
+    @given(rows=tables(min_atoms=3, max_atoms=12, proper_bias=0.3, plane_bias=0.7), data=st.data())
+    def draw(rows, data):
+        c = data.draw(straight_angles(rows))
+        plane = zmat.ConstructionTable(rows).dihedral_plane
+        for i in np.nonzero(plane)[0]:
+            if float(c[rows[i][2], 1]) in (0.0, math.pi):
+                seen.add(int(plane[i]))
+
+    draw()
+    assert seen == {1, -1}
+
+
+@pytest.mark.parametrize("kernel", [True, False])
+@pytest.mark.parametrize("method", METHODS)
+def test_empty_batch_every_method(method, kernel):
+    # issue 20: "prefix" (and the torch path's backward) failed to reshape 0 elements
+    rows = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0], [0, 1, 2]]
+    c = torch.zeros(0, 5, 3, dtype=torch.float64, requires_grad=True)
+    with contextlib.nullcontext() if kernel else _kernel_off():
+        xyz = zmat.to_xyz(c, rows, method=method)
+        (g,) = torch.autograd.grad(xyz.sum(), c, create_graph=True)
+    assert xyz.shape == (0, 5, 3) and g.shape == (0, 5, 3)
+    assert zmat.to_internal(xyz.detach(), rows).shape == (0, 5, 3)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_meta_device_gives_shapes(method):
+    # issue 20: the autocast wrapper asked autocast about "meta", which it does not know
+    rows = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [0, 1, 2], [3, 0, 1]]
+    c = torch.zeros(2, 5, 3, device="meta", requires_grad=True)
+    xyz = zmat.to_xyz(c, rows, method=method)
+    xyz.sum().backward()
+    assert xyz.shape == (2, 5, 3) and xyz.device.type == "meta" and c.grad.shape == (2, 5, 3)
+    assert zmat.to_internal(xyz.detach(), rows).device.type == "meta"

@@ -179,6 +179,102 @@ def test_errors():
         zp.structural_violations(torch.zeros(5, 14, 3), torch.zeros(5, dtype=torch.long), torch.ones(5, 14))
 
 
+def test_bad_inputs_raise_naming_the_argument():
+    pos, aatype, mask, ri = _case(0)
+    sv = zp.structural_violations
+    with pytest.raises(ValueError, match="atom37 has no residues"):
+        sv(torch.zeros(0, 37, 3), torch.zeros(0, dtype=torch.long), torch.zeros(0, 37, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"aatype of shape \(75,\) does not match"):
+        sv(pos, aatype[:-1], mask, ri)
+    with pytest.raises(ValueError, match=r"mask of shape \(76, 14\) does not match"):
+        sv(pos, aatype, mask[:, :14], ri)
+    with pytest.raises(ValueError, match=r"residue_index of shape \(2, 76\) does not match"):
+        sv(pos, aatype, mask, ri.expand(2, -1))
+    for bad in (-1, 21):
+        a = aatype.clone()
+        a[7] = bad  # -1 was ALA for the atom14 gather but unknown for the bounds; 21 an IndexError
+        with pytest.raises(ValueError, match=rf"aatype must lie in \[0, 20\].*residue 7 has \[{bad}\]"):
+            sv(pos, a, mask, ri)
+    with pytest.raises(TypeError, match="aatype must hold integers"):
+        sv(pos, aatype.double(), mask, ri)
+
+
+# ------------------------------------------------------------ OpenFold
+OF = np.load(DATA / "openfold_reference.npz")
+OF_CASES = ("1ubi", "1aki", "3wip", "7pfl")
+OF_RENAME = RENAME | {"within_per_atom_loss_sum": "per_atom_loss_sum"}
+SCALARS = ("c_n_loss_mean", "ca_c_n_loss_mean", "c_n_ca_loss_mean", "clashes_mean_loss", "loss")
+
+
+def _of_case(case):
+    g = lambda n: torch.as_tensor(OF[f"{case}_in_{n}"])  # noqa: E731
+    pos37, mask37 = zp.atom14_to_atom37(g("positions"), g("aatype").long(), g("exists") > 0)
+    return pos37, g("aatype").long(), mask37, g("residue_index")
+
+
+def _of_outputs(case):
+    """OpenFold's outputs under our names (its atom-count outputs have no counterpart)."""
+    out = {}
+    for n in OF.files:
+        if n.startswith(f"{case}_out_") and "num_clash" not in n:
+            key = n[len(f"{case}_out_") :]
+            out[OF_RENAME.get(key, key)] = OF[n]
+    return out
+
+
+@pytest.mark.parametrize("case", OF_CASES)
+def test_openfold_compatible_equals_openfold(case):
+    """OpenFold's own functions (tests/data/make_openfold_reference.py) on noisy real
+    proteins where every term is non-zero; float64 on both sides. The tolerance is
+    float32 round-off of constants: OpenFold's C-N target length is a float32 tensor
+    (bool * float), and its within-residue bounds AlphaFold's float32 table."""
+    v = zp.structural_violations(*_of_case(case), openfold_compatible=True)
+    ref = _of_outputs(case)
+    assert len(ref) == 17
+    for key in SCALARS + ("violations_within_residue",):
+        assert ref[key] > 0, key  # every term exercised
+    for key, want in ref.items():
+        got = v[key].numpy()
+        assert got.shape == want.shape, key
+        if "mask" in key or key.startswith("violations") or key == "per_atom_violations":
+            np.testing.assert_array_equal(got, want, err_msg=key)
+        else:
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=2e-6, err_msg=key)
+
+
+def test_default_is_alphafolds_fix_not_openfold():
+    # the CA-C-N tolerance differs (0.0311 against OpenFold's 0.014); nothing else does
+    v = zp.structural_violations(*_of_case("1ubi"))
+    ref = _of_outputs("1ubi")
+    assert v["ca_c_n_loss_mean"] < 0.7 * ref["ca_c_n_loss_mean"]
+    for key in ("c_n_loss_mean", "c_n_ca_loss_mean", "clashes_mean_loss"):
+        np.testing.assert_allclose(v[key].numpy(), ref[key], rtol=1e-6, err_msg=key)
+
+
+# ------------------------------------------------------------ ragged batches
+def test_ptr_batch_equals_one_by_one():
+    cases = [_case(0), _case(1), _case(2)]
+    flat = [torch.cat([c[k] for c in cases]) for k in range(4)]
+    sizes = [len(c[0]) for c in cases]
+    ptr = torch.tensor([0, *np.cumsum(sizes)])
+    for kw in (dict(ptr=ptr), dict(batch=torch.repeat_interleave(torch.arange(3), torch.tensor(sizes)))):
+        vb = zp.structural_violations(*flat, **kw)
+        for b, c in enumerate(cases):
+            v = zp.structural_violations(*c)
+            sl = slice(int(ptr[b]), int(ptr[b + 1]))
+            for key, val in v.items():
+                got = vb[key][b] if val.ndim == 0 else vb[key][sl]
+                torch.testing.assert_close(got, val, rtol=1e-10, atol=1e-12, msg=f"{key} {b}")
+    pos14, ex14 = zp.atom37_to_atom14(flat[0], flat[1], flat[2])
+    pairs = zp.clash_pairs(pos14, ex14, flat[1], flat[3], skin=1.0, ptr=ptr)
+    x = flat[0].clone().requires_grad_()
+    with DispatchAudit() as audit:
+        v = zp.structural_violations(x, *flat[1:], pairs=pairs, ptr=ptr)
+        v["loss"].sum().backward()
+    assert audit.syncs == [], audit.syncs
+    torch.testing.assert_close(v["loss"].detach(), vb["loss"])
+
+
 def test_benchmark_runs(tmp_path):
     """benchmarks/protein_tensors.py at its tiny size, so it never rots."""
     import json

@@ -113,12 +113,14 @@ def test_write_read_is_lossless(tmp_path, source, variables):
         zm = ZMatrix.from_atoms(ase.io.read(DATA / source))
         zm.title, zm.charge, zm.multiplicity = "a title", -1, 2
     path = tmp_path / "out.gzmat"
-    zm.write(path, variables=variables)
+    zm.write(path, variables=variables, decimals=None)
     back = ZMatrix.read(path)
     assert back.symbols == zm.symbols
     assert np.array_equal(back.table.refs, zm.table.refs)
     assert torch.equal(back.internal, zm.internal)  # bitwise
     assert (back.title, back.charge, back.multiplicity) == (zm.title, zm.charge, zm.multiplicity)
+    if source.endswith(".gzmat") and variables:
+        assert back.variable_uses == zm.variable_uses and back.variables == zm.variables
 
 
 def test_written_file_is_gaussian_ordered_and_ase_readable():
@@ -161,6 +163,108 @@ def test_from_atoms_with_explicit_table():
     assert zm.internal[3, 2].item() == pytest.approx(math.pi)
     with pytest.raises(TypeError):
         ZMatrix.from_atoms(atoms, table=table, start=1)
+
+
+# ------------------------------------------------------------ variables, look-up, precision
+def test_gaussian_variables_are_kept_with_names_signs_and_rows():
+    zm = ZMatrix.read(DATA / "baker_ts_09.gzmat")
+    assert zm.variable_uses["D1"] == [(10, 2, 1), (11, 2, -1)]  # "D1" and "-D1"
+    assert zm.variable_uses["L3"] == [(4, 0, 1), (5, 0, 1)]
+    assert zm.variables["D1"] == pytest.approx(math.radians(175.0), abs=1e-15)
+    assert zm.internal[11, 2] == -zm.internal[10, 2]
+    assert torch.equal(zm.internal_from_variables(zm.variable_values()), zm.internal)
+    batch = zm.variable_values() + torch.arange(3.0, dtype=torch.float64)[:, None] / 10  # (3, V)
+    c = zm.internal_from_variables(batch)
+    assert c.shape == (3, len(zm), 3) and torch.equal(c[:, 11, 2], -c[:, 10, 2])
+    assert torch.equal(c[:, 4, 0], c[:, 5, 0]) and torch.equal(c[:, 0], zm.internal[0].expand(3, 3))
+    text = zm.to_string()  # written back with the file's names and signs, literals inline
+    assert re.search(r"^H\s+8\s+L6\s+5\s+A2\s+1\s+-D1$", text, re.M) and "D1= 175.0" in text
+
+
+def _repulsion(zm, c):
+    x = zm.to_xyz(c)[torch.as_tensor(~zm.dummy_mask)]
+    return ((x[:, None] - x[None]).norm(dim=-1) + torch.eye(len(x))).log().sum()
+
+
+def test_gradient_to_shared_variables_matches_finite_differences():
+    """dE/d(variable) sums sign * dE/dC over the rows that use it."""
+    zm = ZMatrix.read(DATA / "baker_ts_09.gzmat")
+
+    def energy(v):
+        return _repulsion(zm, zm.internal_from_variables(v))
+
+    v = zm.variable_values().requires_grad_(True)
+    (g,) = torch.autograd.grad(energy(v), v)
+    h = 1e-6
+    eye = torch.eye(len(v), dtype=v.dtype)
+    fd = torch.stack([(energy(v + h * e) - energy(v - h * e)) / (2 * h) for e in eye]).detach()
+    assert torch.allclose(g, fd, atol=1e-7, rtol=1e-7) and g.abs().min() > 1e-6
+    c = zm.internal.clone().requires_grad_(True)
+    (gc,) = torch.autograd.grad(_repulsion(zm, c), c)
+    assert torch.allclose(zm.variable_gradient(gc), g, atol=1e-12)
+    k = list(zm.variable_uses).index("D1")
+    assert torch.allclose(g[k], gc[10, 2] - gc[11, 2], atol=1e-12)  # -D1 enters with its sign
+
+
+def test_invalid_variables_raise():
+    refs = [[-1, -1, -1], [0, -1, -1], [0, 1, -1]]
+    c = torch.tensor([[0, 0, 0], [0.96, 0, 0], [0.96, 1.8, 0]], dtype=torch.float64)
+    ZMatrix(["O", "H", "H"], c, refs, variables={"ROH": [(1, 0, 1), (2, 0, 1)]})
+    with pytest.raises(ValueError, match="reference present"):
+        ZMatrix(["O", "H", "H"], c, refs, variables={"A": [(1, 1, 1)]})
+    with pytest.raises(ValueError, match="length and an angle"):
+        ZMatrix(["O", "H", "H"], c, refs, variables={"X": [(1, 0, 1), (2, 1, 1)]})
+    with pytest.raises(ValueError, match="different values in rows 1 and 2"):
+        ZMatrix(
+            ["O", "H", "H"],
+            c * torch.tensor([[1], [1], [1.1]]),
+            refs,
+            variables={"ROH": [(1, 0, 1), (2, 0, 1)]},
+        )
+    zm = ZMatrix.read(DATA / "baker_ts_09.gzmat")
+    zm.internal[11, 2] = 0.5  # one use of D1 edited by hand
+    with pytest.raises(ValueError, match="variable 'D1'"):
+        zm.to_string()
+    assert "D1" not in zm.to_string(variables=False)
+
+
+def test_find_looks_up_a_row_by_its_atoms():
+    zm = ZMatrix.from_atoms(ase.io.read(DATA / "cyclohexane_chair.xyz"))
+    refs = zm.table.refs
+    for i, (b, a, d) in enumerate(refs.tolist()):
+        if d >= 0:
+            assert zm.find(i, b, a, d) == zm.find(d, a, b, i) == zm.find(np.array([d, a, b, i])) == (i, 2)
+            assert zm.find(i, b, a) == zm.find(a, b, i) == (i, 1) and zm.find(b, i) == (i, 0)
+    i, (b, a, d) = 5, refs[5].tolist()
+    with pytest.raises(ValueError, match=f"no row holds the dihedral {i}-{a}-{b}-{d}"):
+        zm.find(i, a, b, d)
+    with pytest.raises(ValueError, match="2, 3 or 4 atoms"):
+        zm.find(1)
+
+
+def test_written_values_have_a_sane_precision():
+    """At most 10 digits after the point by default (angles used to take up to 25 digits)."""
+    for name in ("cyclohexane_chair", "temp_lig", "peroxide"):
+        zm = ZMatrix.from_atoms(ase.io.read(DATA / f"{name}.xyz"))
+        text = zm.to_string()
+        body = [ln.split()[2::2] for ln in text.split("\n\n")[2].splitlines()[1:]]
+        assert max(len(v.partition(".")[2]) for vals in body for v in vals) <= 10, name
+        back = ZMatrix.from_string(text)
+        assert (back.internal - zm.internal).abs().max() < 1e-10
+        assert "109.5" in ZMatrix.from_string("O\nH 1 0.96\nH 1 0.96 2 109.5").to_string()
+
+
+def test_bond_angles_in_degrees_are_refused():
+    refs = [[-1, -1, -1], [0, -1, -1], [0, 1, -1], [2, 0, 1]]
+    c = torch.tensor([[0, 0, 0], [0.96, 0, 0], [0.96, 104.5, 0], [1.0, 1.9, 0]], dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"row 2: bond angle 104.5 is outside \[0, pi\]: zmat takes radians"):
+        ZMatrix(["O", "H", "H", "H"], c, refs)
+    c[2, 1] = 1.8
+    c[3, 2] = 120.0
+    with pytest.warns(UserWarning, match="row 3: dihedral 120 is beyond 2 pi"):
+        ZMatrix(["O", "H", "H", "H"], c, refs)
+    c[3, 2] = -math.pi
+    ZMatrix(["O", "H", "H", "H"], c, refs)  # exactly pi and [0, pi] are fine
 
 
 # ------------------------------------------------------------ example

@@ -11,9 +11,10 @@ The public API (stable names, see ``docs/conventions.md``)::
 (imported on its own) has checks for your own code.
 """
 
-from . import batch, chemcoord, clash, gaussian, protein
+from . import batch, chemcoord, clash, flows, gaussian, protein
 from ._align import rmsd, superpose
 from .clash import alphafold_radii, clash_loss, exclusions_from_bonds, exclusions_from_table, vdw_radii
+from .flows import log_det_jacobian
 from .table import ConstructionTable
 from .transform import METHODS, dihedrals, to_internal, to_xyz
 from .zmatrix import ZMatrix
@@ -30,7 +31,9 @@ __all__ = [
     "dihedrals",
     "exclusions_from_bonds",
     "exclusions_from_table",
+    "flows",
     "gaussian",
+    "log_det_jacobian",
     "protein",
     "rmsd",
     "superpose",

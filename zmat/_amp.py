@@ -24,6 +24,8 @@ _LOW = (torch.float16, torch.bfloat16)
 def _autocast_enabled(device_type: str) -> bool:
     try:
         return torch.is_autocast_enabled(device_type)
+    except RuntimeError:  # a device type autocast does not know ("meta"): never on
+        return False
     except TypeError:  # torch < 2.4: no device_type argument
         if device_type == "cpu":
             return torch.is_autocast_cpu_enabled()

@@ -132,6 +132,7 @@ class _ForestPlan:
                         index_tensor(pos, device),
                         index_tensor(local, device),
                         index_tensor(table.kind[atoms], device),
+                        index_tensor(table.dihedral_plane[atoms], device),
                         None if s == 0 else Staging.to_device(staging.gather_plan(refs), device),
                         len(atoms),
                     )
@@ -330,7 +331,8 @@ def _flat(c: torch.Tensor) -> torch.Tensor:
 def _effective(flat: torch.Tensor, plan: _ForestPlan, index, keep) -> torch.Tensor:
     """Rows ``(r, theta, phi_eff)`` ``(3, M, B)`` gathered from flat ``C``
     (``keep``: the planned columns; the others 0; phi summed along offset chains)."""
-    g = flat.index_select(0, index).view(plan.k, -1, flat.shape[1])
+    # sizes spelled out: an empty batch has no -1 to infer
+    g = flat.index_select(0, index).view(plan.k, index.shape[0] // plan.k, flat.shape[1])
     g = torch.where(keep, g, plan.zero)
     if plan.k > 3:
         head, chain = g.split([2, plan.k - 2])
@@ -476,7 +478,8 @@ def _vjp(rot, pos, g_rot, g_pos, plan: _ForestPlan) -> torch.Tensor:
     d_eff = torch.stack([(rot[:, 0] * s2).sum(0), -(rot[:, 2] * torque).sum(0), (up * torque).sum(0)])
     # the transpose of the gather in _effective: d phi_eff reaches every phi of the chain
     d = torch.where(plan.grad_keep, d_eff.index_select(0, plan.grad_rows), plan.zero)
-    return d.new_zeros((3 * plan.n, d.shape[-1])).index_add(0, plan.grad_index, d.reshape(-1, d.shape[-1]))
+    flat = d.reshape(plan.grad_index.shape[0], d.shape[-1])  # (an empty batch too)
+    return d.new_zeros((3 * plan.n, d.shape[-1])).index_add(0, plan.grad_index, flat)
 
 
 def _jvp(rot, pos, tangent: torch.Tensor, plan: _ForestPlan):
@@ -575,13 +578,13 @@ def _place(rot: torch.Tensor, pos: torch.Tensor, plan: _ForestPlan, shape) -> to
     frames_dfs = torch.cat([rot, pos.unsqueeze(1)], 1).movedim((0, 1, 2), (-2, -1, -3))
     origin = identity_frame((*frames_dfs.shape[:-3], 1), frames_dfs.dtype, frames_dfs.device)
     outputs: list[torch.Tensor] = []
-    for stage_pos, local, kind, gather, n_roots in plan.stages:
+    for stage_pos, local, kind, plane, gather, n_roots in plan.stages:
         rel = frames_dfs.index_select(-3, stage_pos)
         if gather is None:  # stage 0: segments rooted at the origin
             outputs.append(rel)
             continue
-        x = Staging.gather(outputs, origin, gather)[..., 3].unflatten(-2, (n_roots, 3))
-        anchor = segment_anchor(kind, x[..., 2, :], x[..., 1, :], x[..., 0, :])
+        f = Staging.gather(outputs, origin, gather).unflatten(-3, (n_roots, 3))  # frames of (b, a, d)
+        anchor = segment_anchor(kind, plane, f[..., 2, :, :], f[..., 1, :, :], f[..., 0, :, :])
         outputs.append(compose(anchor.index_select(-3, local), rel))
     frames = outputs[0] if len(outputs) == 1 else torch.cat(outputs, -3)
     return frames[..., 3].index_select(-2, plan.final).reshape(shape)

@@ -15,6 +15,11 @@ import torch
 from .table import BOND, PLANAR, ROOT, ConstructionTable
 
 _TINY = {torch.float16: 1e-6, torch.bfloat16: 1e-6, torch.float32: 1e-12, torch.float64: 1e-24}
+# sin^2 of the angle below which three reference points count as collinear
+# (relative, so it does not depend on the coordinates' scale): far above
+# rounding (so methods agree on which rows it is), far below real geometry
+_COLLINEAR = {torch.float16: 1e-4, torch.bfloat16: 1e-4, torch.float32: 1e-10, torch.float64: 1e-20}
+_TIE = 1e-6
 
 
 def tiny(dtype: torch.dtype) -> float:
@@ -57,10 +62,14 @@ def dihedral_from_bonds(b1: torch.Tensor, b2: torch.Tensor, b3: torch.Tensor) ->
 
 def any_perpendicular(u: torch.Tensor) -> torch.Tensor:
     """A unit vector perpendicular to the unit vector ``u``: ``u x e`` with ``e``
-    the coordinate axis least aligned with ``u``."""
+    the first coordinate axis (``x``, then ``y``, then ``z``) whose component of
+    ``u`` is the smallest up to ``1e-6``. The tolerance makes the choice the same
+    for two methods whose ``u`` differ by rounding (``(1, 0, 0)`` and
+    ``(1, 2e-16, 0)`` both take ``y``): an exact tie picks a fixed axis."""
     a = u.abs()
-    ex = (a[..., 0] <= a[..., 1]) & (a[..., 0] <= a[..., 2])
-    ey = ~ex & (a[..., 1] <= a[..., 2])
+    low = a.amin(-1) + _TIE
+    ex = a[..., 0] <= low
+    ey = ~ex & (a[..., 1] <= low)
     e = torch.stack([ex, ey, ~ex & ~ey], -1).to(u.dtype)
     w = torch.linalg.cross(u, e, dim=-1)
     return w * torch.rsqrt((w * w).sum(-1, keepdim=True).clamp_min(tiny(u.dtype)))
@@ -156,15 +165,40 @@ def identity_frame(shape, dtype, device) -> torch.Tensor:
     return torch.eye(3, 4, dtype=dtype, device=device).expand(*shape, 3, 4)
 
 
-def nerf_anchor(xd: torch.Tensor, xa: torch.Tensor, xb: torch.Tensor) -> torch.Tensor:
-    """Anchor frame from positions (the textbook NeRF frame), ``(..., 3, 4)``.
+def nerf_anchor(fd: torch.Tensor, xa: torch.Tensor, xb: torch.Tensor, plane: torch.Tensor | None = None):
+    """Anchor frame of a full row ``(b, a, d)``, ``(..., 3, 4)``.
 
-    ``e1 = unit(x_b - x_a)``, ``e3 = unit((x_a - x_d) x e1)``. Collinear
-    references have no plane: ``e3`` falls back to :func:`any_perpendicular`.
+    ``e1 = unit(x_b - x_a)``; ``e3`` is the unit normal of the plane
+    ``(d, a, b)``, ``unit((x_a - x_d) x e1)`` (the textbook NeRF frame).
+    The rule for collinear references (``docs/conventions.md``):
+
+    * ``plane = +1`` (``d`` is a sibling, references ``(b, a, ...)``) or
+      ``-1`` (a cousin, ``(a, b, ...)``): ``d``'s own frame holds that plane
+      even where ``d`` lies on the axis ``a - b`` (its third axis is the normal
+      of the plane it was placed in, exact at straight angles), so
+      ``e3 = plane * e3_d``, made orthogonal to ``e1``. In exact arithmetic
+      this is the cross product above; the same rule as OFFSET rows.
+    * otherwise, where ``d, a, b`` are collinear (``sin^2`` of the angle below
+      ``_COLLINEAR``), ``e3 = any_perpendicular(e1)``.
+
+    Args:
+        fd: ``d``'s frame ``(..., 3, 4)`` (its position is the last column).
+        xa, xb: positions ``(..., 3)``.
+        plane: long ``(...)`` of ``+1``, ``-1``, ``0`` (see
+            ``ConstructionTable.dihedral_plane``); ``None`` for all 0.
     """
     e1 = safe_unit(xb - xa, axis(0, 3, xb))
-    n = torch.linalg.cross(xa - xd, e1, dim=-1)
-    e3 = safe_unit(n, any_perpendicular(e1))
+    v = xa - fd[..., 3]
+    n = torch.linalg.cross(v, e1, dim=-1)
+    sq = (n * n).sum(-1, keepdim=True)
+    straight = sq <= _COLLINEAR.get(v.dtype, 1e-10) * (v * v).sum(-1, keepdim=True)
+    straight = straight | (sq <= tiny(v.dtype))
+    inv = torch.rsqrt(torch.where(straight, torch.ones_like(sq), sq))
+    e3 = torch.where(straight, any_perpendicular(e1), n * inv)
+    if plane is not None:
+        nd = fd[..., 2]
+        m = plane[..., None].to(nd.dtype) * (nd - (nd * e1).sum(-1, keepdim=True) * e1)
+        e3 = torch.where(plane[..., None] != 0, safe_unit(m, e3), e3)
     return frame_from_axes(e1, e3, xb)
 
 
@@ -178,17 +212,19 @@ def planar_anchor(xa: torch.Tensor, xb: torch.Tensor) -> torch.Tensor:
     return frame_from_axes(e1, safe_unit(n, ez), xb)
 
 
-def segment_anchor(kind: torch.Tensor, xd, xa, xb) -> torch.Tensor:
-    """Anchor frames of segment roots from their reference positions.
+def segment_anchor(kind: torch.Tensor, plane: torch.Tensor | None, fd, fa, fb) -> torch.Tensor:
+    """Anchor frames of segment roots from their reference atoms' frames.
 
-    ``kind`` (long, broadcastable to the leading dims of ``xb``) selects the
-    rule: ROOT (``xb`` is the origin slot, identity), BOND (identity axes at
-    ``x_b``), PLANAR (:func:`planar_anchor`), POSITIONAL (:func:`nerf_anchor`).
+    ``kind`` (long, broadcastable to the leading dims of ``fb``) selects the
+    rule: ROOT (``fb`` is the origin slot, identity), BOND (identity axes at
+    ``x_b``), PLANAR (:func:`planar_anchor`), POSITIONAL (:func:`nerf_anchor`,
+    with ``plane``). ``fd, fa, fb``: frames ``(..., 3, 4)`` of ``d, a, b``.
     """
+    xa, xb = fa[..., 3], fb[..., 3]
     eye = torch.eye(3, dtype=xb.dtype, device=xb.device)
     axes_bond = torch.cat([eye.expand(*xb.shape[:-1], 3, 3), xb.unsqueeze(-1)], -1)
     planar = planar_anchor(xa, xb)
-    nerf = nerf_anchor(xd, xa, xb)
+    nerf = nerf_anchor(fd, xa, xb, plane)
     k = kind[..., None, None]
     out = torch.where(k == PLANAR, planar, nerf)
     return torch.where(k <= BOND, axes_bond, out)

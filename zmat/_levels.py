@@ -40,6 +40,7 @@ def _build_level_plan(table: ConstructionTable, device: torch.device) -> dict:
                 len(roots),
                 index_tensor(np.concatenate([rigid, roots]), device),
                 index_tensor(table.kind[roots], device),
+                index_tensor(table.dihedral_plane[roots], device),
                 Staging.to_device(staging.gather_plan(ids), device),
             )
             for rigid, roots, ids in steps
@@ -55,15 +56,16 @@ def place_levels(C: torch.Tensor, table: ConstructionTable) -> torch.Tensor:
     batch = c_eff.shape[:-2]
     origin = identity_frame((*batch, 1), c_eff.dtype, c_eff.device)
     outputs: list[torch.Tensor] = []
-    for n_rigid, n_roots, atoms, root_kind, gather in plan["steps"]:
+    for n_rigid, n_roots, atoms, root_kind, root_plane, gather in plan["steps"]:
         local = local_transform(c_eff.index_select(-2, atoms))
         src = Staging.gather(outputs, origin, gather) if len(atoms) else None
         anchors = []
         if n_rigid:
             anchors.append(src[..., :n_rigid, :, :])
         if n_roots:
-            x = src[..., n_rigid:, :, 3].unflatten(-2, (n_roots, 3))
-            anchors.append(segment_anchor(root_kind, x[..., 2, :], x[..., 1, :], x[..., 0, :]))
+            f = src[..., n_rigid:, :, :].unflatten(-3, (n_roots, 3))  # frames of (b, a, d)
+            fd, fa, fb = f[..., 2, :, :], f[..., 1, :, :], f[..., 0, :, :]
+            anchors.append(segment_anchor(root_kind, root_plane, fd, fa, fb))
         anchor = anchors[0] if len(anchors) == 1 else torch.cat(anchors, -3)
         outputs.append(compose(anchor, local))
     frames = outputs[0] if len(outputs) == 1 else torch.cat(outputs, -3)

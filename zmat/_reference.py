@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ._geometry import compose, effective_internal, identity_frame, local_transform, segment_anchor
-from .table import ConstructionTable
+from .table import ConstructionTable, index_tensor
 
 
 def _lists(table: ConstructionTable, device) -> tuple:
@@ -20,7 +20,8 @@ def _lists(table: ConstructionTable, device) -> tuple:
 
 
 def _build_lists(table: ConstructionTable, device: torch.device) -> tuple:
-    return table.topo_order.tolist(), table.parent.tolist(), table.refs.tolist()
+    plane = index_tensor(table.dihedral_plane, device)
+    return table.topo_order.tolist(), table.parent.tolist(), table.refs.tolist(), plane
 
 
 def place_reference(C: torch.Tensor, table: ConstructionTable) -> torch.Tensor:
@@ -31,16 +32,16 @@ def place_reference(C: torch.Tensor, table: ConstructionTable) -> torch.Tensor:
     kind = table.plan(c_eff.device).kind
     frames: list = [None] * table.n_atoms
 
-    def position(j: int) -> torch.Tensor:
-        return (frames[j] if j >= 0 else origin)[..., 3]
+    def frame(j: int) -> torch.Tensor:
+        return frames[j] if j >= 0 else origin
 
-    order, parents, refs = _lists(table, c_eff.device)
+    order, parents, refs, plane = _lists(table, c_eff.device)
     for i in order:
         local = local_transform(c_eff[..., i, :])
         if parents[i] >= 0:
             anchor = frames[parents[i]]  # rigid child: b's propagated frame
         else:
             b, a, d = refs[i]
-            anchor = segment_anchor(kind[i], position(d), position(a), position(b))
+            anchor = segment_anchor(kind[i], plane[i], frame(d), frame(a), frame(b))
         frames[i] = compose(anchor, local)
     return torch.stack([f[..., 3] for f in frames], -2)

@@ -59,7 +59,6 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from scipy.spatial import cKDTree
 
 from .table import ConstructionTable
 
@@ -107,6 +106,8 @@ def connectivity(
     n = len(pos)
     out: list[list[int]] = [[] for _ in range(n)]
     if n > 1:
+        from scipy.spatial import cKDTree  # imported when used: it is slow to import
+
         pairs = cKDTree(pos).query_pairs(2.0 * float(radii.max()), output_type="ndarray")
         i, j = pairs[:, 0], pairs[:, 1]
         keep = np.linalg.norm(pos[i] - pos[j], axis=1) < radii[i] + radii[j]
@@ -235,6 +236,8 @@ class _Builder:
         """Rule 2: the unbuilt atom nearest to a built one, and that built atom."""
         pos = self.pos
         if self.pending:  # fold the atoms built since the last fragment into dmin
+            from scipy.spatial import cKDTree
+
             idx = np.nonzero(~self.queued)[0]
             d, _ = cKDTree(pos[self.pending]).query(pos[idx], k=1)
             self.dmin[idx] = np.minimum(self.dmin[idx], d)

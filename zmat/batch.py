@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -29,7 +30,7 @@ import torch
 from .table import ConstructionTable, as_table, index_tensor
 from .transform import to_xyz
 
-__all__ = ["Ragged", "ZMatrixBatch", "collate", "concatenate_tables"]
+__all__ = ["Batchable", "Ragged", "ZMatrixBatch", "collate", "concatenate_tables"]
 
 
 class Ragged:
@@ -189,18 +190,38 @@ class ZMatrixBatch:
         return self.atoms.unbatch(x, dim=-2)
 
 
+@runtime_checkable
+class Batchable(Protocol):
+    """What :func:`collate` dispatches on: a type whose instances batch themselves.
+
+    ``type(items[0]).batch(items)`` returns the batch (:class:`~zmat.ZMatrix`
+    gives a :class:`ZMatrixBatch`, ``zmat.rdkit.TorsionSpace`` a flat
+    ``TorsionSpace``). A class joins by defining that classmethod.
+    """
+
+    @classmethod
+    def batch(cls, items: Sequence) -> Any: ...
+
+
 def collate(items: Sequence):
     """Batch construction tables, z-matrices or torsion spaces of different sizes.
 
-    Returns ``(table, atoms)`` for tables (see :func:`concatenate_tables`), a
-    :class:`ZMatrixBatch` for :class:`~zmat.ZMatrix` objects, and
-    ``TorsionSpace.batch(items)`` for ``zmat.rdkit.TorsionSpace`` objects.
+    Items of a :class:`Batchable` type (all of the same type) give
+    ``type(items[0]).batch(items)``: a :class:`ZMatrixBatch` for
+    :class:`~zmat.ZMatrix` objects, ``TorsionSpace.batch(items)`` for
+    ``zmat.rdkit.TorsionSpace`` objects. Anything else is a construction table
+    (or ``(n, 3)`` array): ``(table, atoms)``, see :func:`concatenate_tables`.
+
+    Raises:
+        ValueError: ``items`` is empty.
+        TypeError: ``items`` mixes a :class:`Batchable` type with others.
     """
     if len(items) == 0:
         raise ValueError("cannot batch an empty list")
-    first = items[0]
-    if hasattr(first, "batch") and hasattr(first, "quads"):
-        return type(first).batch(items)
-    if hasattr(first, "internal") and hasattr(first, "table"):
-        return ZMatrixBatch(items)
+    kind = type(items[0])
+    if isinstance(items[0], Batchable):
+        others = {type(x).__name__ for x in items if type(x) is not kind}
+        if others:
+            raise TypeError(f"cannot batch {kind.__name__} objects with {sorted(others)}")
+        return kind.batch(items)
     return concatenate_tables(items)

@@ -174,9 +174,21 @@ def from_chemcoord_arrays(
         refs, vals = refs.T, vals.transpose(0, 1)
     table = _sentinel_table(refs, index)
     if not degrees:
+        if vals.device.type == "cpu":  # host values: checking costs no sync
+            _check_radians(vals.detach()[:, 1].numpy())
         vals = torch.cat([vals[:, :1], torch.rad2deg(vals[:, 1:])], 1)
     imp = _convert(table, vals, absolute, None)
     return imp.C, imp.table
+
+
+def _check_radians(theta: np.ndarray) -> None:
+    """Bond angles given with ``degrees=False`` must lie in ``[0, pi]``."""
+    bad = np.nonzero(np.abs(theta) > math.pi + 1e-9)[0]
+    if len(bad):
+        raise ValueError(
+            f"row {int(bad[0])}: bond angle {theta[bad[0]]:g} is above pi with degrees=False: "
+            f"the values look like degrees (pass degrees=True); rows {bad[:10].tolist()}"
+        )
 
 
 def _is_transposed(refs: np.ndarray) -> bool:

@@ -53,8 +53,8 @@ Methods:
   ``clash_loss`` makes no host-device sync and compiles into one graph.
 - ``"auto"``: ``"all_pairs"`` when the batch holds at most
   ``AUTO_MAX_PAIRS[device type]`` pairs, ``"neighbors"`` otherwise. On CPU the
-  neighbour list wins from a few hundred atoms (measured: 18x faster at
-  N = 1000), so the switch is at 50,000 pairs (N ~ 300); on accelerators
+  neighbour list wins from a few hundred atoms, so the switch is at 50,000
+  pairs (N ~ 300); on accelerators
   all-pairs is cheap and sync-free, so it is kept up to 2,000,000 pairs
   (N ~ 2000, ~0.3 GB in float32).
 
@@ -87,6 +87,7 @@ import torch.nn.functional as F
 from ._amp import float32_under_autocast
 from ._geometry import safe_norm
 from ._neighbors import CellList, build_cell_list
+from ._segments import on_host, segments
 
 __all__ = [
     "ALPHAFOLD_RADII",
@@ -127,6 +128,8 @@ MEMORY_BUDGET = 512 * 2**20
 # positions, distances, penalty and their gradients): a 512 MiB budget took
 # 480-590 MB, 64 MiB took 120 MB (benchmarks/clash.py --collapsed, N = 5000).
 _BYTES_PER_ROW = 200
+# Bytes a pair of a returned pair list takes (two int64 indices).
+_BYTES_PER_PAIR = 16
 
 
 # ----------------------------------------------------------------------------
@@ -336,34 +339,84 @@ def exclusion_keys(exclude, n: int, depth: int = 3, device=None) -> torch.Tensor
         ValueError, TypeError: for a bad shape or dtype, or (for host data
             only, where it costs no device sync) an index out of range.
     """
+    pairs = _exclusion_pairs(exclude, n, depth, "exclude")
+    if pairs is None:
+        return None
+    return _keys(pairs.to(device=device, dtype=torch.long), n)
+
+
+def _keys(pairs: torch.Tensor, period: int) -> torch.Tensor:
+    lo = torch.minimum(pairs[:, 0], pairs[:, 1])
+    hi = torch.maximum(pairs[:, 0], pairs[:, 1])
+    return torch.sort(lo * period + hi).values  # sort, not unique: unique would sync
+
+
+def _exclusion_pairs(exclude, n: int | None, depth: int, name: str, exact: bool = True):
+    """``exclude`` (pairs or a table) as an (E, 2) integer tensor, or None; ``n``: atoms
+    it may name (None: unknown, not checked); a table has ``n`` rows (``exact``) or at most ``n``."""
     if exclude is None:
         return None
     if hasattr(exclude, "refs"):  # a construction table
         exclude = np.asarray(exclude.refs)
-    pairs = exclude if isinstance(exclude, torch.Tensor) else torch.as_tensor(np.asarray(exclude))
+    try:
+        pairs = exclude if isinstance(exclude, torch.Tensor) else torch.as_tensor(np.asarray(exclude))
+    except (ValueError, TypeError) as e:
+        raise TypeError(
+            f"clash_loss: {name} must be an (E, 2) integer array of pairs, an (N, 3) construction "
+            f"table, or (with several structures) a list of those, one per structure: {e}"
+        ) from None
     if pairs.numel() == 0:
         return None
     if pairs.ndim != 2 or pairs.shape[1] not in (2, 3):
         raise ValueError(
-            "clash_loss: exclude must be an (E, 2) tensor of pairs or an (N, 3) "
+            f"clash_loss: {name} must be an (E, 2) tensor of pairs or an (N, 3) "
             f"construction table, got shape {tuple(pairs.shape)}"
         )
     if pairs.dtype.is_floating_point or pairs.dtype == torch.bool:
-        raise TypeError(f"clash_loss: exclude must hold integers, got {pairs.dtype}")
+        raise TypeError(f"clash_loss: {name} must hold integers, got {pairs.dtype}")
     if pairs.shape[1] == 3:  # a construction table
-        if pairs.shape[0] != n:
-            raise ValueError(f"clash_loss: construction table has {pairs.shape[0]} rows, xyz has N = {n}")
-        pairs = exclusions_from_table(pairs.cpu().numpy(), depth)
-    elif pairs.device.type == "cpu" and not torch.compiler.is_compiling():
+        if n is not None and (pairs.shape[0] != n if exact else pairs.shape[0] > n):
+            want = n if exact else f"at most {n}"
+            raise ValueError(f"clash_loss: {name}: construction table has {pairs.shape[0]} rows, want {want}")
+        return exclusions_from_table(pairs.cpu().numpy(), depth)
+    if n is not None and on_host(pairs):
         host = pairs.numpy()  # host memory: checking it involves no device
         if host.min() < 0 or host.max() >= n:
             raise ValueError(
-                f"clash_loss: exclude index out of range [0, {n}): min {host.min()}, max {host.max()}"
+                f"clash_loss: {name} index out of range [0, {n}): min {host.min()}, max {host.max()}"
             )
-    pairs = pairs.to(device=device, dtype=torch.long)
-    lo = torch.minimum(pairs[:, 0], pairs[:, 1])
-    hi = torch.maximum(pairs[:, 0], pairs[:, 1])
-    return torch.sort(lo * n + hi).values  # sort, not unique: unique would sync
+    return pairs
+
+
+def _per_structure(exclude) -> bool:
+    """Whether ``exclude`` is a list with one exclusion entry per structure."""
+    if not isinstance(exclude, (list, tuple)) or len(exclude) == 0:
+        return False
+    first = exclude[0]
+    if isinstance(first, (torch.Tensor, np.ndarray)) or hasattr(first, "refs"):
+        return True
+    return isinstance(first, (list, tuple)) and len(first) > 0 and isinstance(first[0], (list, tuple))
+
+
+def _structure_exclusions(items, offsets, sizes, period: int, depth: int, device, exact: bool):
+    """Keys (modulo ``period``) of per-structure exclusions, each offset to its structure.
+
+    ``offsets``: ``(B,)`` int64 tensor on ``device``, the first row of each
+    structure; ``sizes``: their atom counts (exact, or an upper bound) where
+    known on the host, for the checks, else None. One concatenation: no
+    per-structure device work.
+    """
+    parts = []
+    for b, e in enumerate(items):  # host-side coercion only (flat pairs skip it)
+        n_b = None if sizes is None else int(sizes[b])
+        p = _exclusion_pairs(e, n_b, depth, f"exclude[{b}]", exact)
+        parts.append(torch.zeros(0, 2, dtype=torch.long) if p is None else p)
+    counts = [len(p) for p in parts]
+    if sum(counts) == 0:
+        return None
+    pairs = torch.cat([p.to(device=device, dtype=torch.long) for p in parts])
+    shift = torch.repeat_interleave(offsets, torch.tensor(counts, device=device), output_size=len(pairs))
+    return _keys(pairs + shift[:, None], period)
 
 
 def is_excluded(i: torch.Tensor, j: torch.Tensor, n: int, keys: torch.Tensor | None) -> torch.Tensor:
@@ -433,18 +486,58 @@ def _penalty(pen: _Penalty, d, c):
     return torch.where(clash, p, 0.0)
 
 
-def _pair_sum(xyz_f, radii_f, i, j, keep, n_batch: int, n: int, pen: _Penalty):
-    """Sum of penalties over pairs (i, j) of the flattened batch: shape (B,)."""
+class _Layout(NamedTuple):
+    """Which structure each row of the flattened batch ``xyz_f`` (M rows) belongs to.
+
+    Padded batches: row ``a`` is structure ``a // n``. Ragged batches (``ptr`` /
+    ``batch``): each block of ``n`` rows (one per leading index) holds ``B``
+    structures, and ``seg`` says which (as a flat result index). Exclusion keys
+    name rows modulo ``period``: ``n`` for exclusions shared by every
+    structure (or of a whole ragged block), ``B n`` for per-structure lists
+    of a padded ``(..., B, n, 3)`` batch.
+    """
+
+    shape: tuple
+    n: int
+    seg: torch.Tensor | None
+    period: int
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def of(self, i: torch.Tensor) -> torch.Tensor:
+        """Result index (structure) of rows ``i``."""
+        if self.seg is not None:
+            return self.seg.index_select(0, i)
+        return torch.div(i, self.n, rounding_mode="floor")
+
+    def groups(self, m: int, device) -> torch.Tensor:
+        return self.seg if self.seg is not None else self.of(torch.arange(m, device=device))
+
+
+def _acc_dtype(t: torch.Tensor) -> torch.dtype:
+    """Sums accumulate in float64 (exact to the result's rounding in float32), where
+    the device has it (MPS does not)."""
+    return t.dtype if t.device.type == "mps" else torch.float64
+
+
+def _pair_penalties(xyz_f, radii_f, i, j, keep, pen: _Penalty):
+    """Per-pair penalties ``(P,)`` of pairs (i, j) of the flattened batch."""
     # index_select, whose backward is an index_add: no sync on any device.
     # safe_norm's zero threshold (1e-24 in float64, 1e-12 in float32, on the
     # squared distance) only affects coincident atoms: value 0, gradient 0.
     d = safe_norm(xyz_f.index_select(0, i) - xyz_f.index_select(0, j))
     c = radii_f.index_select(0, i) + radii_f.index_select(0, j) - pen.tolerance
     p = _penalty(pen, d, c)
-    if keep is not None:
-        p = torch.where(keep, p, 0.0)
-    out = torch.zeros(n_batch, dtype=p.dtype, device=p.device)
-    return out.index_add(0, torch.div(i, n, rounding_mode="floor"), p)
+    return p if keep is None else torch.where(keep, p, 0.0)
+
+
+def _pair_sum(xyz_f, radii_f, i, j, keep, layout: _Layout, pen: _Penalty):
+    """Sum of penalties over pairs (i, j) per structure: shape (size,), float64."""
+    p = _pair_penalties(xyz_f, radii_f, i, j, keep, pen)
+    out = torch.zeros(layout.size, dtype=_acc_dtype(p), device=p.device)
+    return out.index_add(0, layout.of(i), p.to(out.dtype))
 
 
 class _ChunkedPairSum(torch.autograd.Function):
@@ -457,15 +550,15 @@ class _ChunkedPairSum(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(xyz_f, radii_f, rows, n_batch, n, pen):
-        out = torch.zeros(n_batch, dtype=xyz_f.dtype, device=xyz_f.device)
+    def forward(xyz_f, radii_f, rows, layout, pen):
+        out = torch.zeros(layout.size, dtype=_acc_dtype(xyz_f), device=xyz_f.device)
         for i, j, keep in rows():
-            out = out + _pair_sum(xyz_f, radii_f, i, j, keep, n_batch, n, pen)
+            out = out + _pair_sum(xyz_f, radii_f, i, j, keep, layout, pen)
         return out
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        xyz_f, radii_f, ctx.rows, ctx.n_batch, ctx.n, ctx.pen = inputs
+        xyz_f, radii_f, ctx.rows, ctx.layout, ctx.pen = inputs
         ctx.save_for_backward(xyz_f, radii_f)
 
     @staticmethod
@@ -478,14 +571,14 @@ class _ChunkedPairSum(torch.autograd.Function):
             with torch.enable_grad():
                 x = xyz_f if create else xyz_f.detach().requires_grad_(need[0])
                 r = radii_f if create else radii_f.detach().requires_grad_(need[1])
-                s = (_pair_sum(x, r, i, j, keep, ctx.n_batch, ctx.n, ctx.pen) * grad).sum()
+                s = (_pair_sum(x, r, i, j, keep, ctx.layout, ctx.pen) * grad).sum()
                 wrt = [t for t, k in zip((x, r), need, strict=True) if k]
                 got = iter(torch.autograd.grad(s, wrt, create_graph=create))
             for k in range(2):
                 if need[k]:
                     g = next(got)
                     grads[k] = g if grads[k] is None else grads[k] + g
-        return grads[0], grads[1], None, None, None, None
+        return grads[0], grads[1], None, None, None
 
 
 # ----------------------------------------------------------------------------
@@ -500,77 +593,94 @@ def _max_rows(memory_budget: int | None) -> int:
 
 
 @torch.no_grad()
-def _search(xyz_f, radii_f, mask_f, n: int, tolerance: float, reach: float) -> CellList:
+def _search(xyz_f, radii_f, mask_f, layout: _Layout, tolerance: float, reach: float) -> CellList:
     """Cell list of the flat batch for pairs closer than ``2 max(r) - tolerance + reach``."""
     x, r = xyz_f.detach(), radii_f.detach()
-    valid = torch.isfinite(x).all(-1)  # non-finite atoms: NaN loss, not a search
+    valid = torch.isfinite(x).all(-1) & torch.isfinite(r)  # non-finite atoms: NaN loss, not a search
     if mask_f is not None:
         valid = valid & mask_f
     r_max = torch.where(valid, r, -torch.inf).amax()
-    cutoff = (2 * r_max - tolerance + reach).nan_to_num(neginf=0.0)
-    group = torch.div(torch.arange(x.shape[0], device=x.device), n, rounding_mode="floor")
-    return build_cell_list(x, group, cutoff, valid)
+    cutoff = (2 * r_max - tolerance + reach).nan_to_num(nan=0.0, neginf=0.0)
+    return build_cell_list(x, layout.groups(x.shape[0], x.device), cutoff, valid)
 
 
-def _near(xyz_f, radii_f, i, j, excl, n: int, tolerance: float, reach: float):
+def _near(xyz_f, radii_f, i, j, excl, layout: _Layout, tolerance: float, reach: float):
     """Pairs within ``r_i + r_j - tolerance + reach`` of each other, not excluded."""
     x, r = xyz_f.detach(), radii_f.detach()
     d2 = ((x[i] - x[j]) ** 2).sum(-1)
     lim = (r[i] + r[j] - tolerance + reach).clamp(min=0) + _FILTER_SLACK
-    return (d2 < lim * lim) & ~is_excluded(i, j, n, excl)
+    return (d2 < lim * lim) & ~is_excluded(i, j, layout.period, excl)
 
 
 @torch.no_grad()
-def _pair_list(cells: CellList, chunks, xyz_f, radii_f, excl, n, tolerance, reach):
-    """Compact (P,) lists ``i, j`` of the pairs within reach: one sync per chunk."""
+def _pair_list(cells: CellList, chunks, xyz_f, radii_f, excl, layout, tolerance, reach, max_pairs=None):
+    """Compact (P,) lists ``i, j`` of the pairs within reach: one sync per chunk.
+    Raises once the list would exceed ``max_pairs``."""
     out_i, out_j = [xyz_f.new_zeros(0, dtype=torch.long)], [xyz_f.new_zeros(0, dtype=torch.long)]
+    total = 0
     for lo, hi, n_rows in chunks:
         i, j = cells.rows(lo, hi, n_rows)
-        keep = _near(xyz_f, radii_f, i, j, excl, n, tolerance, reach)
+        keep = _near(xyz_f, radii_f, i, j, excl, layout, tolerance, reach)
         sel = keep.nonzero().squeeze(1)  # the one sync of a chunk: the number of pairs
+        total += len(sel)
+        if max_pairs is not None and total > max_pairs:
+            raise ValueError(
+                f"candidate_pairs: the pair list would exceed memory_budget (more than {max_pairs} "
+                f"pairs at {_BYTES_PER_PAIR} bytes each; atoms collapsed onto each other?): raise "
+                "memory_budget, or call clash_loss without pairs=, whose neighbour method "
+                "evaluates the pairs in chunks within its budget"
+            )
         out_i.append(i.index_select(0, sel))
         out_j.append(j.index_select(0, sel))
     return torch.cat(out_i), torch.cat(out_j)
 
 
-def _neighbor_sum(xyz_f, radii_f, mask_f, excl, n_batch, n, pen: _Penalty, memory_budget):
+def _neighbor_sum(xyz_f, radii_f, mask_f, excl, layout: _Layout, pen: _Penalty, memory_budget):
     """Loss by the neighbour list: 2 host syncs; per-chunk recomputation if it is large."""
     if xyz_f.shape[0] < 2:
-        return xyz_f.new_zeros(n_batch)
-    cells = _search(xyz_f, radii_f, mask_f, n, pen.tolerance, pen.tail)
+        return xyz_f.new_zeros(layout.size, dtype=_acc_dtype(xyz_f))
+    cells = _search(xyz_f, radii_f, mask_f, layout, pen.tolerance, pen.tail)
     chunks = cells.chunks(_max_rows(memory_budget))  # sync: sizing
     if len(chunks) <= 1:  # fits the budget: compact once, plain autograd
-        i, j = _pair_list(cells, chunks, xyz_f, radii_f, excl, n, pen.tolerance, pen.tail)
-        return _pair_sum(xyz_f, radii_f, i, j, None, n_batch, n, pen)
+        i, j = _pair_list(cells, chunks, xyz_f, radii_f, excl, layout, pen.tolerance, pen.tail)
+        return _pair_sum(xyz_f, radii_f, i, j, None, layout, pen)
 
     def rows():  # candidate rows chunk by chunk; no compaction, hence no sync
         for lo, hi, n_rows in chunks:
             i, j = cells.rows(lo, hi, n_rows)  # integer tensors: no graph
-            yield i, j, None if excl is None else ~is_excluded(i, j, n, excl)
+            yield i, j, None if excl is None else ~is_excluded(i, j, layout.period, excl)
 
-    return _ChunkedPairSum.apply(xyz_f, radii_f, rows, n_batch, n, pen)
+    return _ChunkedPairSum.apply(xyz_f, radii_f, rows, layout, pen)
 
 
 # ----------------------------------------------------------------------------
 # public entry points
 
 
-def _prepare(xyz, radii, mask, pen: _Penalty):
-    """Validate, broadcast and flatten: ``xyz_f (B*N, 3), radii_f (B*N,), mask_f, batch, n``."""
+def _prepare(xyz, radii, mask, pen: _Penalty, exclude=None, depth=3, ptr=None, batch=None):
+    """Validate, broadcast and flatten: ``xyz_f (M, 3), radii_f (M,), mask_f, layout, excl``."""
     _check_scalars(xyz, pen)
-    *batch, n, _ = xyz.shape
-    full = (*batch, n)
+    *lead, n, _ = xyz.shape
+    full = (*lead, n)
+    if radii is None:
+        raise TypeError(
+            "clash_loss: radii is required: a tensor or array-like of shape (N,) or (..., N) "
+            "(zmat.vdw_radii(symbols), zmat.clash.alphafold_radii(elements))"
+        )
     if isinstance(radii, torch.Tensor) and radii.device != xyz.device:
         raise ValueError(f"clash_loss: radii on {radii.device}, xyz on {xyz.device}")
-    radii = torch.as_tensor(radii, device=xyz.device).to(xyz.dtype)
+    try:
+        radii = torch.as_tensor(radii, device=xyz.device).to(xyz.dtype)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise TypeError(f"clash_loss: radii must be numbers, got {type(radii).__name__}: {e}") from None
     if radii.ndim == 0 or radii.shape[-1] != n or _broadcast(radii.shape, full) != full:
         raise ValueError(
             f"clash_loss: radii of shape {tuple(radii.shape)} do not match xyz of shape "
             f"{tuple(xyz.shape)}; expected (N,) or (..., N) with N = {n}"
         )
-    n_batch = math.prod(batch)
-    xyz_f = xyz.reshape(n_batch * n, 3)
-    radii_f = radii.expand(full).reshape(n_batch * n)
+    m = math.prod(full)
+    xyz_f = xyz.reshape(m, 3)
+    radii_f = radii.expand(full).reshape(m)
     mask_f = None
     if mask is not None:
         if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
@@ -582,11 +692,45 @@ def _prepare(xyz, radii, mask, pen: _Penalty):
                 f"clash_loss: mask of shape {tuple(mask.shape)} does not match xyz of "
                 f"shape {tuple(xyz.shape)}; expected (N,) or (..., N) with N = {n}"
             )
-        mask_f = mask.expand(full).reshape(n_batch * n)
+        mask_f = mask.expand(full).reshape(m)
         # Padded atoms may hold garbage (NaN): a where, not a product, keeps
         # it out of the values and the gradient.
         xyz_f = torch.where(mask_f[:, None], xyz_f, 0.0)
-    return xyz_f, radii_f, mask_f, tuple(batch), n
+        radii_f = torch.where(mask_f, radii_f, 0.0)
+    layout, excl = _layout(xyz, lead, n, exclude, depth, ptr, batch)
+    return xyz_f, radii_f, mask_f, layout, excl
+
+
+def _layout(xyz, lead, n: int, exclude, depth: int, ptr, batch):
+    """The :class:`_Layout` of ``xyz`` (padded, or ragged by ``ptr``/``batch``) and the
+    exclusion keys."""
+    dev = xyz.device
+    per_structure = _per_structure(exclude)
+    if ptr is None and batch is None:
+        layout = _Layout(tuple(lead), n, None, n)
+        if not per_structure:
+            return layout, exclusion_keys(exclude, n, depth, dev)
+        n_struct = lead[-1] if lead else 1
+        if len(exclude) != n_struct:
+            raise ValueError(
+                f"clash_loss: exclude has {len(exclude)} entries, one per structure, but xyz of shape "
+                f"{tuple(xyz.shape)} holds {n_struct} structures along dim -3"
+            )
+        offsets = torch.arange(n_struct, device=dev) * n
+        excl = _structure_exclusions(exclude, offsets, [n] * n_struct, n_struct * n, depth, dev, False)
+        return layout._replace(period=n_struct * n), excl
+    n_struct, seg, sizes, starts = segments(ptr, batch, n, dev)
+    n_lead = math.prod(lead)
+    if n_lead != 1:
+        seg = ((torch.arange(n_lead, device=dev) * n_struct)[:, None] + seg).reshape(-1)
+    layout = _Layout((*lead, n_struct), n, seg, n)
+    if not per_structure:
+        return layout, exclusion_keys(exclude, n, depth, dev)
+    if len(exclude) != n_struct:
+        raise ValueError(f"clash_loss: exclude has {len(exclude)} entries, ptr/batch {n_struct} structures")
+    if starts is None:
+        raise ValueError("clash_loss: per-structure exclusions need a sorted batch (or ptr=)")
+    return layout, _structure_exclusions(exclude, starts, sizes, n, depth, dev, True)
 
 
 def _check_scalars(xyz, pen: _Penalty) -> None:
@@ -634,11 +778,13 @@ def candidate_pairs(
     mask: torch.Tensor | None = None,
     exclusion_depth: int = 3,
     memory_budget: int | None = None,
+    ptr: Any = None,
+    batch: Any = None,
 ) -> torch.Tensor:
     """Pair list for :func:`clash_loss` (``pairs=``), from a cell list, no gradient.
 
-    Finds every pair of distinct, unmasked, non-excluded atoms of the same batch
-    member closer than ``r_i + r_j - tolerance + tail + skin``. With
+    Finds every pair of distinct, unmasked, non-excluded atoms of the same
+    structure closer than ``r_i + r_j - tolerance + tail + skin``. With
     ``skin > 0`` the list stays valid (gives the exact loss) while no atom has
     moved more than ``skin / 2`` since it was built: a Verlet list, so one
     search serves many optimisation steps. Atoms with non-finite coordinates
@@ -648,21 +794,28 @@ def candidate_pairs(
     with the device: once to size the candidates (twice if they are split
     into chunks), then once per chunk to compact them.
 
+    Memory is bounded by ``memory_budget``: the search works in chunks of
+    that size, and the list itself (16 bytes a pair) may not exceed it
+    either: a collapsed structure (thousands of atoms within an Angstrom)
+    raises a ``ValueError`` instead of asking for gigabytes. ``clash_loss``
+    without ``pairs=`` evaluates such a structure in chunks, within its budget.
+
     Args:
-        xyz, radii, exclude, tolerance, kind, temperature, tail, mask, exclusion_depth: as in
-            :func:`clash_loss` (``kind``, ``temperature`` and ``tail`` only set the
+        xyz, radii, exclude, tolerance, kind, temperature, tail, mask, exclusion_depth, ptr, batch:
+            as in :func:`clash_loss` (``kind``, ``temperature`` and ``tail`` only set the
             default search distance).
         skin: extra search distance, >= 0.
-        memory_budget: bytes of search intermediates at a time (default
-            ``MEMORY_BUDGET``); the returned list itself takes 16 bytes a pair.
+        memory_budget: bytes of search intermediates at a time, and at most
+            of the returned list (default ``MEMORY_BUDGET``).
 
     Returns:
         int64 tensor of shape (P, 2): rows ``(i, j)``, ``i != j``, indices into
         the flattened batch ``xyz.reshape(-1, 3)`` (atom ``a`` of batch member
-        ``b`` is ``b * N + a``).
+        ``b`` is ``b * N + a``; in a ragged batch, the flat rows of ``xyz``).
 
     Raises:
-        ValueError, TypeError: as :func:`clash_loss`, and for ``skin < 0``.
+        ValueError, TypeError: as :func:`clash_loss`, for ``skin < 0``, and
+            for a list that would exceed ``memory_budget``.
 
     Example:
         >>> xyz = torch.rand(2, 1000, 3) * 40  # two structures
@@ -674,13 +827,15 @@ def candidate_pairs(
     if not skin >= 0:
         raise ValueError(f"candidate_pairs: skin must be >= 0, got {skin}")
     pen = _penalty_params(kind, tolerance, temperature, tail, 1.0)
-    xyz_f, radii_f, mask_f, _, n = _prepare(xyz, radii, mask, pen)
-    excl = exclusion_keys(exclude, n, exclusion_depth, xyz.device)
+    prepared = _prepare(xyz, radii, mask, pen, exclude, exclusion_depth, ptr, batch)
+    xyz_f, radii_f, mask_f, layout, excl = prepared
+    max_rows = _max_rows(memory_budget)
     if xyz_f.shape[0] < 2:
         return xyz_f.new_zeros(0, 2, dtype=torch.long)
-    cells = _search(xyz_f, radii_f, mask_f, n, tolerance, pen.tail + skin)
-    chunks = cells.chunks(_max_rows(memory_budget))
-    i, j = _pair_list(cells, chunks, xyz_f, radii_f, excl, n, tolerance, pen.tail + skin)
+    cells = _search(xyz_f, radii_f, mask_f, layout, tolerance, pen.tail + skin)
+    chunks = cells.chunks(max_rows)
+    max_pairs = max_rows * _BYTES_PER_ROW // _BYTES_PER_PAIR
+    i, j = _pair_list(cells, chunks, xyz_f, radii_f, excl, layout, tolerance, pen.tail + skin, max_pairs)
     return torch.stack([i, j], dim=1)
 
 
@@ -700,6 +855,8 @@ def clash_loss(
     exclusion_depth: int = 3,
     pairs: torch.Tensor | None = None,
     memory_budget: int | None = None,
+    ptr: Any = None,
+    batch: Any = None,
 ) -> torch.Tensor:
     """Sum of smooth clash penalties over pairs of atoms (see the module doc).
 
@@ -707,20 +864,31 @@ def clash_loss(
     derivatives. Pairs are unordered pairs of distinct atoms of one structure,
     not excluded and not masked; the penalty formulas of each ``kind`` are in
     the module docstring. Under ``torch.autocast`` it computes in float32
-    (float16/bfloat16 inputs are upcast). Non-finite coordinates of an
+    (float16/bfloat16 inputs are upcast). Non-finite coordinates or radii of an
     unmasked atom make the loss of its structure NaN (no error, no sync).
+    Sums accumulate in float64 (not on MPS), so a float32 result is exact to
+    its own rounding however many pairs it sums.
+
+    Batches: ``xyz`` of shape ``(..., N, 3)`` is a padded batch of structures of
+    N atoms (``mask`` marks the padding), or, with ``ptr`` or ``batch`` (PyTorch
+    Geometric's layout, :class:`zmat.batch.Ragged`), a ragged batch: the N rows
+    hold B structures back to back, and the result has one value per structure.
 
     Args:
         xyz: float tensor of shape (..., N, 3).
         radii: radii of shape (N,) or (..., N), broadcast against
             ``xyz.shape[:-1]``; array-likes are converted to ``xyz``'s dtype.
         exclude: None; an integer (E, 2) tensor or array of atom pairs never
-            penalised; or a construction table (a ``.refs`` attribute or an
-            (N, 3) integer array), which excludes pairs within
-            ``exclusion_depth`` bonds of the graph of atoms and their bond
-            references. A table is turned into pairs on the CPU at every call:
-            for repeated calls on large structures, build the pairs once with
-            :func:`exclusions_from_table` and pass those.
+            penalised (atom indices of one structure, shared by all of a padded
+            batch; flat row indices of a ragged batch); or a construction table
+            (a ``.refs`` attribute or an (N, 3) integer array, a forest table for a
+            ragged batch), which excludes pairs within ``exclusion_depth`` bonds of
+            the graph of atoms and their bond references; or a list of such
+            pairs or tables, one per structure, in each structure's own atom
+            indices (structures along dim -3 of a padded batch, or the B of
+            ``ptr``). Tables are turned into pairs on the CPU at every call, and
+            a list is concatenated at every call: for repeated calls, build the
+            pairs once (:func:`exclusions_from_table`) and pass those.
         tolerance: subtracted from ``r_i + r_j``; >= 0 (AlphaFold: 1.5 A).
         kind: one of ``KINDS``.
         temperature: length scale of ``"softplus"`` and ``"soft_count"``, > 0.
@@ -735,23 +903,33 @@ def clash_loss(
             ``"auto"``; ignored when ``pairs`` is given.
         exclusion_depth: bond depth for a construction table ``exclude``.
         pairs: optional (P, 2) pair list from :func:`candidate_pairs`, reused
-            as is (then no host-device sync at all).
+            as is (then no host-device sync at all). It is trusted, not
+            checked on the device (a check would sync): self pairs ``(i, i)``
+            count zero, but a pair listed twice counts twice, and a pair of
+            two structures counts toward the structure of its first atom.
+            Indices out of range raise where the list is on the CPU.
         memory_budget: bytes the neighbour method may hold in per-pair
             intermediates at a time (default ``MEMORY_BUDGET``, 512 MiB).
             Above it the pairs are evaluated in chunks and recomputed in the
             backward pass, so memory stays bounded however many atoms clash.
+        ptr: ragged batch: ``(B + 1,)`` integer offsets, structure ``b`` is rows
+            ``ptr[b]:ptr[b + 1]`` of ``xyz`` (a :class:`zmat.batch.Ragged` works
+            too). No sync: B is read from its shape.
+        batch: ragged batch: ``(N,)`` structure of each row (PyG's ``batch``);
+            alone it must be host data (B is read from it); with ``ptr`` it
+            saves the expansion.
 
     Returns:
-        Tensor of shape ``xyz.shape[:-2]``, dtype of ``xyz`` (float32 under
-        autocast).
+        Tensor of shape ``xyz.shape[:-2]`` (ragged: ``(*xyz.shape[:-2], B)``),
+        dtype of ``xyz`` (float32 under autocast).
 
     Raises:
-        ValueError: for mismatched shapes of ``xyz``, ``radii``, ``mask`` or the
-            table, an unknown kind or method, a negative tolerance or tail, a
-            non-positive temperature, cap or memory budget, exclusion indices
-            out of range.
-        TypeError: for a non-float ``xyz``, a non-bool mask or non-integer
-            exclusions.
+        ValueError: for mismatched shapes of ``xyz``, ``radii``, ``mask``,
+            ``ptr``, ``batch`` or the table, an unknown kind or method, a
+            negative tolerance or tail, a non-positive temperature, cap or
+            memory budget, exclusion or pair indices out of range (host data).
+        TypeError: for a non-float ``xyz``, missing or non-numeric radii, a
+            non-bool mask, non-integer exclusions, pairs, ``ptr`` or ``batch``.
 
     Example:
         >>> xyz = torch.tensor([[0.0, 0, 0], [1.5, 0, 0]])  # two C, 1.5 A apart
@@ -759,54 +937,81 @@ def clash_loss(
         tensor(0.4000)
     """
     pen = _penalty_params(kind, tolerance, temperature, tail, cap)
-    xyz_f, radii_f, mask_f, batch, n = _prepare(xyz, radii, mask, pen)
+    prepared = _prepare(xyz, radii, mask, pen, exclude, exclusion_depth, ptr, batch)
+    xyz_f, radii_f, mask_f, layout, excl = prepared
     if method not in CLASH_METHODS:
         raise ValueError(f"clash_loss: unknown method {method!r}; choose one of {CLASH_METHODS}")
-    excl = exclusion_keys(exclude, n, exclusion_depth, xyz.device)
-    n_batch = math.prod(batch)
     if pairs is not None:
-        out = _given_pairs_sum(xyz_f, radii_f, mask_f, excl, pairs, n_batch, n, pen)
-    elif _resolve_method(method, xyz.device, n_batch, n) == "neighbors":
-        out = _neighbor_sum(xyz_f, radii_f, mask_f, excl, n_batch, n, pen, memory_budget)
+        out = _given_pairs_sum(xyz_f, radii_f, mask_f, excl, pairs, layout, pen)
+    elif _resolve_method(method, xyz.device, xyz_f.shape[0], layout.n) == "neighbors":
+        out = _neighbor_sum(xyz_f, radii_f, mask_f, excl, layout, pen, memory_budget)
     else:
-        out = _all_pairs_sum(xyz_f, radii_f, mask_f, excl, n_batch, n, pen)
-    return _propagate_nan(out, xyz_f, n_batch, n).reshape(batch)
+        out = _all_pairs_sum(xyz_f, radii_f, mask_f, excl, layout, pen)
+    return _propagate_nan(out, xyz_f, radii_f, layout).to(xyz.dtype).reshape(layout.shape)
 
 
-def _resolve_method(method: str, device: torch.device, n_batch: int, n: int) -> str:
+def _resolve_method(method: str, device: torch.device, m: int, n: int) -> str:
     if method != "auto":
         return method
     limit = AUTO_MAX_PAIRS.get(device.type, AUTO_MAX_PAIRS["default"])
-    return "all_pairs" if n_batch * n * (n - 1) // 2 <= limit else "neighbors"
+    return "all_pairs" if (m // max(n, 1)) * n * (n - 1) // 2 <= limit else "neighbors"
 
 
-def _given_pairs_sum(xyz_f, radii_f, mask_f, excl, pairs, n_batch, n, pen: _Penalty):
-    """Loss over a given (P, 2) pair list: no sync; exclusions and padding become a mask."""
+def _given_pairs_sum(xyz_f, radii_f, mask_f, excl, pairs, layout: _Layout, pen: _Penalty):
+    """Loss over a given (P, 2) pair list: no sync; self pairs, exclusions and padding
+    become a mask."""
     if not isinstance(pairs, torch.Tensor) or pairs.ndim != 2 or pairs.shape[1] != 2:
         raise ValueError(f"clash_loss: pairs must be a (P, 2) tensor, got {getattr(pairs, 'shape', pairs)}")
+    if pairs.dtype.is_floating_point or pairs.dtype.is_complex or pairs.dtype == torch.bool:
+        raise TypeError(f"clash_loss: pairs must hold integers, got {pairs.dtype}")
+    if pairs.device != xyz_f.device:
+        raise ValueError(f"clash_loss: pairs on {pairs.device}, xyz on {xyz_f.device}")
+    m = xyz_f.shape[0]
+    if pairs.numel() and on_host(pairs):  # host memory: checking it involves no device
+        host = pairs.numpy()
+        bad = (host < 0) | (host >= m)
+        if bad.any():
+            row = int(np.argmax(bad.any(1)))
+            raise ValueError(
+                f"clash_loss: pairs row {row} = {host[row].tolist()} is out of range [0, {m}) "
+                f"(indices into xyz.reshape(-1, 3))"
+            )
     i, j = pairs[:, 0], pairs[:, 1]
-    keep = None
+    keep = i != j  # a self pair is no pair (no sync: a mask, not a filter)
     if mask_f is not None:
-        keep = mask_f[i] & mask_f[j]
+        keep = keep & mask_f[i] & mask_f[j]
     if excl is not None:
-        out = ~is_excluded(i, j, n, excl)
-        keep = out if keep is None else keep & out
-    return _pair_sum(xyz_f, radii_f, i, j, keep, n_batch, n, pen)
+        keep = keep & ~is_excluded(i, j, layout.period, excl)
+    return _pair_sum(xyz_f, radii_f, i, j, keep, layout, pen)
 
 
-def _all_pairs_sum(xyz_f, radii_f, mask_f, excl, n_batch, n, pen: _Penalty):
-    """Every pair: a fixed-size list (shape known from N alone: no sync), O(B N^2) memory."""
-    li, lj = torch.triu_indices(n, n, 1, device=xyz_f.device)
-    offset = (torch.arange(n_batch, device=xyz_f.device) * n)[:, None]
+def _all_pairs_sum(xyz_f, radii_f, mask_f, excl, layout: _Layout, pen: _Penalty):
+    """Every pair: a fixed-size list (shape known from N alone: no sync), O(B N^2) memory.
+    In a ragged batch, every pair of a block's N rows, pairs of two structures masked."""
+    n, dev = layout.n, xyz_f.device
+    n_block = xyz_f.shape[0] // max(n, 1)
+    li, lj = torch.triu_indices(n, n, 1, device=dev)
+    offset = (torch.arange(n_block, device=dev) * n)[:, None]
     i, j = (li + offset).reshape(-1), (lj + offset).reshape(-1)
-    keep = None if excl is None else (~is_excluded(li, lj, n, excl)).expand(n_batch, -1).reshape(-1)
+    keep = None
+    if layout.seg is not None:  # the same structure (the blocks' structures repeat)
+        keep = (layout.seg[li] == layout.seg[lj]).expand(n_block, -1).reshape(-1)
+    if excl is not None:
+        if layout.period == n:
+            out = (~is_excluded(li, lj, n, excl)).expand(n_block, -1).reshape(-1)
+        else:
+            out = ~is_excluded(i, j, layout.period, excl)
+        keep = out if keep is None else keep & out
     if mask_f is not None:
         both = mask_f[i] & mask_f[j]
         keep = both if keep is None else keep & both
-    return _pair_sum(xyz_f, radii_f, i, j, keep, n_batch, n, pen)
+    return _pair_sum(xyz_f, radii_f, i, j, keep, layout, pen)
 
 
-def _propagate_nan(out, xyz_f, n_batch: int, n: int):
-    """NaN policy: the loss of a structure with a non-finite (unmasked) coordinate
-    is NaN, whatever the method; ``0 * x`` is NaN exactly there (no sync)."""
-    return out + (xyz_f * 0).sum(-1).view(n_batch, n).sum(-1)
+def _propagate_nan(out, xyz_f, radii_f, layout: _Layout):
+    """NaN policy: the loss of a structure with a non-finite (unmasked) coordinate or
+    radius is NaN, whatever the method; ``0 * x`` is NaN exactly there (no sync)."""
+    bad = ((xyz_f * 0).sum(-1) + radii_f * 0).to(out.dtype)
+    if layout.seg is not None:
+        return out.index_add(0, layout.seg, bad)
+    return out + bad.view(layout.size, layout.n).sum(-1)

@@ -5,6 +5,8 @@ Usage::
     zmat convert molecule.gzmat molecule.xyz     # z-matrix -> any format ASE writes
     zmat convert protein.pdb protein.gzmat       # any format ASE reads -> z-matrix
     zmat convert molecule.xyz -                  # print the z-matrix
+    cat molecule.gzmat | zmat convert - out.xyz  # a z-matrix from standard input
+    cat molecule.xyz | zmat convert - - --from xyz   # any ASE format from standard input
     python -m zmat convert in out                # the same without the script
 
 A file is a z-matrix when its extension is one of ``.gzmat .zmat .gjf .com
@@ -13,11 +15,16 @@ A file is a z-matrix when its extension is one of ``.gzmat .zmat .gjf .com
 (``--from``/``--to`` pass an explicit ASE format). Going to a z-matrix, the
 construction table is chosen automatically (see :mod:`zmat.autotable`).
 Dummy atoms are kept in z-matrices and dropped from Cartesian files.
+
+Errors (an unknown format, an empty or unreadable file, ``--index`` past the
+last structure, a bad z-matrix line) are one line on standard error,
+``zmat: error: ...``, and exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import sys
 from pathlib import Path
 
@@ -52,7 +59,11 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--from", dest="in_format", help="input format: 'gzmat' or an ASE format name")
     c.add_argument("--to", dest="out_format", help="output format: 'gzmat' or an ASE format name")
     c.add_argument(
-        "--index", default=None, help="which structure of a multi-structure input ASE reads (default: ASE's)"
+        "--index",
+        type=int,
+        default=None,
+        help="which structure (0-based; negative from the end) of a multi-structure input ASE reads "
+        "(default: the last)",
     )
     c.add_argument("--variables", action="store_true", help="write z-matrix values as a Variables block")
     c.add_argument("--title", help="title line of a written z-matrix")
@@ -63,17 +74,75 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _convert(args: argparse.Namespace) -> None:
-    if _is_zmat(args.input, args.in_format) and args.input != "-":
-        zm = ZMatrix.read(args.input)
-    else:
-        import ase.io
+class _Error(Exception):
+    """A problem with the command's input, reported as one line."""
 
-        kwargs = {} if args.index is None else {"index": int(args.index)}
-        atoms = ase.io.read(args.input, format=args.in_format, **kwargs)
-        zm = ZMatrix.from_atoms(atoms, start=args.start, mult=args.mult)
-        if not zm.title:
-            zm.title = f"{zm.formula} from {Path(args.input).name}"
+
+def _read_ase(source, name: str, fmt: str | None, index: int | None):
+    """``ase.io.read`` with its errors turned into one-line messages."""
+    import ase.io
+    from ase.io.formats import UnknownFileTypeError
+
+    try:
+        images = ase.io.read(source, format=fmt, index=":")
+    except UnknownFileTypeError as err:
+        text = str(err)
+        if text.startswith("Empty file"):
+            raise _Error(f"{name}: the file is empty") from None
+        hint = "name it with --from FORMAT (gzmat or an ASE format)"
+        raise _Error(f"{name}: unknown file format ({text}); {hint}") from None
+    except StopIteration:
+        images = []
+    if not images:
+        raise _Error(f"{name}: no structure found")
+    index = -1 if index is None else index
+    if not -len(images) <= index < len(images):
+        raise _Error(f"{name}: --index {index} is out of range: it holds {len(images)} structure(s)")
+    return images[index]
+
+
+def _check_output_format(path: str, fmt: str | None) -> None:
+    """Fail before reading when ASE cannot write ``path``'s format."""
+    from ase.io.formats import UnknownFileTypeError, filetype, ioformats
+
+    try:
+        name = filetype(path, read=False) if fmt is None else fmt
+    except (UnknownFileTypeError, ValueError) as err:
+        raise _Error(f"{path}: unknown output format ({err}); name it with --to FORMAT") from None
+    if name not in ioformats or not ioformats[name].can_write:
+        flag = "--to" if fmt is not None else "the extension"
+        raise _Error(f"{path}: ASE cannot write the format {name!r} ({flag}); name one with --to FORMAT")
+
+
+def _read(args: argparse.Namespace) -> ZMatrix:
+    if args.input == "-":  # standard input: a z-matrix, or --from an ASE format
+        text = sys.stdin.read()
+        if not text.strip():
+            raise _Error("standard input is empty")
+        if args.in_format is None or _is_zmat("-", args.in_format):
+            try:
+                return ZMatrix.from_string(text)
+            except ValueError as err:
+                where = "standard input (read as a z-matrix; --from FORMAT for another)"
+                raise _Error(f"{where}: {err}") from None
+        atoms = _read_ase(io.StringIO(text), "standard input", args.in_format, args.index)
+        return ZMatrix.from_atoms(atoms, start=args.start, mult=args.mult)
+    if _is_zmat(args.input, args.in_format):
+        return ZMatrix.read(args.input)
+    if not Path(args.input).exists():
+        raise _Error(f"{args.input}: no such file")
+    atoms = _read_ase(args.input, args.input, args.in_format, args.index)
+    zm = ZMatrix.from_atoms(atoms, start=args.start, mult=args.mult)
+    if not zm.title:
+        zm.title = f"{zm.formula} from {Path(args.input).name}"
+    return zm
+
+
+def _convert(args: argparse.Namespace) -> None:
+    to_zmat = _is_zmat(args.output, args.out_format)
+    if not to_zmat:
+        _check_output_format(args.output, args.out_format)
+    zm = _read(args)
     if args.title is not None:
         zm.title = args.title
     if args.charge is not None:
@@ -81,7 +150,7 @@ def _convert(args: argparse.Namespace) -> None:
     if args.multiplicity is not None:
         zm.multiplicity = args.multiplicity
 
-    if _is_zmat(args.output, args.out_format):
+    if to_zmat:
         text = zm.to_string(variables=args.variables)
         if args.output == "-":
             sys.stdout.write(text)
@@ -99,8 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "convert":
             _convert(args)
-    except (ValueError, OSError, KeyError) as err:
+    except (_Error, ValueError, OSError, KeyError) as err:
         msg = err.args[0] if isinstance(err, KeyError) and err.args else err
-        print(f"zmat: error: {msg}", file=sys.stderr)
-        return 1
+        print(f"zmat: error: {msg}".splitlines()[0], file=sys.stderr)
+        return 2  # as argparse's usage errors
     return 0

@@ -41,9 +41,14 @@ File format (write)
 -------------------
 Rows are written in construction order (every reference on an earlier line, as
 Gaussian requires), references as 1-based line numbers, values as plain numbers
-(or, with ``variables=True``, as variables ``R<k>``, ``A<k>``, ``D<k>``). Lengths
-are written with ``repr`` and angles as the shortest decimal that reads back to
-the same radian value, so ``to_string`` -> ``parse`` is bitwise lossless. When
+or, with ``variables=True``, as variables: the names (and signs, ``-D1``) that
+``zm.variables`` records, or when it records none, ``R<k>``, ``A<k>``, ``D<k>``
+for every value of line ``k``. Each value is the shortest decimal (lengths in Angstrom, angles in
+degrees) with at most ``decimals`` digits after the point that reads back to
+the same float, else rounded to ``decimals`` digits (default 10: 1e-10 A or
+degrees at most); ``decimals=None`` writes the shortest decimal that reads back
+bitwise (up to 25 significant digits for an angle), so ``to_string`` ->
+``parse`` is lossless. When
 the rows are not in construction order (as after
 :meth:`zmat.ZMatrix.from_atoms`, which keeps the input atom order), a comment
 line ``! zmat-order: ...`` records the row each written line came from (20
@@ -92,8 +97,8 @@ class GaussianZMatrix:
         title, charge, multiplicity: the Gaussian title, charge and spin
             multiplicity.
         variables: per row, the variable token each present value was given by
-            (``"R1"``, ``"-D3"``), or ``None`` for a literal number; empty when
-            writing.
+            (``"R1"``, ``"-D3"``), or ``None`` for a literal number; may be
+            empty (no variables).
     """
 
     symbols: list[str]
@@ -135,8 +140,19 @@ def construction_order(refs: np.ndarray) -> list[int]:
     return order
 
 
-def _length_str(x: float) -> str:
-    return repr(float(x))
+def _fixed(x: float, decimals: int) -> str:
+    """``x`` rounded to ``decimals`` digits after the point, trailing zeros dropped (``-0`` as ``0``)."""
+    text = f"{x:.{decimals}f}".rstrip("0")
+    text = text + "0" if text.endswith(".") else text
+    return "0.0" if float(text) == 0.0 else text
+
+
+def _length_str(x: float, decimals: int | None = None) -> str:
+    """``repr(x)`` when it has at most ``decimals`` digits after the point (or ``decimals`` is None)."""
+    text = repr(float(x))
+    if decimals is None or ("e" not in text and len(text.partition(".")[2]) <= decimals):
+        return text
+    return _fixed(float(x), decimals)
 
 
 def _deg_to_rad(text: str) -> float:
@@ -144,12 +160,19 @@ def _deg_to_rad(text: str) -> float:
     return float(_CTX.multiply(decimal.Decimal(text), _PI_OVER_180))
 
 
-def _angle_str(x: float) -> str:
-    """Shortest decimal degree string ``s`` with ``_deg_to_rad(s) == x`` exactly."""
+def _angle_str(x: float, decimals: int | None = None) -> str:
+    """Shortest decimal degree string ``s`` with ``_deg_to_rad(s) == x`` exactly; with
+    ``decimals``, at most that many digits after the point (rounded when none reads back)."""
     x = float(x)
     if x == 0.0:
         return "0.0"
     deg = x / _DEG
+    if decimals is not None:
+        for k in range(1, decimals + 1):
+            text = f"{deg:.{k}f}"
+            if _deg_to_rad(text) == x:
+                return _fixed(deg, k)
+        return _fixed(deg, decimals)
     for k in range(1, 18):
         text = repr(float(f"{deg:.{k}g}"))
         if _deg_to_rad(text) == x:
@@ -158,16 +181,21 @@ def _angle_str(x: float) -> str:
     return text if "." in text or "E" in text.upper() else text + ".0"
 
 
-def to_string(zm: GaussianZMatrix, *, variables: bool = False) -> str:
-    """Gaussian-style z-matrix text of ``zm``; :func:`parse` reads it back bitwise.
+def to_string(zm: GaussianZMatrix, *, variables: bool = False, decimals: int | None = 10) -> str:
+    """Gaussian-style z-matrix text of ``zm``; :func:`parse` reads it back.
 
     Args:
-        zm: the data to write (``zm.variables`` is not used).
-        variables: write values as variables in a ``Variables:`` block
-            (``R<k>``, ``A<k>``, ``D<k>`` for line ``k``) instead of inline.
+        zm: the data to write.
+        variables: write values as variables in a ``Variables:`` block: the
+            names and signs ``zm.variables`` records (other values inline), or,
+            when it records none, every value as ``R<k>``, ``A<k>``, ``D<k>``
+            (line ``k``).
+        decimals: digits after the point at most (see the module docstring);
+            ``None`` for a bitwise round trip.
 
     Raises:
-        ValueError: the references form a cycle.
+        ValueError: the references form a cycle, or the uses of one variable
+            disagree on its value (the message names the rows).
 
     Example:
         >>> zm = parse("O\\nH 1 0.96\\nH 1 0.96 2 104.5")
@@ -191,6 +219,9 @@ def to_string(zm: GaussianZMatrix, *, variables: bool = False) -> str:
         for k in range(0, len(nums), 20):
             out.append("! zmat-order: " + " ".join(nums[k : k + 20]))
     out += ["#", "", zm.title.strip() or "zmat", "", f"{zm.charge} {zm.multiplicity}"]
+    kept = any(t for toks in zm.variables for t in toks)  # else every value gets a name
+    tokens = zm.variables if kept else [[] for _ in zm.symbols]
+    defined: dict[str, tuple[str, int, float]] = {}  # upper-case name -> (value text, row, value)
     var_lines = []
     width = max(len(s) for s in zm.symbols)
     for k, row in enumerate(order):
@@ -199,12 +230,21 @@ def to_string(zm: GaussianZMatrix, *, variables: bool = False) -> str:
             ref = refs[row, c]
             if ref < 0:
                 break
-            val = vals[row, c]
-            text = _length_str(val) if c == 0 else _angle_str(val)
-            if variables:
-                name = f"{kind}{k + 1}"
-                var_lines.append(f"{name}= {text}")
-                text = name
+            tok = (tokens[row][c] if c < len(tokens[row]) else None) if variables else None
+            val = -vals[row, c] if tok and tok.startswith("-") else vals[row, c]
+            text = _length_str(val, decimals) if c == 0 else _angle_str(val, decimals)
+            if variables and (tok or not kept):
+                name = tok.lstrip("+-") if tok else f"{kind}{k + 1}"
+                key = name.upper()
+                if key not in defined:
+                    defined[key] = (text, row, val)
+                    var_lines.append(f"{name}= {text}")
+                elif abs(defined[key][2] - val) > 1e-9:  # rounding apart is one value
+                    raise ValueError(
+                        f"variable {name!r} is {defined[key][0]} in row {defined[key][1]} but "
+                        f"{text} in row {row}: write with variables=False, or make its uses agree"
+                    )
+                text = tok or name
             fields += [str(line_of[int(ref)] + 1), text]
         out.append("  ".join(fields).rstrip())
     if variables and var_lines:

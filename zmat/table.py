@@ -42,14 +42,13 @@ product of local transforms along the tree of rigid parents.
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
 import torch
-from scipy.sparse import coo_matrix, csr_matrix
-from scipy.sparse.csgraph import connected_components, depth_first_order
 
 __all__ = ["ConstructionTable", "as_table"]
 
@@ -92,9 +91,12 @@ class ConstructionTable:
         self._classify()
 
     @classmethod
-    def concatenate(cls, tables: Sequence) -> ConstructionTable:
+    def concatenate(cls, tables: Sequence, index=None) -> ConstructionTable:
         """One forest table of several tables, the atoms of ``tables[k]`` after
-        those of ``tables[:k]`` (a batch of different molecules or fragments).
+        those of ``tables[:k]`` (a batch of different molecules or fragments);
+        with ``index`` (1-D integers), of ``tables[index[0]], tables[index[1]],
+        ...`` (a sequence of residues from one table per residue type, say)
+        without a Python list as long as the batch.
 
         The fast path for batch builders: each piece is validated and planned
         once (pass the same :class:`ConstructionTable` objects again and again,
@@ -108,30 +110,45 @@ class ConstructionTable:
             >>> water = ConstructionTable([[-1, -1, -1], [0, -1, -1], [0, 1, -1]])
             >>> ConstructionTable.concatenate([water, water]).refs[3:].tolist()
             [[-1, -1, -1], [3, -1, -1], [3, 4, -1]]
+            >>> ConstructionTable.concatenate([water], index=[0, 0]).n_atoms
+            6
         """
         if isinstance(tables, (ConstructionTable, np.ndarray, torch.Tensor)) or len(tables) == 0:
             raise ValueError("concatenate needs a non-empty sequence of tables")
         pieces = [as_table(t) for t in tables]
-        # One packed array per piece (cached on it), so a batch of hundreds of
-        # pieces costs one concatenation per distinct offset-chain width.
-        packed = [t._packed if "_packed" in t.__dict__ else t._pack() for t in pieces]
-        sizes = np.fromiter((a.shape[1] for a in packed), np.int64, len(packed))
-        n = int(sizes.sum())
-        heights = np.fromiter((a.shape[0] for a in packed), np.int64, len(packed))
-        if (heights == heights[0]).all():
-            out = np.concatenate(packed, 1)
-        else:  # pieces of one width at a time; the shorter chains padded with "none"
-            out = np.full((int(heights.max()), n), _NONE, np.int64)
-            starts = np.cumsum(sizes) - sizes
-            for h in np.unique(heights).tolist():
-                sel = np.nonzero(heights == h)[0]
-                part = np.concatenate([packed[k] for k in sel.tolist()], 1)
-                cols = np.arange(part.shape[1]) + np.repeat(
-                    starts[sel] - (np.cumsum(sizes[sel]) - sizes[sel]), sizes[sel]
+        if index is None:
+            index = np.arange(len(pieces))
+        else:
+            index = np.asarray(index)
+            if index.ndim != 1 or index.dtype.kind not in "iu" or not len(index):
+                raise ValueError(
+                    f"concatenate: index must be a non-empty 1-D integer array, got {index!r:.80}"
                 )
-                out[:h, cols] = part
+            if index.min() < 0 or index.max() >= len(pieces):
+                raise ValueError(f"concatenate: index out of range for {len(pieces)} tables")
+        # One packed array per piece (cached on it), side by side in a pool (the
+        # shorter offset chains padded with "none"), then one gather of columns.
+        packed = [t._packed if "_packed" in t.__dict__ else t._pack() for t in pieces]
+        size = np.fromiter((a.shape[1] for a in packed), np.int64, len(packed))
+        height = max(a.shape[0] for a in packed)
+        if all(a.shape[0] == height for a in packed):
+            pool = np.concatenate(packed, 1)
+        else:
+            pool = np.full((height, int(size.sum())), _NONE, np.int64)
+            at = 0
+            for a in packed:
+                pool[: a.shape[0], at : at + a.shape[1]] = a
+                at += a.shape[1]
+        sizes = size[index]
+        first = np.repeat(np.cumsum(sizes) - sizes, sizes)  # new index of each piece's first atom
+        if len(index) == len(pieces) and np.array_equal(index, np.arange(len(pieces))):
+            out = pool
+        else:
+            out = np.take(
+                pool, np.repeat((np.cumsum(size) - size)[index], sizes) + np.arange(len(first)) - first, 1
+            )
         # every atom index shifted by its piece's offset; "none" (_NONE) stays negative
-        out[3:] += np.repeat(np.cumsum(sizes) - sizes, sizes)
+        out[3:] += first
         return cls._from_packed(out)
 
     def _take(self, ptr: np.ndarray, index: np.ndarray) -> ConstructionTable:
@@ -284,6 +301,20 @@ class ConstructionTable:
         deps[rigid, 0] = self.parent[rigid]
         return _group(_longest_path_levels(deps, self.n_atoms))
 
+    @functools.cached_property
+    def dihedral_plane(self) -> np.ndarray:
+        """``(N,)`` int64: where the anchor of a POSITIONAL row ``(b, a, d)``
+        takes the plane ``(d, a, b)`` from (``_geometry.nerf_anchor``): ``+1``
+        if ``d`` is a sibling (its references start ``(b, a)``), ``-1`` a
+        cousin (``(a, b)``): ``d``'s frame, defined even where ``d`` lies on
+        the axis ``a - b``; ``0`` the positions (every other row)."""
+        b, a, d = self.refs.T
+        rd = self.refs[np.maximum(d, 0), :2]
+        positional = self.kind == POSITIONAL
+        sibling = positional & (rd[:, 0] == b) & (rd[:, 1] == a)
+        cousin = positional & (rd[:, 0] == a) & (rd[:, 1] == b)
+        return sibling.astype(np.int64) - cousin.astype(np.int64)
+
     @property
     def bonds(self) -> np.ndarray:
         """``(E, 2)`` array of ``(i, b_i)`` pairs: the bonds the table implies."""
@@ -400,7 +431,13 @@ def _build(table: ConstructionTable, build, device: torch.device | str):
 # While torch.compile traces, Dynamo calls this for real, ahead of the
 # graph's first read of the cache (an attribute per builder, a dict per
 # device): a plan built in numpy is never traced, nor read before it exists.
-_build_constant = torch.compiler.assume_constant_result(_build)
+# ``torch.compiler.assume_constant_result`` sets the mark below; it imports
+# torch._dynamo to do so (most of a second), so ``import zmat`` sets the mark
+# itself and leaves the public call to when Dynamo is loaded anyway.
+_build_constant = _build
+_build_constant._dynamo_marked_constant = True
+if "torch._dynamo" in sys.modules:
+    torch.compiler.assume_constant_result(_build_constant)
 
 
 def index_tensor(a, device: torch.device | str) -> torch.Tensor:
@@ -478,23 +515,36 @@ def _validate(refs) -> np.ndarray:
         raise ValueError("construction table has references too large for int64")
     arr = arr.astype(np.int64)
     n = arr.shape[0]
-    present = arr >= 0
-    rows = np.arange(n)[:, None]
-    # one boolean mask per problem; the first offending row is reported
-    problems = {
-        "range": ((arr < -1) | (arr >= n)).any(1),
-        "gap": (present[:, 1] & ~present[:, 0]) | (present[:, 2] & ~present[:, 1]),
-        "self": (arr == rows).any(1),
-        "repeat": (
-            (present[:, 1] & (arr[:, 0] == arr[:, 1]))
-            | (present[:, 2] & ((arr[:, 0] == arr[:, 2]) | (arr[:, 1] == arr[:, 2])))
-        ),
-    }
-    bad = np.logical_or.reduce(list(problems.values()))
+    bad = _row_problems(arr)
     if bad.any():
-        _raise_row_error(int(np.argmax(bad)), arr[int(np.argmax(bad))], n)
+        i = int(np.argmax(bad))
+        try:
+            _raise_row_error(i, arr[i], n)
+        except ValueError as e:
+            if not _row_problems(np.where(arr > 0, arr - 1, -1)).any():  # valid once read as 1-based
+                raise ValueError(
+                    f"{e}. References are 0-based atom indices with -1 for none; this looks like a "
+                    "1-based table (as in z-matrix text): use refs - 1, with 0 becoming -1"
+                ) from None
+            raise
     _check_acyclic(arr)
     return arr
+
+
+def _row_problems(arr: np.ndarray) -> np.ndarray:
+    """``(N,)`` bool: rows with a reference out of range, a gap, the atom
+    itself, or a repeated reference (one mask per problem)."""
+    n = arr.shape[0]
+    present = arr >= 0
+    rows = np.arange(n)[:, None]
+    problems = (
+        ((arr < -1) | (arr >= n)).any(1),
+        (present[:, 1] & ~present[:, 0]) | (present[:, 2] & ~present[:, 1]),
+        (arr == rows).any(1),
+        (present[:, 1] & (arr[:, 0] == arr[:, 1]))
+        | (present[:, 2] & ((arr[:, 0] == arr[:, 2]) | (arr[:, 1] == arr[:, 2]))),
+    )
+    return np.logical_or.reduce(problems)
 
 
 def _raise_row_error(i: int, row: np.ndarray, n: int):
@@ -532,6 +582,9 @@ def _check_acyclic(refs: np.ndarray) -> None:
     n = len(refs)
     if (refs < np.arange(n)[:, None]).all():
         return  # rows in construction order
+    from scipy.sparse import coo_matrix  # here: scipy.sparse costs a few tenths of a second to import
+    from scipy.sparse.csgraph import connected_components
+
     i, c = np.nonzero(refs >= 0)
     graph = coo_matrix((np.ones(len(i)), (i, refs[i, c])), shape=(n, n))
     n_comp, label = connected_components(graph, directed=True, connection="strong")
@@ -603,21 +656,42 @@ def _roots_and_depths(parent: np.ndarray):
 def _preorder(parent: np.ndarray):
     """Depth-first preorder of a forest, children in index order; returns
     ``(order, end)`` with ``end[i]`` one past the last position of ``i``'s
-    subtree. scipy's depth-first search from a virtual root above the roots
-    (O(N), in C), then the last descendant of every node by pointer jumping
-    along last children: no loop over atoms or depth in Python."""
+    subtree.
+
+    The Euler tour of the forest (a virtual root above the roots) as a linked
+    list: every node is entered (``down``, weight 1) and left (``up``, weight
+    0); after ``down i`` comes ``down`` of its first child, else ``up i``;
+    after ``up i`` the ``down`` of its next sibling, else ``up`` of its
+    parent. Weighted list ranking by pointer jumping (``ceil(log2(2 N))``
+    vectorised rounds) counts the ``down`` steps from every step to the end:
+    ``i``'s preorder position is ``N`` minus that count at ``down i``, and its
+    subtree ends where ``up i`` is. O(N log N) numpy work, whatever the shape
+    (a million roots, a star, a chain): no search, no loop over atoms."""
     n = len(parent)
     src = np.where(parent >= 0, parent, n)  # n: the virtual root
     kids = np.argsort(src, kind="stable")  # children grouped by parent, in index order
     ptr = np.searchsorted(src[kids], np.arange(n + 2))
-    graph = csr_matrix((np.ones(n, np.int8), kids, ptr), shape=(n + 1, n + 1))
-    order = depth_first_order(graph, n, directed=True, return_predecessors=False)[1:].astype(np.int64)
-    pos = np.empty(n, np.int64)
-    pos[order] = np.arange(n)
-    last = np.where(ptr[1 : n + 1] > ptr[:n], kids[np.maximum(ptr[1 : n + 1] - 1, 0)], np.arange(n))
-    while not np.array_equal(nxt := last[last], last):
-        last = nxt
-    return order, pos[last] + 1
+    has_kids = ptr[1 : n + 1] > ptr[:n]
+    end_of_tour = 2 * n
+    nxt = np.empty(2 * n + 1, np.int64)  # steps: down i = i, up i = n + i, the end = 2 n
+    nxt[:n] = np.where(has_kids, kids[np.minimum(ptr[:n], n - 1)], np.arange(n) + n)
+    sibling = np.empty(n, np.int64)
+    last = np.append(src[kids][1:] != src[kids][:-1], True)  # the last child of its parent
+    sibling[kids] = np.where(last, -1, np.append(kids[1:], -1))
+    nxt[n : 2 * n] = np.where(sibling >= 0, sibling, np.where(parent >= 0, parent + n, end_of_tour))
+    nxt[end_of_tour] = end_of_tour
+    count = np.zeros(2 * n + 1, np.int64)
+    count[:n] = 1
+    while True:  # count[e] = downs from e up to (not including) nxt[e]; then nxt[e] jumps
+        count += count[nxt]
+        step = nxt[nxt]
+        if (step == end_of_tour).all():
+            break
+        nxt = step
+    pos = n - count[:n]
+    order = np.empty(n, np.int64)
+    order[pos] = np.arange(n)
+    return order, n - count[n : 2 * n]
 
 
 def _group(label: np.ndarray) -> list[np.ndarray]:

@@ -9,7 +9,10 @@
 * :func:`internal_from_torsions`, :func:`to_xyz_from_torsions` and
   :class:`ProteinBatch` turn torsions (phi, psi, omega, chi1..chi4) and ideal
   geometry into coordinates, differentiably, for one sequence or a padded
-  batch of different lengths.
+  batch of different lengths (``ProteinBatch.from_proteins``: with the
+  proteins' torsions); ``Protein.xyz_from_torsions`` keeps a structure's own
+  geometry and changes only its torsions. Proline rings are closed in every
+  such path (``docs/proteins.md``).
 * AlphaFold's tensors: ``Protein.to_atom37`` / ``to_atom14`` / ``aatype``,
   :func:`from_atom37`, :func:`from_atom14` (:mod:`zmat.protein.atom37`);
   backbone frames and atoms from frames + torsions (:mod:`zmat.protein.frames`);

@@ -29,14 +29,18 @@ def from_atom37(positions, aatype, mask, residue_index=None, chain_index=None):
     """A :class:`~zmat.protein.Protein` from atom37 tensors (one structure).
 
     Atoms are those with mask set (``OXT`` included); coordinates are kept
-    exactly (float64), so ``from_atom37(*p.to_atom37()...)`` round-trips.
+    exactly (float64), so ``from_atom37(*p.to_atom37()...)`` round-trips. A
+    row without any atom (an unresolved residue) is left out: the Protein's
+    residues are the rows that have atoms, in order.
 
     Args:
         positions: ``(L, 37, 3)``.
         aatype: ``(L,)`` residue types 0..19 (unknown residues cannot be held).
         mask: ``(L, 37)`` atom mask.
         residue_index: optional ``(L,)`` residue numbers (default ``1..L``);
-            peptide bonds are found from distances, as for a PDB file.
+            peptide bonds are found from distances, as for a PDB file. Every
+            row is its own residue: equal consecutive numbers get insertion
+            codes ``"A"``, ``"B"``, ... (``Protein.ins_codes``).
         chain_index: optional ``(L,)`` integer chain of each residue (0 -> ``"A"``).
 
     Raises:
@@ -77,16 +81,31 @@ def _protein_from_cells(pos: torch.Tensor, aa: np.ndarray, m: np.ndarray, residu
     arr = struc.AtomArray(len(k))
     arr.coord = pos.numpy()[k, a]
     arr.res_id = res_ids[k]
+    arr.ins_code = _insertion_codes(res_ids, chains)[k]
     arr.res_name = np.array(RESTYPE_3)[aa[k]]
     arr.atom_name = np.array(ATOM_TYPES)[a]
     arr.element = np.array([n[0] for n in ATOM_TYPES])[a]
     arr.chain_id = np.array([_chain_letter(int(c)) for c in chains])[k]
     arr.hetero = np.zeros(len(k), bool)
     p = from_structure(arr)
-    # exact float64 positions, in the layout's order
+    # exact float64 positions, in the layout's order; residues without atoms are left out, so
+    # the Protein's residue j is the j-th row that has atoms
+    rows = np.unique(k)
     col = np.array([ATOM_ORDER[str(x)] for x in p.atom_names], np.int64)
-    xyz = pos[torch.as_tensor(np.asarray(p.residue_index)), torch.as_tensor(col)]
+    xyz = pos[torch.as_tensor(rows[np.asarray(p.residue_index)]), torch.as_tensor(col)]
     return Protein(p.layout, xyz, res_ids=p.res_ids, ins_codes=p.ins_codes, res_chain_ids=p.res_chain_ids)
+
+
+def _insertion_codes(res_ids: np.ndarray, chains: np.ndarray) -> np.ndarray:
+    """``(L,)`` insertion codes that keep every row its own residue: ``""``, then ``"A"``,
+    ``"B"``, ... along a run of equal consecutive residue numbers (of one chain)."""
+    L = len(res_ids)
+    new_run = np.ones(L, bool)
+    new_run[1:] = (res_ids[1:] != res_ids[:-1]) | (chains[1:] != chains[:-1])
+    run_start = np.maximum.accumulate(np.where(new_run, np.arange(L), 0))
+    j = np.arange(L) - run_start  # position in the run
+    letters = np.array(list("ABCDEFGHIJKLMNOPQRSTUVWXYZ"))
+    return np.where(j == 0, "", letters[(j - 1) % 26])
 
 
 def _chain_letter(c: int) -> str:

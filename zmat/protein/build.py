@@ -20,27 +20,25 @@ The first two fill the internal coordinates, on plain CPU tensors, in the
 compiled kernel (``zmat._kernel.fill``: one loop, no parallel region that would
 wait for a busy core); :func:`fill_internal` is the torch path and its reference.
 
-How far ideal geometry is from real structures (measured by the tests):
-rebuilding a file's structure from its own torsions with ideal bond lengths
-and angles (``Protein.ideal_internal``) gives an RMSD after superposition of
-0.46 A (1l2y, 20 residues), 2.16 A (1ubi, 76), 3.60 A (1aki, 129), 5.84 A
-(7pfl, 305); per chain 7.3-9.2 A for 3wip (~200 residues a chain) and up to
-19.6 A for a 434-residue chain of 1igy. The error is the lever arm of small
-bond-angle deviations along the chain: with the measured backbone bond angles
-kept, 1aki drops to 0.46 A. FoldingDiff's representation (measured angles,
-its fixed bond lengths) rebuilds the 1aki backbone to 0.10 A.
+Ideal geometry drifts from a real structure with chain length: rebuilding a
+file's structure from its own torsions with ideal bond lengths and angles
+(``Protein.ideal_internal``) accumulates small bond-angle deviations through
+the lever arm of the chain; keeping the measured backbone angles removes most
+of it (figures: ``docs/history.md``).
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from .. import _kernel
+from .._geometry import tiny
 from ..clash import alphafold_radii, candidate_pairs, exclusions_from_bonds, is_excluded
 from ..table import ConstructionTable
 from ..transform import to_internal, to_xyz
@@ -49,11 +47,13 @@ from .layout import (
     Layout,
     SharedTensors,
     layout_from_types,
+    proline_chi,
     residue_types,
+    ring_atoms,
     sequence_types,
 )
 from .pieces import FORWARD, batch_arrays, batch_table, stamp
-from .topology import TORSION_NAMES, one_to_three
+from .topology import AA3, TORSION_NAMES, geometry, one_to_three
 
 __all__ = [
     "DEFAULT_TORSIONS",
@@ -124,6 +124,13 @@ def fill_internal(lay: Layout, torsions, base: torch.Tensor | None = None) -> to
         ``(..., N, 3)``, differentiable in ``torsions`` (and ``base``).
     """
     t = as_torsion_tensor(torsions, lay.n_residues)
+    if base is None:
+        t = _proline_defaults(lay, t)
+    return close_proline_rings(lay, _fill_torch(lay, t, base))
+
+
+def _fill_torch(lay: Layout, t: torch.Tensor, base) -> torch.Tensor:
+    """:func:`fill_internal`'s torch ops, before the proline rings are closed."""
     dtype, device = t.dtype, t.device
     ideal = lay.tensor("ideal", device).to(dtype)
     mask = lay.tensor("ideal_mask", device)
@@ -147,6 +154,7 @@ def fill_internal(lay: Layout, torsions, base: torch.Tensor | None = None) -> to
 
 
 _DEFAULTS = torch.tensor(DEFAULT_TORSIONS, dtype=torch.float64)
+PRO = AA3.index("PRO")
 
 
 def _fill(lay: Layout, torsions) -> torch.Tensor:
@@ -156,9 +164,93 @@ def _fill(lay: Layout, torsions) -> torch.Tensor:
     t = as_torsion_tensor(torsions, lay.n_residues)
     if not _kernel.usable(t):
         return fill_internal(lay, t)
+    t = _proline_defaults(lay, t)
     t3 = t.reshape(math.prod(t.shape[:-2]), lay.n_residues, N_TORSIONS)
     out = _kernel.fill(t3, lay.tensor("ideal"), lay.tensor("torsion_slot"), _DEFAULTS)
-    return out.view(*t.shape[:-2], out.shape[-2], 3)
+    return close_proline_rings(lay, out.view(*t.shape[:-2], out.shape[-2], 3))
+
+
+# ------------------------------------------------------------ proline's ring
+#: Proline's chi1 and chi2 where NaN is given (radians): +30 and -35 deg, the C-gamma
+#: endo pucker (``DEFAULT_TORSIONS``' -60 and 180 deg cannot close its ring).
+PRO_DEFAULT_CHI = (math.radians(30.0), math.radians(-35.0))
+#: Proline's ring-closing bond N-CD (Engh & Huber 1991), Angstrom.
+PRO_CD_N = geometry("PRO")["CD-N"]
+
+
+def proline_cd_angle(chi1, chi2, n_ca, ca_cb, n_ca_cb, cb_cg, ca_cb_cg, cg_cd, cb_cg_cd, cd_n=PRO_CD_N):
+    """The bond angle CB-CG-CD that closes proline's ring: ``|CD - N| = cd_n``.
+
+    The ring is not a tree: CD, placed from CG (bond ``r = cg_cd``, dihedral
+    ``chi2``), meets N only at one bond angle ``t``. In the frame of CG (origin), CB
+    (on ``+x``) and CA (``xy`` plane, ``y > 0``), the NeRF placements give
+
+        CA = (|CB-CG| - a cos(alpha), a sin(alpha), 0)     (a = |CA-CB|, alpha = CA-CB-CG)
+        N  = CA + l (cos(beta) cos(alpha) - sin(beta) cos(chi1) sin(alpha),
+                     -cos(beta) sin(alpha) - sin(beta) cos(chi1) cos(alpha),
+                     sin(beta) sin(chi1))                  (l = |N-CA|, beta = N-CA-CB)
+        CD = r (cos t, sin t cos(chi2), -sin t sin(chi2)),
+
+    so ``|CD - N|^2 = cd_n^2`` reads ``A cos t + B sin t = K`` with ``A = N_x``,
+    ``B = N_y cos(chi2) - N_z sin(chi2)``, ``K = (r^2 + |N|^2 - cd_n^2) / (2 r)``: two
+    roots ``atan2(B, A) +- acos(K / sqrt(A^2 + B^2))``, of which the one nearer the
+    ideal angle ``cb_cg_cd`` is taken. Where the ring cannot close (chi1, chi2 of no
+    pucker), CD goes as close to ``cd_n`` from N as it can. Plain elementwise torch ops
+    (the same values on every path), differentiable, finite gradients.
+
+    Args: tensors or floats, broadcast; angles in radians, lengths in Angstrom.
+
+    Returns:
+        ``t``, radians.
+    """
+    cos, sin = torch.cos, torch.sin
+    ca_x, ca_y = cb_cg - ca_cb * cos(ca_cb_cg), ca_cb * sin(ca_cb_cg)
+    ax, ay = cos(ca_cb_cg), sin(ca_cb_cg)
+    bx, by = n_ca * cos(n_ca_cb), n_ca * sin(n_ca_cb)
+    n_x = ca_x + bx * ax - by * cos(chi1) * ay
+    n_y = ca_y - bx * ay - by * cos(chi1) * ax
+    n_z = by * sin(chi1)
+    A, B = n_x, n_y * cos(chi2) - n_z * sin(chi2)
+    K = (cg_cd**2 + n_x**2 + n_y**2 + n_z**2 - cd_n**2) / (2 * cg_cd)
+    eps = tiny(chi1.dtype)
+    h = (A**2 + B**2 - K**2).clamp_min(eps).sqrt()  # R sin(delta); 0 where out of reach
+    delta = torch.atan2(h, K)
+    mid = torch.atan2(B, A)
+    return torch.where(
+        (mid + delta - cb_cg_cd).abs() <= (mid - delta - cb_cg_cd).abs(), mid + delta, mid - delta
+    )
+
+
+def close_proline_rings(lay, internal: torch.Tensor, cd_n=PRO_CD_N) -> torch.Tensor:
+    """``internal`` with each proline's CB-CG-CD angle set by :func:`proline_cd_angle`
+    from the bond lengths, angles, chi1 and chi2 in ``internal`` (ideal or a structure's
+    own), so that its ring closes.
+
+    Args:
+        lay: a :class:`~zmat.protein.layout.Layout` (or the batch arrays) with
+            ``proline_rows``: ``(P, 4)`` atoms CA, CB, CG, CD of the prolines whose
+            ring rows are canonical (others are left as they are).
+        internal: ``(..., N, 3)``.
+        cd_n: the CD-N length to close, a float or ``(P,)`` tensor.
+    """
+    if not len(lay.proline_rows):
+        return internal
+    idx = lay.tensor("proline_rows", internal.device)
+    ca, cb, cg, cd = internal.index_select(-2, idx.T.reshape(-1)).unflatten(-2, (4, -1)).unbind(-3)
+    angle = proline_cd_angle(cg[..., 2], cd[..., 2], ca[..., 0], cb[..., 0], cb[..., 1], cg[..., 0],
+                             cg[..., 1], cd[..., 0], cd[..., 1], cd_n)  # fmt: skip
+    theta = internal[..., 1].index_copy(-1, idx[:, 3], angle)
+    return torch.stack([internal[..., 0], theta, internal[..., 2]], -1)
+
+
+def _proline_defaults(lay, t: torch.Tensor) -> torch.Tensor:
+    """``(..., L, 7)`` torsions with NaN chi1, chi2 of the prolines set to ``PRO_DEFAULT_CHI``."""
+    if not len(lay.proline_rows):
+        return t
+    chi = lay.tensor("proline_chi", t.device)  # (L, 7): 1 at chi1, 2 at chi2 of the prolines
+    c1, c2 = PRO_DEFAULT_CHI
+    default = torch.where(chi == 2, torch.full_like(t, c2), torch.full_like(t, c1))
+    return torch.where((chi > 0) & torch.isnan(t), default, t)
 
 
 @functools.lru_cache(maxsize=128)
@@ -218,8 +310,17 @@ class ProteinBatch:
     """
 
     def __init__(self, sequences: Sequence[str]) -> None:
-        if isinstance(sequences, str) or len(sequences) == 0:
+        if isinstance(sequences, (str, bytes)) or not hasattr(sequences, "__len__"):
+            raise TypeError(f"ProteinBatch needs a list of sequences (str), got {type(sequences).__name__}")
+        if len(sequences) == 0:
             raise ValueError("ProteinBatch needs a non-empty list of sequences")
+        for k, s in enumerate(sequences):
+            if not isinstance(s, str):
+                raise TypeError(
+                    f"ProteinBatch: sequence {k} is a {type(s).__name__}, expected a str of one-letter codes"
+                )
+        if not any(sequences):
+            raise ValueError("ProteinBatch: every sequence is empty; a batch needs at least one residue")
         self.sequences = list(sequences)
         self._types = [_sequence_types(s) for s in self.sequences]
         if all(len(t) for t in self._types):  # the fast path: stamped from per-type pieces
@@ -234,7 +335,16 @@ class ProteinBatch:
         mask = (
             a["ideal_mask"] if "ideal_mask" in a else lambda: batch_arrays(st, ("ideal_mask",))["ideal_mask"]
         )
-        self._flat = _Arrays(a["ideal"], mask, a["torsion_slot"], len(self) * self.L_max)
+        self._flat = _Arrays(a["ideal"], mask, a["torsion_slot"], len(self) * self.L_max, self._padded_pro())
+
+    def _padded_pro(self) -> np.ndarray:
+        """``(B * L_max,)`` bool: the padded residue is a proline."""
+        n = np.fromiter(map(len, self._types), np.int64, len(self._types))
+        flat = np.concatenate(self._types)
+        k = np.arange(len(flat)) - np.repeat(np.cumsum(n) - n, n)
+        out = np.zeros(len(n) * self.L_max, bool)
+        out[np.repeat(np.arange(len(n)) * self.L_max, n) + k] = flat == PRO
+        return out
 
     @functools.cached_property
     def _arrays(self) -> dict:
@@ -322,6 +432,51 @@ class ProteinBatch:
             a[k] = a[k].reshape(B, n)
         a["residue_mask"] = a["residue_mask"].reshape(B, Lm)
         return layouts, refs, a, Lm, n
+
+    def __reduce__(self):
+        # a batch is its sequences: pickle those (DataLoader workers send batches to the parent),
+        # not the lazily made arrays and functions; from_proteins' tensors go as state
+        state = {k: v for k, v in vars(self).items() if k in ("torsions", "torsion_mask")}
+        return (type(self), (self.sequences,), state or None)
+
+    @classmethod
+    def from_proteins(cls, proteins) -> ProteinBatch:
+        """A batch of the sequences of :class:`~zmat.protein.Protein` s, with their torsions.
+
+        Sets ``torsions`` ``(B, L_max, 7)`` float64 (each protein's measured torsions,
+        NaN where undefined and on padding) and ``torsion_mask`` ``(B, L_max, 7)`` bool
+        (defined), so ``batch.to_xyz(batch.torsions)`` rebuilds every protein with ideal
+        geometry (NaN torsions take the defaults).
+
+        A batch's proteins are single chains of complete residues: a protein with
+        chain breaks or several chains is joined into one chain (the torsions across
+        a break are undefined, so they take the defaults) with a ``UserWarning``
+        naming it; missing side-chain atoms are built. To keep breaks, rebuild with
+        ``Protein.xyz_from_torsions``.
+        """
+        proteins = list(proteins)
+        for k, p in enumerate(proteins):
+            if not hasattr(p, "torsion_tensor") or not hasattr(p, "sequence"):
+                raise TypeError(
+                    f"ProteinBatch.from_proteins: item {k} is a {type(p).__name__}, not a Protein"
+                )
+        joined = [(k, p.n_breaks, len(set(p.res_chain_ids.tolist()))) for k, p in enumerate(proteins)]
+        joined = [j for j in joined if j[1] or j[2] > 1]
+        if joined:
+            what = ", ".join(f"protein {k} ({b} breaks, {c} chains)" for k, b, c in joined[:5])
+            warnings.warn(
+                f"ProteinBatch.from_proteins: {what}: a batch builds one continuous chain per protein, so "
+                "its breaks are joined (their torsions take the defaults); Protein.xyz_from_torsions "
+                "keeps them",
+                UserWarning,
+                stacklevel=2,
+            )
+        batch = cls([p.sequence for p in proteins])
+        t = torch.full((len(batch), batch.L_max, N_TORSIONS), torch.nan, dtype=torch.float64)
+        for b, p in enumerate(proteins):
+            t[b, : len(p)] = p.torsion_tensor()
+        batch.torsions, batch.torsion_mask = t, ~torch.isnan(t)
+        return batch
 
     def __len__(self) -> int:
         return len(self.sequences)
@@ -412,10 +567,21 @@ def _cut(big: Layout, r0: int, n_res: int, a0: int, n_atoms: int, e0: int, e1: i
 class _Arrays(SharedTensors):
     """The arrays :func:`fill_internal` reads, for a padded batch."""
 
-    def __init__(self, ideal, ideal_mask, torsion_slot, n_residues):
-        """``ideal_mask`` may be a function making it (on first use)."""
+    def __init__(self, ideal, ideal_mask, torsion_slot, n_residues, is_pro):
+        """``ideal_mask`` may be a function making it (on first use); ``is_pro``: ``(n_residues,)``."""
         self.ideal, self._ideal_mask, self.torsion_slot = ideal, ideal_mask, torsion_slot
-        self.n_residues = n_residues
+        self.n_residues, self.is_pro = n_residues, is_pro
+
+    @functools.cached_property
+    def proline_rows(self) -> np.ndarray:
+        """As ``Layout.proline_rows``; a batch's residues are complete, in template
+        order (``N, CA, C, O, CB, CG, CD``): CA and CB are 4 and 1 atoms before CG."""
+        cg, cd = ring_atoms(self.torsion_slot, self.is_pro)
+        return np.stack([cg - 4, cg - 1, cg, cd], 1)
+
+    @functools.cached_property
+    def proline_chi(self) -> np.ndarray:
+        return proline_chi(self.torsion_slot, self.proline_rows, self.n_residues)
 
     @functools.cached_property
     def ideal_mask(self) -> np.ndarray:

@@ -39,7 +39,7 @@ from .._geometry import safe_unit
 from ..table import ConstructionTable
 from ..transform import to_xyz
 from .atom37 import ATOM14_NAMES, RESTYPE_3, RESTYPE_ATOM14_MASK, UNK, atom14_to_atom37
-from .build import backbone_table
+from .build import backbone_table, proline_cd_angle
 from .topology import IDEAL, RESIDUES, TORSION_NAMES
 
 __all__ = [
@@ -90,12 +90,12 @@ def backbone_frames(atom37: torch.Tensor):
         >>> pos, mask = zmat.protein.from_pdb("tests/data/1ubi.pdb").to_atom37()
         >>> R, t = backbone_frames(pos)  # R[k].T @ (C - CA) is along +x
     """
-    if (
-        not isinstance(atom37, torch.Tensor)
-        or atom37.ndim < 3
-        or atom37.shape[-1] != 3
-        or atom37.shape[-2] < 3
-    ):
+    if not isinstance(atom37, torch.Tensor):
+        raise TypeError(
+            f"backbone_frames: positions must be a torch.Tensor, got {type(atom37).__name__} "
+            "(convert with torch.as_tensor)"
+        )
+    if atom37.ndim < 3 or atom37.shape[-1] != 3 or atom37.shape[-2] < 3:
         raise ValueError(
             f"backbone_frames: positions must have shape (..., L, 37, 3) (or A >= 3 atoms with N, CA, C "
             f"first), got {tuple(getattr(atom37, 'shape', ()))}"
@@ -254,12 +254,30 @@ def atom14_from_frames(R: torch.Tensor, t: torch.Tensor, aatype, torsions: torch
     col = tors[a]  # (M, 14)
     tor = torch.gather(torsions.reshape(-1, 7), 1, col.clamp(min=0))
     dihedral = torch.where(col >= 0, base[..., 2] + tor, base[..., 2])
-    internal = torch.cat([base[..., :2], dihedral[..., None]], -1).reshape(-1, 3).index_select(0, cells)
+    internal = _close_prolines(base, dihedral, flat_aa).reshape(-1, 3).index_select(0, cells)
     local = to_xyz(internal, table)
     local = torch.cat([local, local.new_zeros(1, 3)]).index_select(0, atom_of).reshape(*shape, 14, 3)
     mask = has[a].reshape(*shape, 14)
     pos = apply_frames(R, t, local)
     return torch.where(mask[..., None], pos, torch.zeros((), dtype=dt, device=dev)), mask
+
+
+def _close_prolines(base: torch.Tensor, dihedral: torch.Tensor, aa: np.ndarray) -> torch.Tensor:
+    """``(M, 14, 3)`` internal coordinates with each proline's CB-CG-CD angle (atom14 slot 6)
+    closing its ring: ``zmat.protein.build.proline_cd_angle`` from the residue's rows
+    (N 0, CB 4, CG 5, CD 6)."""
+    internal = torch.cat([base[..., :2], dihedral[..., None]], -1)
+    pro = np.flatnonzero(aa == RESTYPE_3.index("PRO"))
+    if not len(pro):
+        return internal
+    p = torch.as_tensor(pro, device=internal.device)
+    x = internal.index_select(0, p)
+    n, cb, cg, cd = x[:, 0], x[:, 4], x[:, 5], x[:, 6]
+    angle = proline_cd_angle(
+        cg[:, 2], cd[:, 2], n[:, 0], cb[:, 0], cb[:, 1], cg[:, 0], cg[:, 1], cd[:, 0], cd[:, 1]
+    )
+    cd = torch.stack([cd[:, 0], angle, cd[:, 2]], -1)
+    return internal.index_copy(0, p, torch.cat([x[:, :6], cd[:, None], x[:, 7:]], 1))
 
 
 def atom37_from_frames(R: torch.Tensor, t: torch.Tensor, aatype, torsions: torch.Tensor):

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from typing import NamedTuple
 
 import numpy as np
-from scipy.spatial import cKDTree
 
+from ..table import ConstructionTable
 from .layout import (
     N_SLOTS,
     SLOT_C,
@@ -40,6 +41,8 @@ __all__ = ["ParsedAtoms", "atom_array", "disulfide_bonds", "parse_atoms", "read_
 PEPTIDE_BOND_MAX = 2.0
 #: SG-SG distances below this (Angstrom) are disulfide bonds.
 DISULFIDE_MAX = 2.5
+#: Atoms closer than this (Angstrom) coincide: ``from_pdb`` warns.
+COINCIDENT_MAX = 0.01
 
 
 class ParsedAtoms(NamedTuple):
@@ -62,15 +65,38 @@ def read_atoms(path, model: int | None = None, altloc: str = "first"):
     """
     path = os.fspath(path)
     model = 1 if model is None else int(model)
+    letter = altloc not in ("first", "occupancy", "all")
+    if letter and not (isinstance(altloc, str) and len(altloc) == 1 and altloc.isalnum()):
+        raise ValueError(f"altloc must be 'first', 'occupancy', 'all' or one altloc letter, got {altloc!r}")
+    choice = "all" if letter else altloc
     low = path.lower()
     if low.endswith((".cif", ".mmcif", ".bcif")):
         from biotite.structure.io import pdbx
 
         f = pdbx.BinaryCIFFile.read(path) if low.endswith(".bcif") else pdbx.CIFFile.read(path)
-        return pdbx.get_structure(f, model=model, altloc=altloc)
-    from biotite.structure.io import pdb
+        atoms = pdbx.get_structure(f, model=model, altloc=choice)
+    else:
+        from biotite.structure.io import pdb
 
-    return pdb.PDBFile.read(path).get_structure(model=model, altloc=altloc)
+        atoms = pdb.PDBFile.read(path).get_structure(model=model, altloc=choice)
+    return _pick_altloc(atoms, altloc) if letter else atoms
+
+
+def _pick_altloc(atoms, letter: str):
+    """Atoms without an altloc ID, and those of altloc ``letter``; a residue that
+    has alternate locations but not ``letter`` keeps its first one (as ``"first"``)."""
+    import biotite.structure as struc
+
+    ids = atoms.altloc_id
+    plain = np.isin(ids, ["", " ", ".", "?"])
+    starts = struc.get_residue_starts(atoms, add_exclusive_stop=True)
+    res_of = np.repeat(np.arange(len(starts) - 1), np.diff(starts))
+    has_letter = np.bincount(res_of, weights=ids == letter, minlength=len(starts) - 1) > 0
+    first = struc.filter_first_altloc(atoms, ids)
+    keep = plain | np.where(has_letter[res_of], ids == letter, first)
+    out = atoms[keep]
+    out.del_annotation("altloc_id")
+    return out
 
 
 def parse_atoms(atoms, chain=None) -> ParsedAtoms:
@@ -90,6 +116,9 @@ def parse_atoms(atoms, chain=None) -> ParsedAtoms:
     """
     import biotite.structure as struc
 
+    if not isinstance(atoms, struc.AtomArray):
+        hint = " (take one model: stack[0])" if isinstance(atoms, struc.AtomArrayStack) else ""
+        raise TypeError(f"atoms must be a biotite.structure.AtomArray{hint}, got {type(atoms).__name__}")
     atoms = _standard_heavy_atoms(atoms, chain)
     starts = struc.get_residue_starts(atoms, add_exclusive_stop=True)
     L = len(starts) - 1
@@ -103,6 +132,8 @@ def parse_atoms(atoms, chain=None) -> ParsedAtoms:
     # file index of every layout atom (atoms in residue order, template order within)
     xyz = coord[where[:L][where[:L] >= 0]]
     lay = dataclasses.replace(lay, bonds=np.concatenate([lay.bonds, disulfide_bonds(xyz, lay)]))
+    if _warn_coincident(xyz, lay, atoms.res_id[starts[:-1]], chain_ids):
+        lay = _reroute_degenerate_rows(lay, xyz)
     return ParsedAtoms(lay, xyz, atoms.res_id[starts[:-1]], atoms.ins_code[starts[:-1]], chain_ids)
 
 
@@ -143,6 +174,78 @@ def _peptide_bonds(coord: np.ndarray, where: np.ndarray, chain_ids: np.ndarray) 
     return np.concatenate([[False], ok & (dist <= PEPTIDE_BOND_MAX)])
 
 
+def _warn_coincident(xyz: np.ndarray, lay: Layout, res_ids, chain_ids) -> None:
+    """Warn (naming them) about atoms closer than ``COINCIDENT_MAX``: internal coordinates
+    through such atoms (a zero bond, an undefined angle or dihedral) do not rebuild them."""
+    from scipy.spatial import cKDTree  # imported when used: slow to import (import zmat)
+
+    ij = cKDTree(xyz).query_pairs(COINCIDENT_MAX, output_type="ndarray").reshape(-1, 2)
+    if not len(ij):
+        return False
+    ij = ij[np.lexsort((ij[:, 1], ij[:, 0]))]
+    ri = lay.residue_index
+
+    def name(i):
+        k = ri[i]
+        return f"{chain_ids[k]} {lay.res_names[k]} {res_ids[k]} {lay.atom_names[i]}"
+
+    shown = "; ".join(f"{name(i)} / {name(j)}" for i, j in ij[:5])
+    more = f" and {len(ij) - 5} more pairs" if len(ij) > 5 else ""
+    warnings.warn(
+        f"{len(ij)} pairs of atoms coincide (closer than {COINCIDENT_MAX} A): {shown}{more}; bond "
+        "lengths, angles and torsions through them are undefined (torsions there are NaN or "
+        "arbitrary); the construction rows go around them",
+        UserWarning,
+        stacklevel=4,
+    )
+    return True
+
+
+def _reroute_degenerate_rows(lay: Layout, xyz: np.ndarray) -> Layout:
+    """Rows whose angle or dihedral reference is undefined at these coordinates (``x_a`` on
+    ``x_b``, or ``x_d, x_a, x_b`` collinear) take, instead, the nearest ancestors of ``b``
+    that define them, so ``to_xyz(p.internal, p.table)`` still gives ``p.xyz``. Such rows
+    are no longer canonical (no ideal values, no torsion)."""
+    refs = lay.refs.copy()
+    full = np.flatnonzero(
+        (refs[:, 2] >= 0) & (np.linalg.norm(xyz - xyz[refs[:, 0]], axis=-1) > COINCIDENT_MAX)
+    )
+    bad = [int(v) for v in full if not _defines_frame(xyz, *refs[v])]
+    if not bad:
+        return lay
+    for v in bad:
+        b = int(refs[v, 0])
+        chain = []  # ancestors of b, nearest first
+        q = int(refs[b, 0])
+        while q >= 0 and len(chain) < 64:
+            chain.append(q)
+            q = int(refs[q, 0])
+        pick = next(
+            ((a, d) for i, a in enumerate(chain) for d in chain[i + 1 :] if _defines_frame(xyz, b, a, d)),
+            None,
+        )
+        if pick is not None:
+            refs[v, 1:] = pick
+    try:
+        ConstructionTable(refs)
+    except ValueError:  # a cycle: keep the rows (the warning has been given)
+        return lay
+    changed = (refs != lay.refs).any(1)
+    mask = lay.ideal_mask.copy()
+    mask[changed, 1:] = False
+    slot = np.where(changed, -1, lay.torsion_slot)
+    return dataclasses.replace(lay, refs=refs, ideal_mask=mask, torsion_slot=slot)
+
+
+def _defines_frame(xyz: np.ndarray, b: int, a: int, d: int) -> bool:
+    """``x_a`` apart from ``x_b`` and ``x_d, x_a, x_b`` not collinear."""
+    u, w = xyz[b] - xyz[a], xyz[a] - xyz[d]
+    nu, nw = np.linalg.norm(u), np.linalg.norm(w)
+    if nu <= COINCIDENT_MAX or nw <= COINCIDENT_MAX:
+        return False
+    return float(np.linalg.norm(np.cross(u / nu, w / nw))) > 1e-3
+
+
 def disulfide_bonds(xyz: np.ndarray, lay: Layout) -> np.ndarray:
     """``(E, 2)`` int64 SG-SG pairs of cysteines closer than ``DISULFIDE_MAX``,
     ``i < j``, in row-major order.
@@ -155,6 +258,8 @@ def disulfide_bonds(xyz: np.ndarray, lay: Layout) -> np.ndarray:
     if len(sg) < 2:
         return np.zeros((0, 2), np.int64)
     p = xyz[sg]
+    from scipy.spatial import cKDTree  # imported when used: slow to import (import zmat)
+
     ij = cKDTree(p).query_pairs(DISULFIDE_MAX, output_type="ndarray").reshape(-1, 2)
     ij = np.sort(ij, axis=1)
     ij = ij[np.linalg.norm(p[ij[:, 0]] - p[ij[:, 1]], axis=-1) < DISULFIDE_MAX]  # strictly closer

@@ -277,6 +277,41 @@ class Layout(SharedTensors):
     def table(self) -> ConstructionTable:
         return ConstructionTable(self.refs)
 
+    @functools.cached_property
+    def proline_rows(self) -> np.ndarray:
+        """``(P, 4)`` int64 atoms CA, CB, CG, CD of the prolines whose ring rows are the
+        canonical ones (CA's bond to N, CB's length and angle, CG's chi1 row, CD's chi2
+        row): where ``zmat.protein.build`` closes the ring."""
+        cg, cd = ring_atoms(self.torsion_slot, self.res_names == "PRO")
+        cb, ca = self.refs[cg, 0], self.refs[cg, 1]
+        ok = self.ideal_mask[ca, 0] & self.ideal_mask[cb, 1]
+        return np.stack([ca, cb, cg, cd], 1)[ok]
+
+    @functools.cached_property
+    def proline_chi(self) -> np.ndarray:
+        """``(L, 7)`` int64: 1 at chi1 and 2 at chi2 of the prolines of ``proline_rows``."""
+        return proline_chi(self.torsion_slot, self.proline_rows, self.n_residues)
+
+
+def ring_atoms(torsion_slot: np.ndarray, is_pro: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """CG and CD (the atoms whose dihedrals are chi1 and chi2) of the residues flagged
+    ``is_pro`` ``(L,)`` that have both, from a layout's ``torsion_slot``."""
+    atom_of = np.full(len(is_pro) * N_TORSIONS, -1, np.int64)
+    has = np.flatnonzero(torsion_slot >= 0)
+    atom_of[torsion_slot[has]] = has
+    pro = np.flatnonzero(is_pro) * N_TORSIONS
+    cg, cd = atom_of[pro + TORSION_NAMES.index("chi1")], atom_of[pro + TORSION_NAMES.index("chi2")]
+    ok = (cg >= 0) & (cd >= 0)
+    return cg[ok], cd[ok]
+
+
+def proline_chi(torsion_slot: np.ndarray, rows: np.ndarray, n_residues: int) -> np.ndarray:
+    """``(L, 7)`` int64: 1 at the chi1 and 2 at the chi2 of the ring ``rows`` (CA, CB, CG, CD)."""
+    out = np.zeros(n_residues * N_TORSIONS, np.int64)
+    out[torsion_slot[rows[:, 2]]] = 1
+    out[torsion_slot[rows[:, 3]]] = 2
+    return out.reshape(n_residues, N_TORSIONS)
+
 
 # ------------------------------------------------------- residue names, codes
 def residue_types(res_names: Sequence[str]) -> np.ndarray:
@@ -555,6 +590,7 @@ def _construction_rows(atoms: _Atoms, parent, ref, o, oxt) -> np.ndarray:
     planar_child[firsts] = two[at]
     pc = planar_child[parent[two]]
     d[two] = np.where(pc == two, -1, pc)
+    grand = _root_siblings(parent, grand, d, two, planar_child)
     # OFFSET on the template's sibling when usable (O: on OXT when present)
     oxt_of = np.full(atoms.n, -1, np.int64)
     oxt_of[o] = oxt
@@ -565,6 +601,34 @@ def _construction_rows(atoms: _Atoms, parent, ref, o, oxt) -> np.ndarray:
     ok = (s >= 0) & (par[s] == p) & ~sibling[s] & ((depth[s] >= 3) | (planar_child[p] == s))
     d[cand[ok]] = s[ok]
     return np.column_stack([parent, grand, d])
+
+
+def _root_siblings(parent, grand, d, two, planar_child) -> np.ndarray:
+    """Rows under a root with several children (a residue without ``N`` starting a tree).
+    Only the first child ``c1`` is a ``BOND`` row and only its first child a ``PLANAR``
+    one: a later child of the root gets ``(root, c1, PLANAR child of c1)`` (or, when ``c1``
+    has none, the second child ``(root, c1, -1)`` and the later ones ``d`` = that second
+    child); a child of a later child gets ``(b, root, c1)``. ``two``: the atoms of depth 2.
+    Updates ``d``; returns the angle column."""
+    one = np.flatnonzero((parent >= 0) & (grand < 0))
+    if len(one) == len(np.unique(parent[one])):
+        return grand  # every root has one child: nothing to do
+    grand = grand.copy()
+    roots, first = np.unique(parent[one], return_index=True)
+    c1 = np.full(len(parent), -1, np.int64)
+    c1[roots] = one[first]
+    two = two[parent[two] != c1[grand[two]]]  # under a later child of the root
+    later = one[c1[parent[one]] != one]
+    a = c1[parent[later]]
+    grand[later] = a
+    pc = planar_child[a]
+    second = np.full(len(parent), -1, np.int64)  # per root, its second child (used where pc < 0)
+    r2, i2 = np.unique(parent[later], return_index=True)
+    second[r2] = later[i2]
+    s2 = second[parent[later]]
+    d[later] = np.where(pc >= 0, pc, np.where(s2 == later, -1, s2))
+    d[two] = c1[grand[two]]
+    return grand
 
 
 def _canonical_columns(atoms: _Atoms, refs, can) -> tuple[np.ndarray, np.ndarray]:

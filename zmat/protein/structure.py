@@ -28,9 +28,18 @@ import numpy as np
 import torch
 
 from ..clash import alphafold_radii, exclusions_from_bonds
-from ..transform import dihedrals, to_internal
+from ..table import BOND, PLANAR, ROOT
+from ..transform import dihedrals, to_internal, to_xyz
 from . import atom37, io
-from .build import ProteinBatch, fill_internal, protein_layout, to_xyz_from_torsions
+from .build import (
+    ProteinBatch,
+    as_torsion_tensor,
+    close_proline_rings,
+    fill_internal,
+    protein_layout,
+    to_xyz_from_torsions,
+)
+from .frames import rigid_from_three_points
 from .layout import N_TORSIONS, Layout, residue_types, sequence_of
 from .topology import TORSION_NAMES
 
@@ -174,6 +183,86 @@ class Protein:
             torsions = self.torsion_tensor()
         return fill_internal(self.layout, torsions, base=self.internal)
 
+    def internal_from_torsions(self, torsions=None, geometry: str = "own") -> torch.Tensor:
+        """Internal coordinates of this structure with other torsions.
+
+        Args:
+            torsions: ``(..., L, 7)`` tensor (``TORSION_NAMES`` columns, radians)
+                or dict of ``(..., L)`` tensors; NaN (or a missing key) keeps the
+                structure's own torsion. Default: the structure's own.
+            geometry: ``"own"``: every bond length, bond angle and fixed dihedral
+                is the structure's (``self.internal``), only the torsions change;
+                ``"ideal"``: Engh & Huber's, as :meth:`ideal_internal`. Either
+                way rows across chain breaks and between chains keep their
+                measured values, so breaks stay breaks; proline rings are closed
+                (``zmat.protein.build.close_proline_rings``; with ``"own"``, to
+                the structure's own CD-N length).
+
+        Returns:
+            ``(..., N, 3)`` for ``self.table``, differentiable in ``torsions``.
+            With ``"own"`` and the structure's torsions it is ``self.internal``.
+        """
+        if geometry == "ideal":
+            return self.ideal_internal(torsions)
+        if geometry != "own":
+            raise ValueError(f"geometry must be 'own' or 'ideal', got {geometry!r}")
+        base = self.internal
+        if torsions is None:
+            return base
+        t = as_torsion_tensor(torsions, len(self))
+        lay = self.layout
+        slot = lay.tensor("torsion_slot", t.device)
+        flat = t.flatten(-2).index_select(-1, slot.clamp_min(0))  # (..., N)
+        keep = (slot < 0) | torch.isnan(flat)
+        phi = torch.where(keep, base[:, 2].to(t), flat)
+        r, theta = base[:, 0].to(t), base[:, 1].to(t)
+        internal = torch.stack(torch.broadcast_tensors(r, theta, phi), -1)
+        return close_proline_rings(lay, internal, cd_n=self._proline_cd_n.to(t))
+
+    @functools.cached_property
+    def _proline_cd_n(self) -> torch.Tensor:
+        """``(P,)`` CD-N lengths of the prolines of ``layout.proline_rows``."""
+        rows = self.layout.proline_rows
+        n = self.layout.refs[rows[:, 0], 0]  # CA's bond reference is N
+        return (self.xyz[rows[:, 3]] - self.xyz[n]).norm(dim=-1)
+
+    def xyz_from_torsions(self, torsions=None, geometry: str = "own", method: str = "auto") -> torch.Tensor:
+        """Coordinates of this structure with other torsions, in its own frame.
+
+        ``zmat.to_xyz(self.internal_from_torsions(torsions, geometry), self.table)``
+        moved rigidly so that the tree's first three atoms (the root and its first
+        two descendants, whose places no torsion changes) sit where they are in
+        ``self.xyz``: with ``geometry="own"`` and the structure's own torsions this
+        gives ``self.xyz`` back.
+
+        Example:
+            >>> p = zmat.protein.from_pdb("tests/data/1ubi.pdb")
+            >>> t = p.torsion_tensor().clone()
+            >>> t[10, 3] += 1.0  # turn chi1 of residue 10; every other DOF as in the file
+            >>> xyz = p.xyz_from_torsions(t)  # (N, 3), differentiable in t
+        """
+        x = to_xyz(self.internal_from_torsions(torsions, geometry), self.table, method=method)
+        a0, a1, a2 = self._frame_atoms
+        R0, t0 = rigid_from_three_points(x[..., a2, :], x[..., a0, :], x[..., a1, :])
+        y = self.xyz.to(x)
+        R1, t1 = rigid_from_three_points(y[a2], y[a0], y[a1])
+        M = R1 @ R0.transpose(-1, -2)
+        return torch.einsum("...ij,...nj->...ni", M, x - t0[..., None, :]) + t1
+
+    def with_torsions(self, torsions, geometry: str = "own") -> Protein:
+        """A copy of this protein (same atoms, annotations) with its coordinates from
+        :meth:`xyz_from_torsions` (detached, float64), e.g. to write with ``to_pdb``."""
+        xyz = self.xyz_from_torsions(torsions, geometry).detach().to(torch.float64)
+        if xyz.shape != self.xyz.shape:
+            raise ValueError(f"with_torsions: one structure at a time, torsions gave {tuple(xyz.shape)}")
+        return Protein(self.layout, xyz, self.res_ids, self.ins_codes, self.res_chain_ids)
+
+    @functools.cached_property
+    def _frame_atoms(self) -> tuple[int, int, int]:
+        """The root, its BOND child and the PLANAR row's atom (the tree's fixed start)."""
+        kind = self.table.kind
+        return tuple(int(np.flatnonzero(kind == k)[0]) for k in (ROOT, BOND, PLANAR))
+
     # ------------------------------------------------------------- output
     def to_structure(self, xyz=None):
         """A ``biotite.structure.AtomArray`` of these atoms (``xyz`` overrides)."""
@@ -227,6 +316,12 @@ class Protein:
             >>> Protein.from_batch(batch, 1, xyz[1]).sequence
             'ACDEFG'
         """
+        if not isinstance(batch, ProteinBatch):
+            raise TypeError(f"Protein.from_batch: batch must be a ProteinBatch, got {type(batch).__name__}")
+        if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or not -len(batch) <= b < len(batch):
+            raise ValueError(
+                f"Protein.from_batch: b={b!r} is not an index of a batch of {len(batch)} proteins"
+            )
         lay = batch.layouts[b]
         if xyz is None:
             return cls.from_sequence(batch.sequences[b])

@@ -99,6 +99,13 @@ _EH = {
     "C-CA-CB": 110.1,
 }
 
+# Where a residue type differs (Engh & Huber 1991, their proline-specific classes; Angstrom,
+# degrees): proline's N is bonded to CD, which shortens N-CA and the C-N before it, widens
+# CA-C-N, and closes N-CA-CB to 103.0. "CD-N" is the ring closure (not a row of the tree).
+_EH_TYPE = {
+    "PRO": {"N-CA": 1.466, "C-N": 1.341, "CA-C-N": 116.9, "N-CA-CB": 103.0, "CD-N": 1.473},
+}
+
 # Side chains: (atom, bond ref, angle ref, dihedral ref, torsion name or None).
 # The dihedral ref is the bond ref's angle ref (PROPER) or an earlier sibling
 # (OFFSET, fixed dihedral).
@@ -319,9 +326,15 @@ class ResidueTemplate:
         return self.atoms.index(name)
 
 
-def _improper_cb() -> float:
+def geometry(name: str) -> dict[str, float]:
+    """Engh & Huber's backbone values for residue type ``name`` (``IDEAL`` with the
+    type's own classes, e.g. proline's)."""
+    return {**_EH, **_EH_TYPE.get(name, {})}
+
+
+def _improper_cb(eh: dict[str, float]) -> float:
     """Dihedral C-N-CA-CB from the three bond angles at CA, L-chirality (negative)."""
-    t_nc, t_ncb, t_ccb = (math.radians(_EH[k]) for k in ("N-CA-C", "N-CA-CB", "C-CA-CB"))
+    t_nc, t_ncb, t_ccb = (math.radians(eh[k]) for k in ("N-CA-C", "N-CA-CB", "C-CA-CB"))
     # CA at the origin, N on +x, C in the xy-plane; solve for the CB direction.
     n, ca = np.array([1.0, 0.0, 0.0]), np.zeros(3)
     c = np.array([math.cos(t_nc), math.sin(t_nc), 0.0])
@@ -351,14 +364,14 @@ def _build_template(name: str) -> ResidueTemplate:
         "CB": None,
         "OXT": (PSI, 0),
     }
-    rad = math.radians
+    rad, eh = math.radians, geometry(name)
     ideal = {
-        "N": (_EH["C-N"], rad(_EH["CA-C-N"]), math.nan),
-        "CA": (_EH["N-CA"], rad(_EH["C-N-CA"]), math.nan),
-        "C": (_EH["CA-C"], rad(_EH["N-CA-C"]), math.nan),
-        "O": (_EH["C-O"], rad(_EH["CA-C-O"]), math.pi),
-        "CB": (_EH["CA-CB"], rad(_EH["N-CA-CB"]), _improper_cb()),
-        "OXT": (_EH["C-O"], rad(_EH["CA-C-N"]), math.nan),
+        "N": (eh["C-N"], rad(eh["CA-C-N"]), math.nan),
+        "CA": (eh["N-CA"], rad(eh["C-N-CA"]), math.nan),
+        "C": (eh["CA-C"], rad(eh["N-CA-C"]), math.nan),
+        "O": (eh["C-O"], rad(eh["CA-C-O"]), math.pi),
+        "CB": (eh["CA-CB"], rad(eh["N-CA-CB"]), _improper_cb(eh)),
+        "OXT": (eh["C-O"], rad(_EH["CA-C-N"]), math.nan),
     }
     geom = SIDE_CHAIN_GEOMETRY.get(name, {})
     for atom, b, a, d, tors in side:

@@ -40,6 +40,7 @@ import math
 import numpy as np
 import torch
 
+from .._segments import on_host, segments
 from ..clash import candidate_pairs, clash_loss
 from . import _stereo
 from .atom37 import (
@@ -71,8 +72,26 @@ _PRO = RESTYPE_3.index("PRO")
 _SG_SLOT = ATOM14_NAMES["CYS"].index("SG")
 
 
-def _pairs_mean(mask, value, eps):
-    return (mask * value).sum(-1) / (mask.sum(-1) + eps)
+def _sum(x, seg=None, count=None):
+    """Sum over the last axis, per structure: ``(...)``, or ``(..., count)`` in a ragged
+    batch (``seg``: the structure of each entry, on the device)."""
+    if seg is None:
+        return x.sum(-1)
+    return x.new_zeros(*x.shape[:-1], count).index_add(-1, seg, x)
+
+
+def _pairs_mean(mask, value, eps, seg=None, count=None):
+    return _sum(mask * value, seg, count) / (_sum(mask, seg, count) + eps)
+
+
+def _consecutive(residue_index, seg, dtype):
+    """``(..., L - 1)``: residues k and k + 1 are bonded neighbours (numbers differ by
+    exactly 1, and the same structure of a ragged batch)."""
+    ri = residue_index.to(dtype)
+    ok = (ri[..., 1:] - ri[..., :-1]) == 1.0
+    if seg is not None:
+        ok = ok & (seg[1:] == seg[:-1])
+    return ok
 
 
 def _pad_both(x: torch.Tensor, reduce):
@@ -82,8 +101,9 @@ def _pad_both(x: torch.Tensor, reduce):
 
 
 def between_residue_bond_loss(
-    pos, mask, residue_index, aatype, tolerance_factor_soft=12.0, tolerance_factor_hard=12.0
-):
+    pos, mask, residue_index, aatype, tolerance_factor_soft=12.0, tolerance_factor_hard=12.0,
+    openfold_compatible=False, seg=None, count=None,
+):  # fmt: skip
     """Peptide-bond length and angle losses (AlphaFold's ``between_residue_bond_loss``).
 
     Args:
@@ -91,18 +111,26 @@ def between_residue_bond_loss(
         mask: ``(..., L, A)`` atom mask.
         residue_index: ``(..., L)`` residue numbers (gaps break the chain).
         aatype: ``(..., L)`` residue types (``RESTYPES`` order).
+        openfold_compatible: the CA-C-N term's tolerance is ``tolerance_factor *
+            0.014`` (the C-N bond length's std), as in OpenFold and AlphaFold <= 2.3,
+            instead of the CA-C-N cosine's own std 0.0311 (AlphaFold's fix).
+        seg, count: ragged batch (flat ``L``): ``(L,)`` structure of each residue
+            and the number of structures; the means are then per structure.
 
     Returns:
         dict: ``c_n_loss_mean``, ``ca_c_n_loss_mean``, ``c_n_ca_loss_mean``
-        ``(...)``; ``per_residue_loss_sum``, ``per_residue_violation_mask`` ``(..., L)``.
+        ``(...)`` (ragged: ``(count,)``); ``per_residue_loss_sum``,
+        ``per_residue_violation_mask`` ``(..., L)``.
     """
     eps = 1e-6
     m = mask.to(pos.dtype)
     ca, c, n_next, ca_next = pos[..., :-1, 1, :], pos[..., :-1, 2, :], pos[..., 1:, 0, :], pos[..., 1:, 1, :]
     m_ca, m_c, m_n, m_ca_next = m[..., :-1, 1], m[..., :-1, 2], m[..., 1:, 0], m[..., 1:, 1]
-    ri = torch.as_tensor(residue_index, device=pos.device).to(pos.dtype)
-    no_gap = ((ri[..., 1:] - ri[..., :-1]) == 1.0).to(pos.dtype)
+    ri = torch.as_tensor(residue_index, device=pos.device)
+    no_gap = _consecutive(ri, seg, pos.dtype).to(pos.dtype)
     pro = (torch.as_tensor(aatype, device=pos.device)[..., 1:] == _PRO).to(pos.dtype)
+    ca_c_n_std = C_N_STDDEV[0] if openfold_compatible else COS_CA_C_N[1]
+    pair_seg = None if seg is None else seg[:-1]
 
     def length(a, b):
         return torch.sqrt(eps + ((a - b) ** 2).sum(-1))
@@ -115,7 +143,7 @@ def between_residue_bond_loss(
     terms = [
         (c_n, C_N_LENGTH[0] + pro * (C_N_LENGTH[1] - C_N_LENGTH[0]),
          C_N_STDDEV[0] + pro * (C_N_STDDEV[1] - C_N_STDDEV[0]), m_c * m_n),
-        ((u_c_ca * u_c_n).sum(-1), COS_CA_C_N[0], COS_CA_C_N[1], m_ca * m_c * m_n),
+        ((u_c_ca * u_c_n).sum(-1), COS_CA_C_N[0], ca_c_n_std, m_ca * m_c * m_n),
         ((-u_c_n * u_n_ca).sum(-1), COS_C_N_CA[0], COS_C_N_CA[1], m_c * m_n * m_ca_next),
     ]  # fmt: skip
     out, per_pair, violation = {}, 0.0, torch.zeros_like(c_n)
@@ -123,23 +151,27 @@ def between_residue_bond_loss(
         pm = pm * no_gap
         err = torch.sqrt(eps + (x - mean) ** 2)
         loss = torch.relu(err - tolerance_factor_soft * std)
-        out[f"{key}_loss_mean"] = _pairs_mean(pm, loss, eps)
+        out[f"{key}_loss_mean"] = _pairs_mean(pm, loss, eps, pair_seg, count)
         per_pair = per_pair + loss
         violation = torch.maximum(violation, pm * (err > tolerance_factor_hard * std).to(pos.dtype))
+    if seg is not None:  # as each structure alone: no pair across a boundary
+        per_pair = per_pair * (seg[1:] == seg[:-1]).to(pos.dtype)
     out["per_residue_loss_sum"] = 0.5 * _pad_both(per_pair, torch.add)
     out["per_residue_violation_mask"] = _pad_both(violation, torch.maximum)
     return out
 
 
-def extreme_ca_ca_distance_violations(pos, mask, residue_index, max_angstrom_tolerance=1.5):
+def extreme_ca_ca_distance_violations(pos, mask, residue_index, max_angstrom_tolerance=1.5, eps=1e-10,
+                                      seg=None, count=None):  # fmt: skip
     """Fraction of consecutive CA pairs more than ``max_angstrom_tolerance`` beyond
-    ``CA_CA`` (AlphaFold's metric); ``(...)``."""
+    ``CA_CA`` (AlphaFold's metric; OpenFold's mean takes ``eps=1e-4``); ``(...)``."""
     ca = pos[..., 1, :]
     d = torch.sqrt(1e-6 + ((ca[..., :-1, :] - ca[..., 1:, :]) ** 2).sum(-1))
-    ri = torch.as_tensor(residue_index, device=pos.device).to(pos.dtype)
+    ri = torch.as_tensor(residue_index, device=pos.device)
     m = mask[..., 1].to(pos.dtype)
-    pm = m[..., :-1] * m[..., 1:] * ((ri[..., 1:] - ri[..., :-1]) == 1.0).to(pos.dtype)
-    return _pairs_mean(pm, (d - CA_CA > max_angstrom_tolerance).to(pos.dtype), 1e-10)
+    pm = m[..., :-1] * m[..., 1:] * _consecutive(ri, seg, pos.dtype).to(pos.dtype)
+    bad = (d - CA_CA > max_angstrom_tolerance).to(pos.dtype)
+    return _pairs_mean(pm, bad, eps, None if seg is None else seg[:-1], count)
 
 
 # ------------------------------------------------------------ within residue
@@ -242,7 +274,19 @@ def _radii14(aatype, exists14, dtype):
     return r * exists14.to(dtype)
 
 
-def clash_pairs(pos14, exists14, aatype, residue_index, overlap_tolerance=1.5, skin=0.0):
+def _atom_segments(seg, L: int):
+    """Atom-level ``ptr``/``batch`` for ``clash_loss`` from a ragged batch's residues
+    (14 atom14 slots a residue); None for a padded batch."""
+    if seg is None:
+        return {}
+    out = {"batch": seg.index.repeat_interleave(14, output_size=14 * L)}
+    if seg.starts is not None:
+        out["ptr"] = 14 * torch.cat([seg.starts, seg.starts.new_full((1,), L)])
+    return out
+
+
+def clash_pairs(pos14, exists14, aatype, residue_index, overlap_tolerance=1.5, skin=0.0, memory_budget=None,
+                ptr=None, batch=None):  # fmt: skip
     """Candidate pairs of AlphaFold's between-residue clash, for ``pairs=``.
 
     ``zmat.clash.candidate_pairs`` (cell list) on the flattened atom14 atoms,
@@ -250,7 +294,9 @@ def clash_pairs(pos14, exists14, aatype, residue_index, overlap_tolerance=1.5, s
     bond C(i)-N(i+1) and (as AlphaFold) slot-5/slot-5 pairs. With ``skin > 0``
     the list stays valid while atoms move less than ``skin / 2``, so one
     search serves many steps. Synchronises with the device (a data-dependent
-    number of pairs).
+    number of pairs). ``memory_budget``: as ``candidate_pairs`` (the list, 16
+    bytes a pair, may not exceed it). ``ptr``/``batch``: a ragged batch of
+    residues, as :func:`structural_violations`.
 
     Returns:
         ``(P, 2)`` int64 indices into ``pos14.reshape(-1, 3)``.
@@ -258,9 +304,15 @@ def clash_pairs(pos14, exists14, aatype, residue_index, overlap_tolerance=1.5, s
     L = pos14.shape[-3]
     x = pos14.detach().flatten(-3, -2)
     radii = _radii14(torch.as_tensor(aatype, device=pos14.device), exists14, pos14.dtype).flatten(-2)
-    pairs = candidate_pairs(
-        x, radii, mask=exists14.bool().flatten(-2), tolerance=overlap_tolerance, skin=skin
+    seg = (
+        None
+        if ptr is None and batch is None
+        else segments(ptr, batch, L, pos14.device, "clash_pairs", "pos14")
     )
+    pairs = candidate_pairs(
+        x, radii, mask=exists14.bool().flatten(-2), tolerance=overlap_tolerance, skin=skin,
+        memory_budget=memory_budget, **_atom_segments(seg, L),
+    )  # fmt: skip
     n = 14 * L
     ri = torch.as_tensor(residue_index, device=pos14.device).expand(pos14.shape[:-2]).reshape(-1, L)
     b, a = pairs // n, pairs % n
@@ -274,41 +326,47 @@ def clash_pairs(pos14, exists14, aatype, residue_index, overlap_tolerance=1.5, s
     return pairs[keep]  # boolean indexing: syncs, as the search itself
 
 
-def _n_between_pairs(exists14, residue_index):
+def _n_between_pairs(exists14, residue_index, seg=None, count=None):
     """Number of pairs in AlphaFold's clash mask (no pair list needed): pairs of
     existing atoms of different residues, minus peptide bonds and slot-5 pairs."""
     e = exists14.to(torch.float64)
     per_res = e.sum(-1)
-    n = per_res.sum(-1)
+    n = _sum(per_res, seg, count)
     ri = torch.as_tensor(residue_index, device=e.device)
-    consecutive = (ri[..., 1:] - ri[..., :-1]) == 1
-    bonds = (e[..., :-1, 2] * e[..., 1:, 0] * consecutive).sum(-1)
-    sg = e[..., _SG_SLOT].sum(-1)
-    return 0.5 * (n * n - (per_res * per_res).sum(-1)) - bonds - 0.5 * sg * (sg - 1)
+    consecutive = _consecutive(ri, seg, e.dtype)
+    bonds = _sum(e[..., :-1, 2] * e[..., 1:, 0] * consecutive, None if seg is None else seg[:-1], count)
+    sg = _sum(e[..., _SG_SLOT], seg, count)
+    return 0.5 * (n * n - _sum(per_res * per_res, seg, count)) - bonds - 0.5 * sg * (sg - 1)
 
 
 def between_residue_clash_loss(pos14, exists14, aatype, residue_index, overlap_tolerance_soft=1.5,
-                               overlap_tolerance_hard=1.5, pairs=None):  # fmt: skip
+                               overlap_tolerance_hard=1.5, pairs=None, seg=None):  # fmt: skip
     """Between-residue clashes (AlphaFold's ``between_residue_clash_loss``) on ``zmat.clash_loss``.
 
     Args:
         pos14: ``(..., L, 14, 3)``; exists14 ``(..., L, 14)``; aatype, residue_index ``(..., L)``.
         pairs: optional list from :func:`clash_pairs` (default: searched now,
             with ``overlap_tolerance = min(soft, hard)``).
+        seg: ragged batch (flat ``L``): the ``Segments`` of the residues.
 
     Returns:
-        dict: ``mean_loss`` ``(...)`` (differentiable, through ``clash_loss``),
-        ``per_atom_loss_sum`` and ``per_atom_clash_mask`` ``(..., L, 14)``
-        (per-atom diagnostics, same values as AlphaFold's; not differentiated).
+        dict: ``mean_loss`` ``(...)`` (differentiable, through ``clash_loss``;
+        ragged: one per structure), ``per_atom_loss_sum`` and
+        ``per_atom_clash_mask`` ``(..., L, 14)`` (per-atom diagnostics, same
+        values as AlphaFold's; not differentiated). The mean is per structure;
+        OpenFold's pools it over a batch (sum over the batch / pairs of the batch).
     """
     aatype = torch.as_tensor(aatype, device=pos14.device)
+    L = pos14.shape[-3]
+    ragged = _atom_segments(seg, L)
     if pairs is None:
         tol = min(overlap_tolerance_soft, overlap_tolerance_hard)
-        pairs = clash_pairs(pos14, exists14, aatype, residue_index, overlap_tolerance=tol)
+        pairs = clash_pairs(pos14, exists14, aatype, residue_index, overlap_tolerance=tol,
+                            **({} if seg is None else {"batch": seg.index}))  # fmt: skip
     x = pos14.flatten(-3, -2)
     radii = _radii14(aatype, exists14, pos14.dtype).expand(exists14.shape).flatten(-2)
     total = clash_loss(
-        x, radii, pairs=pairs, tolerance=overlap_tolerance_soft, mask=exists14.bool().flatten(-2)
+        x, radii, pairs=pairs, tolerance=overlap_tolerance_soft, mask=exists14.bool().flatten(-2), **ragged
     )
     with torch.no_grad():
         xf, rf = x.detach().reshape(-1, 3), radii.reshape(-1)
@@ -318,9 +376,10 @@ def between_residue_clash_loss(pos14, exists14, aatype, residue_index, overlap_t
         hit = (d < rf[i] + rf[j] - overlap_tolerance_hard).to(xf.dtype)
         per_atom = torch.zeros_like(rf).index_add(0, i, pen).index_add(0, j, pen)
         mask = torch.zeros_like(rf).scatter_reduce(0, torch.cat([i, j]), torch.cat([hit, hit]), "amax")
-    n_pairs = _n_between_pairs(exists14, residue_index).to(total.dtype)
+    count = None if seg is None else seg.count
+    n_pairs = _n_between_pairs(exists14, residue_index, None if seg is None else seg.index, count)
     return {
-        "mean_loss": total / (1e-6 + n_pairs),
+        "mean_loss": total / (1e-6 + n_pairs.to(total.dtype)),
         "total": total,
         "per_atom_loss_sum": per_atom.reshape(exists14.shape),
         "per_atom_clash_mask": mask.reshape(exists14.shape),
@@ -328,8 +387,59 @@ def between_residue_clash_loss(pos14, exists14, aatype, residue_index, overlap_t
 
 
 # ------------------------------------------------------------------ together
+def _inputs(atom37, aatype, mask, residue_index, ragged: bool):
+    """Checked, broadcast inputs of :func:`structural_violations` (errors name the argument)."""
+    name = "structural_violations"
+    if not isinstance(atom37, torch.Tensor) or atom37.ndim < 3 or atom37.shape[-2:] != (37, 3):
+        raise ValueError(
+            f"{name}: atom37 must have shape (..., L, 37, 3), got {tuple(getattr(atom37, 'shape', ()))}"
+        )
+    shape, dev = atom37.shape[:-2], atom37.device
+    if shape[-1] == 0:
+        raise ValueError(f"{name}: atom37 has no residues (shape {tuple(atom37.shape)}, L = 0)")
+    if ragged and atom37.ndim != 3:
+        raise ValueError(f"{name}: with ptr/batch, atom37 must be flat (L, 37, 3), got {tuple(atom37.shape)}")
+    if residue_index is None:
+        residue_index = torch.arange(shape[-1], device=dev)
+    out = []
+    for arg, value, want in (("aatype", aatype, shape), ("mask", mask, atom37.shape[:-1]),
+                             ("residue_index", residue_index, shape)):  # fmt: skip
+        t = value if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value))
+        if not _broadcasts(t.shape, want):
+            tail = "(..., L, 37)" if arg == "mask" else "(L,) or (..., L)"
+            raise ValueError(
+                f"{name}: {arg} of shape {tuple(t.shape)} does not match atom37 of shape "
+                f"{tuple(atom37.shape)}; expected {tail} with L = {shape[-1]}"
+            )
+        out.append(t.to(dev).expand(want))
+    aatype, mask, residue_index = out
+    if aatype.dtype.is_floating_point or aatype.dtype == torch.bool:
+        raise TypeError(f"{name}: aatype must hold integers, got {aatype.dtype}")
+    aatype = aatype.long()
+    if on_host(aatype) and aatype.numel():  # host memory: checking it involves no device
+        host = aatype.reshape(-1, shape[-1]).numpy()
+        bad = ((host < 0) | (host > 20)).any(0)
+        if bad.any():
+            k = int(np.argmax(bad))
+            raise ValueError(
+                f"{name}: aatype must lie in [0, 20] (AlphaFold's order, 20 = unknown); residue {k} "
+                f"has {sorted(set(host[:, k].tolist()))}"
+            )
+    else:  # on a device (no sync to check): out-of-range types are unknown (20) in every term
+        aatype = torch.where((aatype < 0) | (aatype > 20), 20, aatype)
+    return aatype, mask.bool(), residue_index
+
+
+def _broadcasts(a, b) -> bool:
+    """Whether shape ``a`` (at least the trailing dims of ``b``) expands to ``b``."""
+    if len(a) < (2 if len(b) > 1 and b[-1] == 37 else 1) or len(a) > len(b):
+        return False
+    return all(x == y or x == 1 for x, y in zip(a[::-1], b[::-1], strict=False)) and a[-1] == b[-1]
+
+
 def structural_violations(atom37, aatype, mask, residue_index=None, tolerance_factor=12.0,
-                          clash_overlap_tolerance=1.5, pairs=None) -> dict[str, torch.Tensor]:  # fmt: skip
+                          clash_overlap_tolerance=1.5, pairs=None, openfold_compatible=False,
+                          ptr=None, batch=None) -> dict[str, torch.Tensor]:  # fmt: skip
     """All of AlphaFold's structural violations, metrics and loss, batched.
 
     ``find_structural_violations`` + ``compute_violation_metrics`` +
@@ -338,17 +448,37 @@ def structural_violations(atom37, aatype, mask, residue_index=None, tolerance_fa
     which is the same for a full-atom prediction); the residue mask of the
     metrics is "has any atom", so padded residues of a ragged batch are left out.
 
+    Two published versions: by default the CA-C-N angle term's tolerance is
+    ``tolerance_factor`` times that cosine's own std (0.0311), as AlphaFold since
+    its 2025 fix (commit 06a8da6). ``openfold_compatible=True`` reproduces
+    OpenFold and AlphaFold <= 2.3, which take the C-N bond length's std (0.014)
+    there (a tighter tolerance: ``ca_c_n_loss_mean`` is larger), and OpenFold's
+    ``masked_mean`` (``eps = 1e-4``) in the metrics. Either way, the values here
+    are per structure, where OpenFold pools over a batch: its
+    ``clashes_mean_loss`` is the batch's clash sum over the batch's pairs, and
+    its loss's clash part the batch's per-atom sums over the batch's atoms.
+    For one structure the values agree.
+
     Args:
-        atom37: ``(..., L, 37, 3)`` positions.
-        aatype: ``(L,)`` or ``(..., L)`` residue types (AlphaFold order).
+        atom37: ``(..., L, 37, 3)`` positions; with ``ptr``/``batch``, ``(L, 37, 3)``:
+            the residues of B structures back to back.
+        aatype: ``(L,)`` or ``(..., L)`` residue types (AlphaFold order, in
+            ``[0, 20]``; out of range raises on the CPU, and counts as unknown (20)
+            on other devices, where checking would sync).
         mask: ``(L, 37)`` or ``(..., L, 37)`` atom mask.
         residue_index: ``(..., L)`` residue numbers; default ``0..L-1``.
         tolerance_factor: AlphaFold's ``violation_tolerance_factor`` (12).
         clash_overlap_tolerance: AlphaFold's ``clash_overlap_tolerance`` (1.5 A).
         pairs: optional clash pair list from :func:`clash_pairs` (then no host sync).
+        openfold_compatible: OpenFold's (and AlphaFold <= 2.3's) values, above.
+        ptr, batch: a ragged batch of residues, PyTorch Geometric's way: ``ptr``
+            ``(B + 1,)`` offsets, or ``batch`` ``(L,)`` the structure of each residue
+            (as ``zmat.clash_loss``). No pair across two structures counts, and
+            the per-structure values are ``(B,)``: the same as B calls.
 
     Returns:
-        dict of tensors (``...`` the batch shape): ``c_n_loss_mean``,
+        dict of tensors (``...`` the batch shape, or ``(B,)`` for a ragged
+        batch): ``c_n_loss_mean``,
         ``ca_c_n_loss_mean``, ``c_n_ca_loss_mean``, ``clashes_mean_loss``,
         ``loss`` (AlphaFold's violation loss, differentiable) ``(...)``;
         ``connections_per_residue_loss_sum``,
@@ -361,29 +491,36 @@ def structural_violations(atom37, aatype, mask, residue_index=None, tolerance_fa
         ``violations_between_residue_clash``, ``violations_within_residue``,
         ``violations_per_residue`` (fraction of residues violating).
 
+    Raises:
+        ValueError: for an atom37 without residues, shapes of ``aatype``,
+            ``mask``, ``residue_index``, ``ptr`` or ``batch`` that do not match
+            atom37, or (CPU) an ``aatype`` out of range.
+
     Example:
         >>> p = zmat.protein.from_pdb("tests/data/1ubi.pdb")
         >>> pos, mask = p.to_atom37()
         >>> v = structural_violations(pos, p.aatype, mask)
         >>> rate = float(v["violations_per_residue"])  # fraction of residues violating
     """
-    if not isinstance(atom37, torch.Tensor) or atom37.ndim < 3 or atom37.shape[-2:] != (37, 3):
-        raise ValueError(
-            f"structural_violations: atom37 must have shape (..., L, 37, 3), got "
-            f"{tuple(getattr(atom37, 'shape', ()))}"
-        )
-    shape, dev = atom37.shape[:-2], atom37.device
-    aatype = torch.as_tensor(aatype, device=dev).long().expand(shape)
-    mask = torch.as_tensor(mask, device=dev).bool().expand(atom37.shape[:-1])
-    if residue_index is None:
-        residue_index = torch.arange(shape[-1], device=dev)
-    residue_index = torch.as_tensor(residue_index, device=dev).expand(shape)
+    ragged = ptr is not None or batch is not None
+    aatype, mask, residue_index = _inputs(atom37, aatype, mask, residue_index, ragged)
+    dev, L = atom37.device, atom37.shape[-3]
+    seg = segments(ptr, batch, L, dev, "structural_violations", "atom37") if ragged else None
+    res, count = (None, None) if seg is None else (seg.index, seg.count)
     pos14, exists14 = atom37_to_atom14(atom37, aatype, mask)
     bonds = between_residue_bond_loss(
-        pos14, exists14, residue_index, aatype, tolerance_factor, tolerance_factor
+        pos14,
+        exists14,
+        residue_index,
+        aatype,
+        tolerance_factor,
+        tolerance_factor,
+        openfold_compatible,
+        res,
+        count,
     )
     clashes = between_residue_clash_loss(
-        pos14, exists14, aatype, residue_index, clash_overlap_tolerance, clash_overlap_tolerance, pairs=pairs
+        pos14, exists14, aatype, residue_index, clash_overlap_tolerance, clash_overlap_tolerance, pairs, seg
     )
     lower, upper = (
         b[aatype] for b in _pair_bounds(clash_overlap_tolerance, tolerance_factor, atom37.dtype, dev)
@@ -392,15 +529,16 @@ def structural_violations(atom37, aatype, mask, residue_index=None, tolerance_fa
     clash_res = clashes["per_atom_clash_mask"].amax(-1)
     within_res = within["per_atom_violations"].amax(-1)
     per_residue = torch.maximum(torch.maximum(bonds["per_residue_violation_mask"], clash_res), within_res)
-    n_atoms = exists14.to(atom37.dtype).sum((-1, -2))
+    n_atoms = _sum(exists14.to(atom37.dtype).sum(-1), res, count)
     loss = (
         bonds["c_n_loss_mean"]
         + bonds["ca_c_n_loss_mean"]
         + bonds["c_n_ca_loss_mean"]
-        + (2 * clashes["total"] + within["per_atom_loss_sum"].sum((-1, -2))) / (1e-6 + n_atoms)
+        + (2 * clashes["total"] + _sum(within["per_atom_loss_sum"].sum(-1), res, count)) / (1e-6 + n_atoms)
     )  # sum of the per-atom clash sums = twice the pair sum; the gradient flows through clash_loss
     seq = exists14.any(-1).to(atom37.dtype)
-    metric = lambda v: _pairs_mean(seq, v, 1e-10)  # noqa: E731
+    eps = 1e-4 if openfold_compatible else 1e-10  # OpenFold's masked_mean, AlphaFold's mask_mean
+    metric = lambda v: _pairs_mean(seq, v, eps, res, count)  # noqa: E731
     return {
         "c_n_loss_mean": bonds["c_n_loss_mean"],
         "ca_c_n_loss_mean": bonds["ca_c_n_loss_mean"],
@@ -414,7 +552,7 @@ def structural_violations(atom37, aatype, mask, residue_index=None, tolerance_fa
         "per_atom_violations": within["per_atom_violations"],
         "per_residue_violation_mask": per_residue,
         "violations_extreme_ca_ca_distance": extreme_ca_ca_distance_violations(
-            pos14, exists14, residue_index
+            pos14, exists14, residue_index, eps=eps, seg=res, count=count
         ),
         "violations_between_residue_bond": metric(bonds["per_residue_violation_mask"]),
         "violations_between_residue_clash": metric(clash_res),

@@ -1,0 +1,1 @@
+"""Shared references for the tests: independent implementations the tests compare zmat against."""

@@ -1,0 +1,294 @@
+"""zmat.flows: the bijection q <-> xyz and its log-determinant, against autograd's full Jacobian."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from strategies import internal_coordinates, tables
+from torch.distributions import Independent, Normal, TransformedDistribution
+
+import zmat
+from zmat.flows import InternalCoordinateTransform
+from zmat.testing import DispatchAudit
+
+DATA = __import__("pathlib").Path(__file__).parent / "data"
+
+
+def _rotation(gen, dtype=torch.float64):
+    q, r = torch.linalg.qr(torch.randn(3, 3, generator=gen, dtype=torch.float64))
+    q = q * torch.sign(torch.diagonal(r))
+    return (q * torch.linalg.det(q)).to(dtype)  # proper
+
+
+def _structure(table, C, seed=0):
+    """Positions of ``C`` placed by to_xyz, each tree moved by its own random rigid motion."""
+    xyz = zmat.to_xyz(C, table)
+    gen = torch.Generator().manual_seed(seed)
+    tree = _tree_of(np.asarray(table))
+    out = torch.empty_like(xyz)
+    for t in np.unique(tree).tolist():
+        sel = torch.as_tensor(tree == t)
+        R = _rotation(gen)
+        out[..., sel, :] = xyz[..., sel, :] @ R.T + 3 * torch.randn(3, generator=gen, dtype=torch.float64)
+    return out
+
+
+def _tree_of(refs):
+    """Root of every atom (following bond references)."""
+    root = np.arange(len(refs))
+    for _ in range(len(refs)):
+        b = refs[root, 0]
+        root = np.where(b >= 0, b, root)
+    return root
+
+
+def _anchored_fixed(refs, draw_bools):
+    """Fixed atoms for a forest: the first three atoms of some trees, and some later atoms of those."""
+    refs = np.asarray(refs)
+    tree = _tree_of(refs)
+    nref = (refs >= 0).sum(1)
+    fixed = []
+    for t, anchor in zip(np.unique(tree).tolist(), draw_bools, strict=False):
+        members = np.nonzero(tree == t)[0]
+        if anchor and len(members) >= 4:
+            first = members[nref[members] < 3]
+            rest = members[nref[members] == 3]
+            fixed += first.tolist() + rest[: len(rest) // 3].tolist()
+    return np.array(sorted(fixed), np.int64)
+
+
+def _jacobian_logdet(T, q):
+    J = torch.autograd.functional.jacobian(lambda v: T(v).reshape(-1), q)
+    sign, logabs = torch.linalg.slogdet(J)
+    return logabs
+
+
+# ---------------------------------------------------------------- log-determinant
+@settings(max_examples=30, deadline=None)
+@given(data=st.data(), normalize=st.booleans(), with_fixed=st.booleans())
+def test_log_det_matches_slogdet_of_the_full_jacobian(data, normalize, with_fixed):
+    refs = data.draw(tables(min_atoms=1, max_atoms=9))
+    n = len(refs)
+    C = data.draw(internal_coordinates(n))
+    fixed = (
+        _anchored_fixed(refs, data.draw(st.lists(st.booleans(), min_size=n, max_size=n)))
+        if with_fixed
+        else None
+    )
+    T = InternalCoordinateTransform(refs, fixed_atoms=fixed, normalize_angles=normalize)
+    xyz = _structure(refs, C, seed=data.draw(st.integers(0, 100)))
+    q = T.inv(xyz)
+    assert q.shape == (3 * n,)
+    torch.testing.assert_close(T(q), xyz, atol=1e-11, rtol=0)
+    ladj = T.log_abs_det_jacobian(q, xyz)
+    torch.testing.assert_close(ladj, _jacobian_logdet(T, q), atol=1e-8, rtol=1e-10)
+    torch.testing.assert_close(T.inv.log_abs_det_jacobian(xyz, q), -ladj)
+    if not normalize and fixed is None:  # the contract's identity
+        torch.testing.assert_close(ladj, zmat.log_det_jacobian(zmat.to_internal(xyz, refs), refs))
+
+
+def test_log_det_jacobian_closed_form_and_clamp():
+    table = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0]]
+    C = torch.tensor([[5.0, 5, 5], [1.5, 9, 9], [1.2, 2.0, 9], [1.1, 1.9, 0.3]], dtype=torch.float64)
+    want = 2 * math.log(1.5) + 2 * math.log(1.2) + math.log(math.sin(2.0)) + 2 * math.log(1.1)
+    want += math.log(math.sin(1.9))
+    assert abs(zmat.log_det_jacobian(C, table).item() - want) < 1e-14
+    # batched, and the clamp: zero bond, straight and zero angles give finite values, zero gradients
+    Cb = C.expand(2, 3, 4, 3).clone()
+    Cb[0, 0, 3] = torch.tensor([0.0, math.pi, 0.0], dtype=torch.float64)
+    Cb[1, 2, 2, 1] = 0.0
+    Cb.requires_grad_(True)
+    ld = zmat.log_det_jacobian(Cb, table)
+    assert ld.shape == (2, 3) and torch.isfinite(ld).all()
+    assert (
+        abs(ld[0, 0].item() - (want - 2 * math.log(1.1) - math.log(math.sin(1.9)) + 3 * math.log(1e-12)))
+        < 1e-9
+    )
+    (g,) = torch.autograd.grad(ld.sum(), Cb)
+    assert torch.isfinite(g).all() and (g[0, 0, 3] == 0).all()
+    with pytest.raises(ValueError, match=r"\(\.\.\., 4, 3\)"):
+        zmat.log_det_jacobian(C[:3], table)
+
+
+# ---------------------------------------------------------------- the Transform
+def test_transformed_distribution_log_prob_is_base_minus_ladj():
+    table = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0], [2, 1, 3], [-1, -1, -1], [5, -1, -1]]
+    T = InternalCoordinateTransform(table, normalize_angles=True)
+    assert isinstance(T, torch.distributions.Transform) and T.bijective
+    assert T.domain.event_dim == 1 and T.codomain.event_dim == 2
+    base = Independent(Normal(torch.full((21,), 0.5, dtype=torch.float64), 0.2), 1)
+    flow = TransformedDistribution(base, [T])
+    assert (
+        flow.event_shape == (7, 3)
+        and T.forward_shape((4, 21)) == (4, 7, 3)
+        and T.inverse_shape((4, 7, 3)) == (4, 21)
+    )
+    xyz = flow.sample((2, 3))
+    assert xyz.shape == (2, 3, 7, 3)
+    q = T.inv(xyz)
+    torch.testing.assert_close(flow.log_prob(xyz), base.log_prob(q) - T.log_abs_det_jacobian(q, xyz))
+    xyz2, ladj = T.call_and_ladj(q)
+    torch.testing.assert_close(xyz2, xyz, atol=1e-12, rtol=0)
+    torch.testing.assert_close(ladj, T.log_abs_det_jacobian(q, xyz))
+    # metadata: every periodic entry in [0, 1], bounds of the rest
+    kinds = T.kind.reshape(7, 3)
+    assert T.circular.shape == (21,) and T.circular.reshape(7, 3)[:, 2].tolist() == [0, 1, 1, 1, 1, 0, 1]
+    assert (kinds[1] == torch.tensor([zmat.flows.BOND, zmat.flows.COS_BETA, zmat.flows.PERIODIC])).all()
+    inside = (q >= T.lower) & (q <= T.upper)
+    assert inside.all()
+    assert T.upper[T.circular].eq(1).all() and T.lower[3 + 1] == -1 and T.upper[2 * 3 + 1] == 1
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+@pytest.mark.parametrize("fixed", [None, [0, 1, 2, 5]])
+def test_gradcheck_call_and_ladj(normalize, fixed):
+    table = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0], [3, 2, 1], [2, 1, 3], [5, 2, 1], [6, 5, 2]]
+    T = InternalCoordinateTransform(table, fixed_atoms=fixed, normalize_angles=normalize)
+    gen = torch.Generator().manual_seed(1)
+    xyz = _structure(
+        table, zmat.to_internal(torch.randn(8, 3, generator=gen, dtype=torch.float64) * 1.5, table)
+    )
+    q = T.inv(xyz).detach().requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda v: T.call_and_ladj(v), (q,))
+    assert torch.autograd.gradgradcheck(lambda v: T.call_and_ladj(v), (q,))
+    x = xyz.clone().requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda v: T.inv(v), (x,))
+
+
+def test_batch_dims_dtypes_and_no_host_sync():
+    table = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0], [-1, -1, -1]]
+    T = InternalCoordinateTransform(table)
+    xyz = torch.randn(2, 3, 5, 3, dtype=torch.float64)
+    q = T.inv(xyz)
+    assert q.shape == (2, 3, 15) and T.log_abs_det_jacobian(q, xyz).shape == (2, 3)
+    torch.testing.assert_close(T(q), xyz, atol=1e-12, rtol=0)
+    q32 = T.inv(xyz.float())
+    assert q32.dtype == torch.float32 and T(q32).dtype == torch.float32
+    torch.testing.assert_close(T(q32), xyz.float(), atol=1e-5, rtol=0)
+    qg = q.clone().requires_grad_(True)
+    with DispatchAudit() as audit:
+        x, ladj = T.call_and_ladj(qg)
+        (x.sum() + ladj.sum()).backward()
+        T.inv(x.detach())
+    assert audit.syncs == []
+
+
+# ---------------------------------------------------------------- degenerate input
+def test_degenerate_input_gives_finite_values_and_gradients():
+    table = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0], [3, 2, 1]]
+    T = InternalCoordinateTransform(table)
+    q = T.inv(torch.randn(5, 3, dtype=torch.float64)).expand(4, 15).clone()
+    q[0, 4] = 1.0  # cos beta = +1
+    q[1, 4] = -1.0  # cos beta = -1
+    q[2, 7] = math.pi  # straight third atom: collinear first atoms
+    q[2, 10] = 0.0  # and a zero angle
+    q[3, 3] = 0.0  # zero bond
+    q[3, 12] = 0.0
+    q.requires_grad_(True)
+    x, ladj = T.call_and_ladj(q)
+    (g,) = torch.autograd.grad(x.square().sum() + ladj.sum(), q)
+    assert torch.isfinite(x).all() and torch.isfinite(ladj).all() and torch.isfinite(g).all()
+    # inverse of collinear, coincident and z-aligned first atoms
+    xyz = torch.randn(4, 5, 3, dtype=torch.float64)
+    xyz[0, 2] = 2 * xyz[0, 1] - xyz[0, 0]  # collinear
+    xyz[1, 1] = xyz[1, 0]  # coincident
+    xyz[2, :3] = torch.tensor([[0.0, 0, 0], [0, 0, 1.5], [1, 0, 2]])  # first bond along +z: beta = 0
+    xyz[3, :3] = torch.tensor([[0.0, 0, 0], [0, 0, -1.5], [1, 1, -2]])  # beta = pi
+    xyz.requires_grad_(True)
+    q = T.inv(xyz)
+    (g,) = torch.autograd.grad(q.sum() + T.log_abs_det_jacobian(q).sum(), xyz)
+    assert torch.isfinite(q).all() and torch.isfinite(g).all()
+    # cos beta = +-1 exactly is a chart singularity of the angles, not of the positions
+    torch.testing.assert_close(T(q[2:]), xyz[2:].detach(), atol=1e-13, rtol=0)
+
+
+def test_first_bond_along_z_round_trips_exactly():
+    """The chart's poles: molecules in a standard orientation (diatomics along z) round trip to
+    rounding, because cos beta is +-1 exactly there (a rounded unit vector would lose sin beta
+    to sqrt(2 eps), ~1e-8 A)."""
+    T = InternalCoordinateTransform([[-1, -1, -1], [0, -1, -1], [1, 0, -1]])
+    L = torch.linspace(0.5, 3.0, 200, dtype=torch.float64)
+    sign = torch.where(torch.arange(200) % 2 == 0, 1.0, -1.0).double()
+    xyz = torch.zeros(200, 3, 3, dtype=torch.float64)
+    xyz[:, 1, 2] = sign * L
+    xyz[:, 2] = torch.tensor([0.7, -0.4, 0.3], dtype=torch.float64)
+    q = T.inv(xyz)
+    assert q[:, 4].abs().eq(1).all()
+    assert (T(q) - xyz).abs().max() < 1e-14
+
+
+# ---------------------------------------------------------------- bad input
+@pytest.mark.parametrize(
+    "table,fixed,match",
+    [
+        ([[-1, -1, -1], [0, -1, -1], [1, -1, -1]], None, "atom 2: row \\(1, -1, -1\\)"),
+        ([[-1, -1, -1], [0, -1, -1], [0, -1, -1]], None, "atom 2: a second row"),
+        ([[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, -1]], None, "atom 3: row \\(2, 1, -1\\)"),
+        ([[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0]], [0], "atom 1: row \\(0, -1, -1\\)"),
+        ([[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0], [3, 2, 1]], [3], "atom 4 refers to fixed atom 3"),
+        ([[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0]], [7], "atom 7 is out of range"),
+        ([[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0]], [1, 1], "atom 1 is listed more than once"),
+        ([[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0]], [[0, 1]], "1-D array"),
+        ([[-1, -1, -1], [0, -1, -1], [1, 0, -1], [-1, -1, -1], [3, -1, -1], [4, 3, -1], [2, 1, 5]], None,
+         "atoms 0 and 3 are roots of one connected group"),
+    ],
+)  # fmt: skip
+def test_bad_input_names_the_atom(table, fixed, match):
+    with pytest.raises(ValueError, match=match):
+        InternalCoordinateTransform(table, fixed_atoms=fixed)
+
+
+def test_bad_shapes():
+    T = InternalCoordinateTransform([[-1, -1, -1], [0, -1, -1]])
+    with pytest.raises(ValueError, match=r"\(\.\.\., 6\)"):
+        T(torch.zeros(5))
+    with pytest.raises(ValueError, match=r"\(\.\.\., 2, 3\)"):
+        T.inv(torch.zeros(3, 3))
+    with pytest.raises(TypeError, match="floating"):
+        T(torch.zeros(6, dtype=torch.long))
+
+
+# ---------------------------------------------------------------- real molecules
+def _protein(name):
+    p = zmat.protein.from_pdb(DATA / name)
+    return p.table, torch.as_tensor(p.xyz, dtype=torch.float64), np.asarray(p.atom_names)
+
+
+@pytest.mark.parametrize("name", ["1l2y.pdb", "1ubi.pdb"])
+@pytest.mark.parametrize("backbone_fixed", [False, True])
+def test_round_trip_on_proteins(name, backbone_fixed):
+    table, xyz, names = _protein(name)
+    fixed = np.nonzero(np.isin(names, ["N", "CA", "C"]))[0] if backbone_fixed else None
+    T = InternalCoordinateTransform(table, fixed_atoms=fixed, normalize_angles=True)
+    q = T.inv(xyz)
+    assert (T(q) - xyz).abs().max() <= 1e-11
+    x32 = T(T.inv(xyz.float()))
+    assert (x32.double() - xyz).abs().max() <= 5e-4
+    if backbone_fixed:  # Cartesian entries are the backbone's positions themselves
+        assert torch.equal(q.reshape(-1, 3)[fixed], xyz[fixed])
+
+
+def test_round_trip_on_ase_g2_molecules():
+    """In their standard orientation (many along +-z: the chart's poles) and rotated at random."""
+    from ase.collections import g2
+
+    worst, degenerate, tested = 0.0, [], 0
+    gen = torch.Generator().manual_seed(0)
+    for atoms in g2:
+        table = zmat.ZMatrix.from_atoms(atoms).table
+        T = InternalCoordinateTransform(table)
+        xyz = torch.as_tensor(atoms.positions, dtype=torch.float64)
+        for x in (xyz, xyz @ _rotation(gen).T + torch.randn(3, generator=gen, dtype=torch.float64)):
+            third = (table.refs >= 0).sum(1) == 2
+            if (torch.sin(zmat.to_internal(x, table)[third, 1]).abs() < 1e-6).any():
+                # the first three atoms collinear (linear molecules, propyne): the Jacobian is singular
+                # there (sin theta_2 = 0) and the turn about the axis is not in the first atoms
+                degenerate.append(atoms.get_chemical_formula())
+                continue
+            tested += 1
+            worst = max(worst, float((T(T.inv(x)) - x).abs().max()))
+    assert worst <= 1e-11 and len(set(degenerate)) <= 9, (worst, sorted(set(degenerate)))
+    assert tested >= 2 * (len(g2) - 9)  # 8 linear molecules and propyne left out

@@ -1,0 +1,91 @@
+"""Ragged batches given PyTorch Geometric's way (``ptr`` / ``batch``), for the losses.
+
+Private helper of :mod:`zmat.clash` and :mod:`zmat.protein.violations`: it
+turns ``ptr`` (``(B + 1,)`` offsets) and/or ``batch`` (``(n,)`` structure of
+each flat row) into one ``(n,)`` structure index on the device, without a
+host-device sync: ``B`` is read from ``ptr``'s shape, or from ``batch`` only
+when that is host data. Values are checked where they are host data (CPU
+tensors, numpy arrays, lists, :class:`zmat.batch.Ragged`), never on a device.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+__all__ = ["Segments", "index_arg", "on_host", "segments"]
+
+
+def on_host(t: torch.Tensor) -> bool:
+    """Whether ``t``'s values can be read without a device sync (and outside a trace)."""
+    tracing = torch.compiler.is_compiling() or torch.jit.is_tracing()
+    return t.device.type == "cpu" and type(t) is torch.Tensor and not tracing
+
+
+def index_arg(x, name: str, device, who: str = "clash_loss") -> tuple[torch.Tensor, np.ndarray | None]:
+    """An integer argument as an int64 tensor on ``device``, and its host copy when
+    it is host data (readable without a device sync), else None."""
+    if isinstance(x, torch.Tensor):
+        if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
+            raise TypeError(f"{who}: {name} must hold integers, got {x.dtype}")
+        host = x.numpy() if on_host(x) else None
+        return x.to(device=device, dtype=torch.long), host
+    try:
+        host = np.asarray(x)
+    except (ValueError, TypeError) as e:
+        raise TypeError(f"{who}: {name} must be an integer array, got {type(x).__name__}: {e}") from None
+    if host.dtype.kind not in "iu":
+        raise TypeError(f"{who}: {name} must hold integers, got {host.dtype}")
+    return torch.as_tensor(host.astype(np.int64), device=device), host
+
+
+class Segments(NamedTuple):
+    """``B`` structures over ``n`` flat rows.
+
+    ``index``: ``(n,)`` int64 structure of each row, on the device; ``sizes``:
+    the ``B`` sizes where known on the host, else None; ``starts``: ``(B,)``
+    first row of each, on the device (None for an unsorted ``batch``).
+    """
+
+    count: int
+    index: torch.Tensor
+    sizes: np.ndarray | None
+    starts: torch.Tensor | None
+
+
+def segments(ptr, batch, n: int, device, who: str = "clash_loss", rows: str = "xyz") -> Segments:
+    """:class:`Segments` from ``ptr`` (a :class:`zmat.batch.Ragged` too) and/or ``batch``."""
+    sizes = None
+    if ptr is not None:
+        ptr, host = index_arg(getattr(ptr, "ptr", ptr), "ptr", device, who)
+        if ptr.ndim != 1 or ptr.shape[0] < 1:
+            raise ValueError(f"{who}: ptr must have shape (B + 1,), got {tuple(ptr.shape)}")
+        if host is not None:
+            sizes = np.diff(host)
+            if host[0] != 0 or host[-1] != n or (sizes < 0).any():
+                raise ValueError(
+                    f"{who}: ptr must rise from 0 to N = {n} (the flat rows of {rows}), got "
+                    f"{host[:4].tolist()}{' ...' if len(host) > 4 else ''} ending at {host[-1]}"
+                )
+        count, starts = ptr.shape[0] - 1, ptr[:-1]
+        if batch is None:
+            index = torch.arange(count, device=device).repeat_interleave(ptr[1:] - starts, output_size=n)
+            return Segments(count, index, sizes, starts)
+    batch, host = index_arg(batch, "batch", device, who)
+    if tuple(batch.shape) != (n,):
+        raise ValueError(f"{who}: batch must have shape (N,) = ({n},), got {tuple(batch.shape)}")
+    if ptr is None:
+        if host is None:
+            raise ValueError(
+                f"{who}: batch= on {batch.device} needs ptr= too (reading the number of "
+                "structures from batch would sync with the device)"
+            )
+        count = int(host.max()) + 1 if n else 0
+        sizes, starts = np.bincount(host.clip(0), minlength=count), None
+        if (np.diff(host) >= 0).all():  # sorted, as PyG's: structure b is one run of rows
+            starts = torch.as_tensor(np.cumsum(sizes) - sizes, device=device)
+    if host is not None and n and (host.min() < 0 or host.max() >= count):
+        raise ValueError(f"{who}: batch values must lie in [0, {count}), got {host.min()} to {host.max()}")
+    return Segments(count, batch, sizes, starts)

@@ -1,0 +1,607 @@
+"""Normalizing flows: a bijection between Cartesian and internal coordinates, and its log-determinant.
+
+:func:`log_det_jacobian` is the closed-form ``log|det d xyz / d C|`` of the
+placement (:func:`zmat.to_xyz`). :class:`InternalCoordinateTransform` is the
+bijection a flow is built on: a :class:`torch.distributions.Transform` from a
+flat vector ``q`` of ``3 N`` numbers per structure to ``(N, 3)`` positions,
+with the six external degrees of freedom of every free tree (the position of
+its root and its orientation) among the ``3 N`` numbers.
+
+Volume element (why the log-determinant has this closed form). An atom placed
+at distance ``r`` and angle ``theta`` from its references, with dihedral
+``phi``, sweeps ``dx = r^2 sin(theta) dr dtheta dphi``: spherical coordinates
+about its bond reference, whose polar axis (the bond ``b -> a``) does not
+depend on the atom itself. Placing atoms one after the other makes the
+Jacobian block triangular, so ``log|det| = sum_i 2 log r_i + log sin theta_i``
+over the atoms that have a bond (resp. angle) reference. A free tree's root
+position is a translation (no term); its orientation is a rotation ``R`` in
+the ZYZ Euler chart ``(alpha, cos beta, gamma)``, whose volume element
+``d alpha d(cos beta) d gamma`` is the Haar measure: it carries exactly the
+``r_1^2 d Omega`` of the second atom's direction and the azimuth of the third
+atom, so it adds nothing either (``docs/flows.md`` has the derivation).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
+from torch.distributions import Transform, constraints
+
+from ._geometry import safe_atan2, safe_norm, tiny
+from .table import ConstructionTable, as_table, index_tensor
+from .transform import to_internal, to_xyz
+
+__all__ = ["InternalCoordinateTransform", "log_det_jacobian"]
+
+# What each entry of q (viewed as (N, 3)) holds; angles and periodic entries are normalised.
+CARTESIAN, BOND, ANGLE, PERIODIC, COS_BETA = range(5)
+
+
+def _clamp(dtype: torch.dtype) -> float:
+    """The floor of ``r`` and ``sin(theta)`` in the log-determinant: ``1e-12`` in float64, ``1e-6``
+    in float32 (the square root of the squared-norm threshold of ``zmat._geometry``)."""
+    return math.sqrt(tiny(dtype))
+
+
+def _log_det(C: torch.Tensor, bond: torch.Tensor, angle: torch.Tensor) -> torch.Tensor:
+    """``sum 2 log|r| [bond] + log|sin theta| [angle]`` over the atoms, ``(...)``."""
+    eps = _clamp(C.dtype)
+    r, theta = C[..., 0], C[..., 1]
+    zero = torch.zeros((), dtype=C.dtype, device=C.device)
+    lr = torch.where(bond, 2 * torch.log(r.abs().clamp_min(eps)), zero)
+    ls = torch.where(angle, torch.log(torch.sin(theta).abs().clamp_min(eps)), zero)
+    return (lr + ls).sum(-1)
+
+
+def log_det_jacobian(C: torch.Tensor, table) -> torch.Tensor:
+    """``log|det d xyz / d C|`` of the placement :func:`zmat.to_xyz`, in closed form.
+
+    ``sum_i 2 log r_i`` over the atoms with a bond reference ``+ sum_i log sin
+    theta_i`` over those with an angle reference (the Jacobian of placing atoms
+    one after another is block triangular; each block is the ``r^2 sin(theta)``
+    of spherical coordinates about the atom's bond reference). Only the
+    columns ``to_xyz`` reads count: this is the determinant of the map from a
+    tree's internal coordinates to its positions in ``to_xyz``'s placement
+    frame (root at the origin, second atom on ``+x``, third in the
+    ``xy``-plane); :class:`InternalCoordinateTransform` adds each tree's
+    position and orientation, which contribute nothing.
+
+    Clamp: ``|r|`` and ``|sin theta|`` are floored at ``1e-12`` (float64) or
+    ``1e-6`` (float32 and narrower) before the logarithm, so zero bonds and
+    straight or zero angles give a finite value (``2 log 1e-12`` resp.
+    ``log 1e-12`` per such atom) with a zero gradient; every other value is
+    exact. A negative ``r`` counts by its absolute value.
+
+    Args:
+        C: ``(..., N, 3)`` internal coordinates ``(r, theta, phi)``, as for :func:`zmat.to_xyz`.
+        table: a :class:`zmat.ConstructionTable` or an integer array-like ``(N, 3)``.
+
+    Returns:
+        ``(...)``: one value per structure, differentiable in ``C``; no host sync.
+
+    Example:
+        >>> C = torch.tensor([[0.0, 0, 0], [1.5, 0, 0], [1.2, torch.pi / 2, 0]], dtype=torch.float64)
+        >>> float(log_det_jacobian(C, [[-1, -1, -1], [0, -1, -1], [1, 0, -1]]))  # 2 log 1.5 + 2 log 1.2
+        1.175573329804238
+    """
+    table = as_table(table)
+    if not isinstance(C, torch.Tensor) or not C.dtype.is_floating_point:
+        raise TypeError(f"C must be a float tensor, got {type(C).__name__}")
+    if C.ndim < 2 or tuple(C.shape[-2:]) != (table.n_atoms, 3):
+        raise ValueError(f"C must have shape (..., {table.n_atoms}, 3), got {tuple(C.shape)}")
+    present = table.plan(C.device).present
+    return _log_det(C, present[:, 0], present[:, 1])
+
+
+class InternalCoordinateTransform(Transform):
+    """A bijection ``q -> xyz`` between a flat vector of ``3 N`` numbers and ``(N, 3)`` positions.
+
+    The layout of ``q`` (view it as ``q.unflatten(-1, (N, 3))``: one row per
+    atom, in the table's row order):
+
+    | row of the table | ``q`` row |
+    |---|---|
+    | fixed atom (any row) | its position ``(x, y, z)`` |
+    | root ``(-1, -1, -1)`` | its position ``(x, y, z)`` (the tree's translation) |
+    | ``(b, -1, -1)``, ``b`` a root | ``(r, cos beta, alpha)`` |
+    | ``(b, a, -1)``, ``{a, b}`` = root and its bond atom | ``(r, theta, gamma)`` |
+    | ``(b, a, d)`` | ``(r, theta, phi)`` |
+
+    ``(alpha, cos beta, gamma)`` are ZYZ Euler angles of the tree's orientation
+    ``R = Rz(alpha) Ry(beta) Rz(gamma) P``, ``P`` the fixed rotation taking the
+    placement frame of :func:`zmat.to_xyz` (first bond along ``+x``, third atom
+    in the ``xy``-plane) to the Euler chart's (first bond along ``+z``): the
+    world position of atom ``i`` of a tree is ``x_root + R y_i``, ``y`` the
+    tree placed by :func:`zmat.to_xyz`. The first bond points along
+    ``(sin beta cos alpha, sin beta sin alpha, cos beta)``; ``gamma`` turns
+    the tree about it. A tree of two atoms has no ``gamma``; one of one atom
+    is just its position. In the ``cos beta`` chart the orientation's volume
+    element is the Haar measure, so it adds nothing to the log-determinant.
+
+    Fixed atoms (``fixed_atoms``) are given in Cartesian coordinates; their
+    rows of the table are ignored and other atoms may refer to them. A group
+    of atoms that refers to fixed atoms (bgflow's "relative" and "mixed"
+    transforms: e.g. side chains in internal coordinates on a Cartesian
+    backbone) is placed by :func:`zmat.to_xyz` in the frame of its first
+    atom's three fixed references, then moved rigidly onto their given
+    positions: the whole forward is one ``to_xyz`` call and one rigid motion
+    per atom, with no Python loop over atoms or levels.
+
+    A bijection needs each of the ``3 N`` numbers to move an atom in its own
+    direction, hence the rules (a ``ValueError`` naming the atom otherwise): a
+    row ``(b, -1, -1)`` only on a free root (one per tree), a row
+    ``(b, a, -1)`` only on a root and its bond atom (one per tree), one root
+    per connected set of free atoms, and no reference from a tree with a root
+    to a fixed atom (its orientation is free).
+
+    ``normalize_angles=True`` maps bond angles to ``theta / pi`` in ``[0, 1]``
+    and the periodic entries (dihedrals, ``alpha``, ``gamma``) to
+    ``(phi + pi) / (2 pi)`` in ``[0, 1]``; ``cos beta`` stays in ``[-1, 1]``.
+    The log-determinant then includes ``log pi`` per angle and ``log 2 pi`` per
+    periodic entry.
+
+    Attributes:
+        circular: ``(3 N,)`` bool, the periodic entries (dihedrals, ``alpha``, ``gamma``).
+        lower, upper: ``(3 N,)`` float64 bounds of every entry: bonds
+            ``(0, inf)``, angles ``(0, pi)`` (``(0, 1)`` normalised), ``cos beta``
+            ``[-1, 1]``, periodic entries ``[-pi, pi]`` (``[0, 1]``), positions
+            ``(-inf, inf)``.
+        kind: ``(3 N,)`` int64: what each entry is, one of ``CARTESIAN``,
+            ``BOND``, ``ANGLE``, ``PERIODIC``, ``COS_BETA`` (module constants).
+        n_atoms, table, fixed_atoms, normalize_angles: as given.
+
+    ``T(q)`` and ``T.inv(xyz)`` take any leading batch dimensions, float32 or
+    float64, on any device; ``T.log_abs_det_jacobian(q, xyz)`` is
+    ``log|det d xyz / d q|`` (computed from ``q``), ``T.inv``'s its negative.
+    Degenerate input (zero bonds, straight angles, ``cos beta = +-1``,
+    collinear first atoms) gives finite values and gradients (the log-det is
+    clamped as in :func:`log_det_jacobian`).
+
+    Example:
+        >>> table = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0]]
+        >>> T = InternalCoordinateTransform(table)
+        >>> xyz = torch.randn(5, 4, 3, dtype=torch.float64)
+        >>> q = T.inv(xyz)  # (5, 12)
+        >>> bool(torch.allclose(T(q), xyz, atol=1e-12))
+        True
+    """
+
+    bijective = True
+    domain = constraints.independent(constraints.real, 1)
+    codomain = constraints.independent(constraints.real, 2)
+
+    def __init__(self, table, fixed_atoms=None, normalize_angles: bool = False, cache_size: int = 0) -> None:
+        super().__init__(cache_size=cache_size)
+        self.table = as_table(table)
+        self.n_atoms = n = self.table.n_atoms
+        self.fixed_atoms = _check_fixed(fixed_atoms, n)
+        self.normalize_angles = bool(normalize_angles)
+        self._plan = _Plan(self.table, self.fixed_atoms)
+        kind = self._plan.kind.reshape(-1)
+        self.kind = torch.as_tensor(kind)
+        self.circular = self.kind == PERIODIC
+        lo = {CARTESIAN: -math.inf, BOND: 0.0, ANGLE: 0.0, PERIODIC: -math.pi, COS_BETA: -1.0}
+        hi = {CARTESIAN: math.inf, BOND: math.inf, ANGLE: math.pi, PERIODIC: math.pi, COS_BETA: 1.0}
+        if self.normalize_angles:
+            lo.update({ANGLE: 0.0, PERIODIC: 0.0})
+            hi.update({ANGLE: 1.0, PERIODIC: 1.0})
+        self.lower = torch.tensor([lo[k] for k in range(5)], dtype=torch.float64)[self.kind]
+        self.upper = torch.tensor([hi[k] for k in range(5)], dtype=torch.float64)[self.kind]
+        n_angle, n_periodic = int((kind == ANGLE).sum()), int((kind == PERIODIC).sum())
+        self._constant = 0.0  # d theta / d theta' = pi, d phi / d phi' = 2 pi
+        if self.normalize_angles:
+            self._constant = n_angle * math.log(math.pi) + n_periodic * math.log(2 * math.pi)
+        self._devices: dict = {}
+
+    def with_cache(self, cache_size: int = 1) -> InternalCoordinateTransform:
+        if self._cache_size == cache_size:
+            return self
+        return type(self)(self.table, self.fixed_atoms, self.normalize_angles, cache_size=cache_size)
+
+    def __repr__(self) -> str:
+        fixed = f", {len(self.fixed_atoms)} fixed" if len(self.fixed_atoms) else ""
+        return f"{type(self).__name__}({self.n_atoms} atoms{fixed}, normalize_angles={self.normalize_angles})"
+
+    # ------------------------------------------------------------------ shapes
+    def forward_shape(self, shape):
+        if len(shape) < 1 or shape[-1] != 3 * self.n_atoms:
+            raise ValueError(f"q must have shape (..., {3 * self.n_atoms}), got {tuple(shape)}")
+        return torch.Size((*shape[:-1], self.n_atoms, 3))
+
+    def inverse_shape(self, shape):
+        if len(shape) < 2 or tuple(shape[-2:]) != (self.n_atoms, 3):
+            raise ValueError(f"xyz must have shape (..., {self.n_atoms}, 3), got {tuple(shape)}")
+        return torch.Size((*shape[:-2], 3 * self.n_atoms))
+
+    # ---------------------------------------------------------------- the maps
+    def _tensors(self, device: torch.device) -> dict:
+        out = self._devices.get(device)
+        if out is None:
+            out = self._devices[device] = self._plan.tensors(device)
+        return out
+
+    def _scale(self, q3: torch.Tensor, t: dict, inverse: bool) -> torch.Tensor:
+        """Normalised entries -> radians (``inverse=True``: radians -> normalised)."""
+        if not self.normalize_angles:
+            return q3
+        scale, shift = t["scale"].to(q3.dtype), t["shift"].to(q3.dtype)
+        return (q3 - shift) / scale if inverse else q3 * scale + shift
+
+    def _call(self, q: torch.Tensor) -> torch.Tensor:
+        _check_tensor(q, "q")
+        shape = self.forward_shape(q.shape)
+        t = self._tensors(q.device)
+        c = self._scale(q.unflatten(-1, shape[-2:]), t, inverse=False)
+        p = self._plan
+        if p.n_frames == 0:  # every atom fixed
+            return c
+        C = c
+        if p.n_copies:  # the fixed atoms a group refers to, rebuilt in that group's frame
+            C = torch.cat([c, to_internal(c.index_select(-2, t["copy_src"]), p.copy_table)], -2)
+        Y = _components(to_xyz(C, p.placement)[..., : self.n_atoms, :])
+        R, origin = self._frames(c, t)
+        if p.n_frames > 1:  # one frame per atom; a single frame broadcasts
+            R, origin = R.index_select(2, t["frame_of"]), origin.index_select(1, t["frame_of"])
+        X = origin + R[:, 0] * Y[0] + R[:, 1] * Y[1] + R[:, 2] * Y[2]  # x = o + R y, per atom
+        return torch.where(t["cartesian"], c, _atoms(X, shape[:-2]))
+
+    def _frames(self, c: torch.Tensor, t: dict):
+        """Rotations ``(3, 3, F, B)`` and origins ``(3, F, B)`` of the free trees, then of the
+        groups anchored on fixed atoms (``B`` the flattened batch)."""
+        padded = torch.cat([c, torch.zeros_like(c[..., :1, :])], -2)  # row N: zeros
+        root, first, second = _components(padded.index_select(-2, t["tree_atoms"])).chunk(3, 1)
+        Rs, origins = [_euler_to_matrix(first[2], first[1], second[2])], [root]
+        if self._plan.n_anchored:
+            xo, xa, xb = _components(c.index_select(-2, t["anchor_atoms"])).chunk(3, 1)
+            Rs.append(torch.stack(_frame(xo, xa, xb), 1))
+            origins.append(xo)
+        return torch.cat(Rs, 2), torch.cat(origins, 1)
+
+    def _inverse(self, xyz: torch.Tensor) -> torch.Tensor:
+        _check_tensor(xyz, "xyz")
+        self.inverse_shape(xyz.shape)
+        t = self._tensors(xyz.device)
+        P = _components(xyz)
+        P = torch.cat([P, torch.zeros_like(P[:, :1])], 1)  # column N: the origin
+        C = torch.where(t["present"], _internal(P, t["refs"]), 0.0)  # as zmat.to_internal
+        root, first, second = P.index_select(1, t["tree_atoms"]).chunk(3, 1)
+        u, v, w = _frame(root, first, second)
+        euler = torch.stack(_matrix_to_euler(u, v, w, first - root))  # (3, T, B)
+        euler = torch.cat([euler.flatten(0, 1), torch.zeros_like(P[0, :1])])  # row 3 T: a zero
+        orient = euler.index_select(0, t["euler_index"]).unflatten(0, (3, self.n_atoms))
+        Q = torch.where(t["cm_cartesian"], P[:, : self.n_atoms], torch.where(t["orientation"], orient, C))
+        if self.normalize_angles:
+            Q = (Q - t["cm_shift"].to(Q.dtype)) / t["cm_scale"].to(Q.dtype)
+        return _atoms(Q, xyz.shape[:-2]).flatten(-2)
+
+    def log_abs_det_jacobian(self, q: torch.Tensor, xyz: torch.Tensor | None = None) -> torch.Tensor:
+        """``log|det d xyz / d q|``, ``(...)``, from ``q`` (``xyz`` is not read)."""
+        q3 = q.unflatten(-1, self.forward_shape(q.shape)[-2:])
+        t = self._tensors(q.device)
+        out = _log_det(self._scale(q3, t, inverse=False), t["bond"], t["angle"])
+        return out + self._constant if self._constant else out
+
+    def call_and_ladj(self, q: torch.Tensor):
+        """``(T(q), T.log_abs_det_jacobian(q, T(q)))`` in one call (as zuko's transforms)."""
+        xyz = self(q)
+        return xyz, self.log_abs_det_jacobian(q, xyz)
+
+
+# ---------------------------------------------------------------- geometry, component-major
+# Vectors here are (3, ...) tensors, the components first and the batch last: on the CPU
+# gathers along atoms then copy contiguous rows, and every product is one elementwise
+# kernel over long rows (a cross product or a 3x3 matmul over (..., 3) is many times slower).
+def _components(x: torch.Tensor) -> torch.Tensor:
+    """``(..., N, 3)`` -> ``(3, N, B)``, ``B`` the flattened batch."""
+    return x.reshape(math.prod(x.shape[:-2]), *x.shape[-2:]).permute(2, 1, 0).contiguous()
+
+
+def _atoms(X: torch.Tensor, batch) -> torch.Tensor:
+    """``(3, N, B)`` -> ``(*batch, N, 3)``."""
+    return X.permute(2, 1, 0).reshape(*batch, X.shape[1], 3)
+
+
+def _dot(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return (u * v).sum(0)
+
+
+def _cross(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    u0, u1, u2 = u.unbind(0)
+    v0, v1, v2 = v.unbind(0)
+    return torch.stack([u1 * v2 - u2 * v1, u2 * v0 - u0 * v2, u0 * v1 - u1 * v0])
+
+
+def _unit(v: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+    """``v / |v|``, or ``fallback`` where ``v`` is ~0 (``zmat._geometry.safe_unit``, components first)."""
+    sq = (v * v).sum(0, keepdim=True)
+    ok = ~(sq <= tiny(v.dtype))
+    return torch.where(ok, v * torch.rsqrt(torch.where(ok, sq, 1.0)), fallback)
+
+
+def _internal(P: torch.Tensor, refs: torch.Tensor) -> torch.Tensor:
+    """``zmat.to_internal``'s ``(r, theta, phi)`` (same formulas and degenerate values),
+    ``(3, N, B)`` from positions ``(3, N + 1, B)`` (column ``N`` the origin) and the table's
+    references (``(3 N,)``, missing -> ``N``), before masking the missing columns."""
+    n = P.shape[1] - 1
+    xb, xa, xd = P.index_select(1, refs).chunk(3, 1)
+    b3 = P[:, :n] - xb
+    u = xa - xb
+    theta = safe_atan2(safe_norm(_cross(u, b3), dim=0), _dot(u, b3))
+    b1, b2 = xa - xd, xb - xa
+    n1, n2 = _cross(b1, b2), _cross(b2, b3)
+    phi = safe_atan2(safe_norm(b2, dim=0) * _dot(b1, n2), _dot(n1, n2))
+    return torch.stack([safe_norm(b3, dim=0), theta, phi])
+
+
+def _frame(xo: torch.Tensor, xa: torch.Tensor, xb: torch.Tensor):
+    """The axes ``u, v, u x v`` of the placement frame of three points: ``u`` along ``xa - xo``,
+    ``v`` the unit part of ``xb - xo`` normal to ``u`` (as ``to_xyz`` places a tree's first three
+    atoms: root at the origin, the second on ``+x``, the third in the ``xy``-plane, ``y > 0``).
+    Degenerate points fall back to fixed axes: finite, differentiable."""
+    ex = torch.zeros_like(xo[:, :1, :1])
+    ex[0] = 1
+    u = _unit(xa - xo, ex)
+    w = xb - xo
+    # fallback for v: u x e, e = +z unless u is nearly along z, then +x
+    along_z = u[2:].abs() > 0.9
+    e = torch.cat([along_z, torch.zeros_like(along_z), ~along_z]).to(u.dtype)
+    perp = _cross(u, e)
+    perp = perp * torch.rsqrt((perp * perp).sum(0, keepdim=True).clamp_min(tiny(u.dtype)))
+    v = _unit(w - _dot(w, u) * u, perp)
+    return u, v, _cross(u, v)
+
+
+def _sin_from_cos(c: torch.Tensor) -> torch.Tensor:
+    """``sqrt(1 - c^2)``, 0 with a zero gradient at ``|c| >= 1``."""
+    s2 = (1 - c) * (1 + c)
+    ok = s2 > tiny(c.dtype)
+    return torch.where(ok, torch.sqrt(torch.where(ok, s2, 1.0)), 0.0)
+
+
+def _euler_to_matrix(alpha: torch.Tensor, cos_beta: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
+    """``Rz(alpha) Ry(beta) Rz(gamma) P`` with ``P e_x = e_z, P e_y = e_x, P e_z = e_y``, as
+    ``(3, 3, ...)``: row, column, then the shape of the angles."""
+    ca, sa, cg, sg = torch.cos(alpha), torch.sin(alpha), torch.cos(gamma), torch.sin(gamma)
+    cb, sb = cos_beta, _sin_from_cos(cos_beta)
+    m0 = torch.stack([ca * cb * cg - sa * sg, sa * cb * cg + ca * sg, -sb * cg])  # M e_x
+    m1 = torch.stack([-ca * cb * sg - sa * cg, -sa * cb * sg + ca * cg, sb * sg])  # M e_y
+    m2 = torch.stack([ca * sb, sa * sb, cb])  # M e_z
+    return torch.stack([m2, m0, m1], 1)  # R = M P: columns M e_z, M e_x, M e_y
+
+
+def _matrix_to_euler(u: torch.Tensor, v: torch.Tensor, w: torch.Tensor, bond: torch.Tensor):
+    """The inverse of :func:`_euler_to_matrix` on the proper rotation ``[u, v, w]`` (columns):
+    ``(alpha, cos beta, gamma)``.
+
+    ``alpha`` from the first bond's direction (0 when it is along ``+-z``); ``gamma`` from
+    ``Rz(-alpha) M = Ry(beta) Rz(gamma)``, whose second row is ``(sin gamma, cos gamma, 0)`` for
+    every ``beta``: well conditioned even where ``alpha`` and ``gamma`` are not separately.
+    ``cos beta = bond_z / |bond|`` with a correctly rounded norm and division, so a first bond
+    exactly along ``+-z`` (molecules in a standard orientation) gives ``cos beta = +-1`` exactly:
+    near the poles the chart resolves ``sin beta`` only to ``sqrt(2 eps)`` of ``cos beta``."""
+    alpha = safe_atan2(u[1], u[0])  # M = [v, w, u]
+    ca, sa = torch.cos(alpha), torch.sin(alpha)
+    gamma = safe_atan2(ca * v[1] - sa * v[0], ca * w[1] - sa * w[0])
+    norm = safe_norm(bond, dim=0)
+    ok = norm > 0
+    cos_beta = torch.where(ok, bond[2] / torch.where(ok, norm, 1.0), u[2])
+    return alpha, cos_beta, gamma
+
+
+# ---------------------------------------------------------------- the plan
+def _check_tensor(x, name: str) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.dtype.is_floating_point:
+        raise TypeError(f"{name} must have a floating dtype, got {x.dtype}")
+
+
+def _check_fixed(fixed_atoms, n: int) -> np.ndarray:
+    if fixed_atoms is None:
+        return np.zeros(0, np.int64)
+    if isinstance(fixed_atoms, torch.Tensor):
+        fixed_atoms = fixed_atoms.detach().cpu().numpy()
+    arr = np.asarray(fixed_atoms)
+    if arr.size == 0:
+        return np.zeros(0, np.int64)
+    if arr.dtype.kind not in "iu" or arr.ndim != 1:
+        raise ValueError(
+            f"fixed_atoms must be a 1-D array of atom indices, got {arr.dtype} of shape {arr.shape}"
+        )
+    bad = (arr < 0) | (arr >= n)
+    if bad.any():
+        raise ValueError(f"fixed_atoms: atom {int(arr[bad][0])} is out of range for a table of {n} atoms")
+    uniq, counts = np.unique(arr, return_counts=True)
+    if (counts > 1).any():
+        raise ValueError(f"fixed_atoms: atom {int(uniq[counts > 1][0])} is listed more than once")
+    return np.sort(arr.astype(np.int64))
+
+
+class _Plan:
+    """Index arrays of the bijection, built once (numpy, vectorised over atoms)."""
+
+    def __init__(self, table: ConstructionTable, fixed: np.ndarray) -> None:
+        refs, n = table.refs, table.n_atoms
+        is_fixed = np.zeros(n, bool)
+        is_fixed[fixed] = True
+        free = ~is_fixed
+        nref = (refs >= 0).sum(1)
+        # connected groups of free atoms (references between free atoms)
+        i, col = np.nonzero((refs >= 0) & free[:, None])
+        keep = free[refs[i, col]]
+        graph = coo_matrix((np.ones(keep.sum()), (i[keep], refs[i[keep], col[keep]])), shape=(n, n))
+        label = connected_components(graph, directed=False)[1]
+        roots = np.nonzero(free & (nref == 0))[0]
+        _check_rows(refs, nref, is_fixed, label, roots)
+
+        # free trees: (root, bond atom, planar atom), n = "none"
+        n_trees = len(roots)
+        tree_of_label = np.full(n, -1, np.int64)
+        tree_of_label[label[roots]] = np.arange(n_trees)
+        tree_atoms = np.full((n_trees, 3), n, np.int64)
+        tree_atoms[:, 0] = roots
+        for k in (1, 2):
+            at = np.nonzero(free & (nref == k))[0]
+            tree_atoms[tree_of_label[label[at]], k] = at
+        # groups anchored on fixed atoms: the first atom (lowest index) whose references are all fixed
+        anchored = free & (tree_of_label[label] < 0)
+        cand = np.nonzero(anchored & (nref == 3) & is_fixed[np.maximum(refs, 0)].all(1))[0]
+        group_labels, first = np.unique(label[cand], return_index=True)
+        starts = cand[first]  # one per group, sorted by label
+        n_groups = len(starts)
+        group_of_label = np.full(n, -1, np.int64)
+        group_of_label[group_labels] = np.arange(n_groups)
+        # frame of every atom: trees first, then groups (fixed atoms: frame 0, unused)
+        frame_of = np.where(anchored, n_trees + group_of_label[label], tree_of_label[label])
+        frame_of = np.where(free, frame_of, 0)
+
+        # copies of the fixed atoms each group refers to: (group, fixed atom) pairs; the anchor's
+        # (d, a, b) first, as the root, the bond atom and the planar atom of the group's frame
+        placement = np.where(free[:, None], refs, -1)
+        copy_src = np.zeros(0, np.int64)
+        copy_refs = np.zeros((0, 3), np.int64)
+        anchor_atoms = np.zeros((0, 3), np.int64)
+        if n_groups:
+            anchor_atoms = refs[starts][:, ::-1].copy()  # (d, a, b): origin, +x, xy-plane
+            i, col = np.nonzero(anchored[:, None] & (refs >= 0) & is_fixed[np.maximum(refs, 0)])
+            g = group_of_label[label[i]]
+            pairs = [g * n + refs[i, col], (np.arange(n_groups)[:, None] * n + anchor_atoms).ravel()]
+            key = np.unique(np.concatenate(pairs))  # sorted: copy m of (group, fixed) is atom n + m
+            cg, cf = key // n, key % n
+            role = np.full(len(key), 3, np.int64)
+            for k in range(3):
+                role[cf == anchor_atoms[cg, k]] = k
+
+            def copy_index(gg, ff):
+                return n + np.searchsorted(key, gg * n + ff)
+
+            anchor_copy = np.stack([copy_index(np.arange(n_groups), anchor_atoms[:, k]) for k in range(3)], 1)
+            m = len(key)
+            copy_refs = np.full((m, 3), -1, np.int64)
+            ac = anchor_copy[cg]
+            copy_refs[role == 1, 0] = ac[role == 1, 0]
+            copy_refs[role == 2, :2] = ac[role == 2][:, [1, 0]]
+            copy_refs[role == 3] = ac[role == 3][:, [2, 1, 0]]
+            copy_src = cf
+            # free atoms of the groups: references to fixed atoms -> their group's copies
+            i, col = np.nonzero(anchored[:, None] & (refs >= 0) & is_fixed[np.maximum(refs, 0)])
+            placement[i, col] = copy_index(group_of_label[label[i]], refs[i, col])
+            placement = np.concatenate([placement, copy_refs])
+        self.n_copies = len(copy_src)
+        self.n_anchored = n_groups
+        self.n_frames = n_trees + n_groups
+        if self.n_copies == 0 and not is_fixed.any():
+            self.placement = table
+        else:
+            self.placement = ConstructionTable(placement)
+        self.copy_table = ConstructionTable(copy_refs - n * (copy_refs >= 0)) if self.n_copies else None
+
+        # what every entry of q holds
+        kind = np.full((n, 3), CARTESIAN, np.int64)
+        kind[free & (nref >= 1), 0] = BOND
+        kind[free & (nref >= 2), 1] = ANGLE
+        kind[free & (nref >= 2), 2] = PERIODIC
+        kind[free & (nref == 1), 1] = COS_BETA
+        kind[free & (nref == 1), 2] = PERIODIC
+        self.kind = kind
+        # where the orientation goes in q: the bond atom's (cos beta, alpha), the planar atom's gamma
+        euler_index = np.full((n, 3), 3 * n_trees, np.int64)  # 3 T: a zero
+        orientation = np.zeros((n, 3), bool)
+        t1 = tree_atoms[:, 1] < n
+        euler_index[tree_atoms[t1, 1], 1] = n_trees + np.nonzero(t1)[0]  # (alpha, cos beta, gamma) rows
+        euler_index[tree_atoms[t1, 1], 2] = np.nonzero(t1)[0]
+        orientation[tree_atoms[t1, 1], 1:] = True
+        t2 = tree_atoms[:, 2] < n
+        euler_index[tree_atoms[t2, 2], 2] = 2 * n_trees + np.nonzero(t2)[0]
+        orientation[tree_atoms[t2, 2], 2] = True
+        cm = lambda a: a.T[:, :, None]  # noqa: E731 (per-atom (N, 3) -> components first, (3, N, 1))
+        self.arrays = {  # flat index arrays, component by component
+            "tree_atoms": tree_atoms.T.ravel(),
+            "anchor_atoms": anchor_atoms.T.ravel(),
+            "frame_of": frame_of,
+            "copy_src": copy_src,
+            "euler_index": euler_index.T.ravel(),
+            "refs": np.where(refs >= 0, refs, n).T.ravel(),
+        }
+        cartesian = np.repeat(~free | (nref == 0), 3).reshape(n, 3)
+        self.masks = {
+            "cartesian": cartesian,
+            "cm_cartesian": cm(cartesian),
+            "orientation": cm(orientation),
+            "present": cm(refs >= 0),
+            "bond": free & (nref >= 1),
+            "angle": free & (nref >= 2),
+        }
+        scale = np.ones((n, 3))
+        shift = np.zeros((n, 3))
+        scale[kind == ANGLE] = math.pi
+        scale[kind == PERIODIC] = 2 * math.pi
+        shift[kind == PERIODIC] = -math.pi
+        self.floats = {"scale": scale, "shift": shift, "cm_scale": cm(scale), "cm_shift": cm(shift)}
+
+    def tensors(self, device) -> dict:
+        out = {k: index_tensor(v, device) for k, v in self.arrays.items()}
+        out.update({k: torch.as_tensor(v, device=device) for k, v in self.masks.items()})
+        out.update(
+            {k: torch.as_tensor(np.ascontiguousarray(v), device=device) for k, v in self.floats.items()}
+        )
+        return out
+
+
+def _check_rows(refs, nref, is_fixed, label, roots) -> None:
+    """ValueError naming the first atom on which no bijection can be built."""
+    n = len(refs)
+    free = ~is_fixed
+    b, a = refs[:, 0], refs[:, 1]
+    root_label = np.full(n, -1, np.int64)
+    # one root per connected group of free atoms
+    lab, first, counts = np.unique(label[roots], return_index=True, return_counts=True)
+    if (counts > 1).any():
+        two = roots[label[roots] == lab[counts > 1][0]][:2]
+        raise ValueError(
+            f"atoms {two[0]} and {two[1]} are roots of one connected group of atoms (references join "
+            "their trees): a bijection needs one root per tree; fix the atoms that join them, or use "
+            "separate trees"
+        )
+    root_label[lab] = roots[first]
+    root_of = root_label[label]
+    for i in np.nonzero(free & (nref == 1))[0]:
+        if is_fixed[b[i]] or nref[b[i]] != 0:
+            what = "a fixed atom" if is_fixed[b[i]] else "not a root"
+            raise ValueError(
+                f"atom {i}: row ({b[i]}, -1, -1) gives it a bond length only, and atom {b[i]} is {what}: "
+                "a bijection allows a bond reference alone only on the second atom of a free tree"
+            )
+    bond_atoms = np.nonzero(free & (nref == 1))[0]
+    lab, counts = np.unique(label[bond_atoms], return_counts=True)
+    if (counts > 1).any():
+        i = bond_atoms[label[bond_atoms] == lab[counts > 1][0]][1]
+        raise ValueError(f"atom {i}: a second row (root, -1, -1) in the tree of root {b[i]}: not a bijection")
+    bond_of_root = np.full(n, -1, np.int64)
+    bond_of_root[b[bond_atoms]] = bond_atoms
+    for i in np.nonzero(free & (nref == 2))[0]:
+        pair = {int(b[i]), int(a[i])}
+        r = root_of[i]
+        if r < 0 or is_fixed[list(pair)].any() or pair != {int(r), int(bond_of_root[r])}:
+            raise ValueError(
+                f"atom {i}: row ({b[i]}, {a[i]}, -1) gives it a bond length and an angle only: a "
+                "bijection allows that only on the third atom of a free tree, referring to its root "
+                "and its second atom"
+            )
+    planar = np.nonzero(free & (nref == 2))[0]
+    lab, counts = np.unique(label[planar], return_counts=True)
+    if (counts > 1).any():
+        i = planar[label[planar] == lab[counts > 1][0]][1]
+        raise ValueError(f"atom {i}: a second row (b, a, -1) in one tree: not a bijection")
+    hit = free[:, None] & (refs >= 0) & is_fixed[np.maximum(refs, 0)] & (root_of >= 0)[:, None]
+    if hit.any():
+        i, c = np.argwhere(hit)[0]
+        raise ValueError(
+            f"atom {i} refers to fixed atom {refs[i, c]} but belongs to the free tree of root "
+            f"{root_of[i]}, whose position and orientation are coordinates of their own; fix the "
+            "tree's first atoms too, or refer to atoms of the tree only"
+        )
