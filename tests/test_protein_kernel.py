@@ -21,7 +21,7 @@ AMINO = "ACDEFGHIKLMNPQRSTVWY"
 # ops that only make, view or relabel tensors: no elementwise work, so no
 # parallel region (each of which waits a time slice for a busy core)
 METADATA_OPS = {"view", "empty", "new_empty", "permute", "slice", "select", "detach", "alias", "as_strided"}
-METADATA_OPS |= {"expand"}
+METADATA_OPS |= {"expand", "empty_like"}
 
 
 def _sequences() -> list[str]:

@@ -47,6 +47,7 @@ differentiates the torch path instead).
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import platform
@@ -208,14 +209,12 @@ def threads(structures: int, atoms: int) -> int:
     return torch.get_num_threads()
 
 
-def split(structures: int, plan: KernelPlan):
-    """``(threads, chunks)`` of a placement call: the structures are the units
+def split(structures: int, atoms: int):
+    """``(threads, chunked)`` of a placement call: the structures are the units
     of work where there are enough of them, else also runs of whole trees
-    (``plan.chunks``; ``None``: no split)."""
-    n = threads(structures, plan.n)
-    if n == 1 or structures >= 2 * n:
-        return n, None
-    return n, plan.chunks
+    (``chunked``: the plan's ``chunks``)."""
+    n = threads(structures, atoms)
+    return n, 1 < n and structures < 2 * n
 
 
 def _chunks(parent: np.ndarray) -> np.ndarray:
@@ -237,15 +236,33 @@ def _chunks(parent: np.ndarray) -> np.ndarray:
 # ------------------------------------------------------------------ the library
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _SIGNATURES = {  # pointers and integers (sizes, element strides), see the C sources
-    "forward": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _I, _P, _P, _I],
+    "forward": [_P, _I, _I, _I, "plan", _I, _P, _P, _I],
     "backward": [_P, _I, _I, _I, _I, _P, _I, _I, _I, _I, _P, _I, _I, _I, _P, _I, _I, _I]
-    + [_P, _I, _I, _I, _P, _P, _P, _P, _I, _I, _P, _I],
+    + [_I, "plan", _I, _I, _P, _I],
     "fill_forward": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P],
     "fill_backward": [_P, _I, _I, _I, _P, _I, _I, _I, _I, _I, _I, _P, _P],
     "torsions_forward": [_I, _I, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _P, _I],
     "torsions_backward": [_I, _I, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _P, _I, _I, _I, _P, _I],
 }
 _NO_STRIDES = (0, 0, 0, 0)
+
+
+class _Arrays(ctypes.Structure):
+    """A table's plan arrays as the C functions take them (``zmat_plan``): built
+    once per plan, passed by pointer."""
+
+    _fields_ = [(name, ctypes.c_int64) for name in ("n", "k_rows", "n_chunks")] + [
+        (name, ctypes.c_void_p) for name in ("gather", "keep", "trig", "parent", "order", "chunks")
+    ]
+
+    @classmethod
+    def of(cls, gather: Tensor, keep: Tensor, trig: Tensor, parent: Tensor, order, chunks) -> _Arrays:
+        """From contiguous CPU tensors (kept alive with it); ``order`` may be ``None``."""
+        tensors = (gather, keep, trig, parent, order, chunks)
+        ptrs = (None if t is None else t.data_ptr() for t in tensors)
+        arrays = cls(parent.shape[0], gather.shape[0], chunks.shape[0] - 1, *ptrs)
+        arrays.tensors = tensors
+        return arrays
 
 
 class _Library:
@@ -260,34 +277,33 @@ class _Library:
         for name, args in _SIGNATURES.items():
             for suffix, dtype in (("f32", torch.float32), ("f64", torch.float64)):
                 fn = getattr(lib, f"zmat_{name}_{suffix}")
-                fn.argtypes, fn.restype = args, None
+                fn.argtypes = [ctypes.POINTER(_Arrays) if a == "plan" else a for a in args]
+                fn.restype = None
                 self.fns[name, dtype] = fn
 
-    def forward(
-        self, c: Tensor, gather, keep, trig, parent, order=None, threads: int = 1, frames=True, chunks=None
-    ):
+    def forward(self, c: Tensor, arrays: _Arrays, like=None, threads: int = 1, frames=True, chunked=False):
         """``c`` ``(B, 3N)`` -> ``(frames, xyz)``: frames ``(B, N, 3, 4)`` in dfs order
-        (``None`` unless ``frames``) and, given ``order``, positions ``(B, N, 3)`` in
-        atom order (else ``None``). ``chunks``: dfs positions where runs of whole trees
-        start, ``0 ... N`` (``None``: one), the units of work beside the structures."""
-        b, n = c.shape[0], parent.shape[0]
-        f = c.new_empty((b, n, 3, 4)) if frames else None
-        xyz = None if order is None else c.new_empty((b, n, 3))
+        (``None`` unless ``frames``) and, given ``like`` (a tensor of ``B * N * 3``
+        elements, or a shape), positions in atom order shaped like it (else ``None``);
+        ``chunked``: runs of whole trees (``arrays.chunks``) are units of work
+        beside the structures."""
+        b = c.shape[0]
+        f = c.new_empty((b, arrays.n, 3, 4)) if frames else None
+        xyz = None
+        if isinstance(like, tuple):
+            xyz = c.new_empty(like)
+        elif like is not None:  # (empty_like: the cheapest allocation from Python)
+            xyz = torch.empty_like(like) if like.is_contiguous() else like.new_empty(like.shape)
         self.fns["forward", c.dtype](
-            c.data_ptr(), b, *c.stride(), n, gather.shape[0], gather.data_ptr(), keep.data_ptr(),
-            trig.data_ptr(), parent.data_ptr(), None if order is None else order.data_ptr(),
-            *((None, 1) if chunks is None else (chunks.data_ptr(), chunks.shape[0] - 1)),
-            None if f is None else f.data_ptr(), None if xyz is None else xyz.data_ptr(), threads,
+            c.data_ptr(), b, *c.stride(), arrays, chunked, None if f is None else f.data_ptr(),
+            None if xyz is None else xyz.data_ptr(), threads,
         )  # fmt: skip
         return f, xyz
 
-    def backward(
-        self, frames, g_rot, g_pos, g_x, rows, gather, keep, parent, n3: int, threads: int = 1, chunks=None
-    ):
+    def backward(self, frames, g_rot, g_pos, g_x, arrays: _Arrays, n3: int, threads: int = 1, chunked=False):
         """Gradient ``(B, n3)`` from the forward's frames ``(B, N, 3, 4)`` and the optional
         gradients of their rotations ``g_rot`` ``(B, N, 3, 3)`` and positions ``g_pos``
-        ``(B, N, 3)`` (dfs order), and of positions ``g_x`` ``(B, M, 3)`` (row ``rows[j]``,
-        or ``j``, for dfs position ``j``); ``chunks`` as in :meth:`forward`."""
+        ``(B, N, 3)`` (dfs order), and of positions ``g_x`` ``(B, N, 3)`` (atom order)."""
         b = frames.shape[0]
         grad = frames.new_empty((b, n3))
         self.fns["backward", frames.dtype](
@@ -295,10 +311,7 @@ class _Library:
             *((None, *_NO_STRIDES) if g_rot is None else (g_rot.data_ptr(), *g_rot.stride())),
             *((None, *_NO_STRIDES[:3]) if g_pos is None else (g_pos.data_ptr(), *g_pos.stride())),
             *((None, *_NO_STRIDES[:3]) if g_x is None else (g_x.data_ptr(), *g_x.stride())),
-            None if rows is None else rows.data_ptr(), b, parent.shape[0], gather.shape[0],
-            gather.data_ptr(), keep.data_ptr(), parent.data_ptr(),
-            *((None, 1) if chunks is None else (chunks.data_ptr(), chunks.shape[0] - 1)),
-            n3, grad.data_ptr(), threads,
+            b, arrays, chunked, n3, grad.data_ptr(), threads,
         )  # fmt: skip
         return grad
 
@@ -356,8 +369,10 @@ def _op_place(
     c: Tensor, gather: Tensor, keep: Tensor, trig: Tensor, parent: Tensor, chunks: Tensor, order: Tensor
 ) -> tuple[Tensor, Tensor]:
     """``c`` ``(B, 3N)`` -> frames ``(B, N, 3, 4)`` (dfs order), positions ``(B, N, 3)`` (atom order)."""
-    n = threads(c.shape[0], parent.shape[0])
-    return _lib().forward(c, gather, keep, trig, parent, order, n, True, chunks)
+    b, n = c.shape[0], parent.shape[0]
+    arrays = _Arrays.of(gather, keep, trig, parent, order, chunks)
+    threads_, chunked = split(b, n)
+    return _lib().forward(c, arrays, (b, n, 3), threads_, True, chunked)
 
 
 @torch.library.custom_op("zmat::frames", mutates_args=())
@@ -365,18 +380,20 @@ def _op_frames(
     c: Tensor, gather: Tensor, keep: Tensor, trig: Tensor, parent: Tensor, chunks: Tensor
 ) -> Tensor:
     """``c`` ``(B, 3N)`` -> frames ``(B, N, 3, 4)`` in dfs order."""
-    n = threads(c.shape[0], parent.shape[0])
-    return _lib().forward(c, gather, keep, trig, parent, None, n, True, chunks)[0]
+    n, chunked = split(c.shape[0], parent.shape[0])
+    arrays = _Arrays.of(gather, keep, trig, parent, None, chunks)
+    return _lib().forward(c, arrays, None, n, True, chunked)[0]
 
 
 @torch.library.custom_op("zmat::place_backward", mutates_args=())
 def _op_place_backward(
-    frames: Tensor, g_rot: Tensor | None, g_pos: Tensor | None, g_x: Tensor | None, rows: Tensor | None,
+    frames: Tensor, g_rot: Tensor | None, g_pos: Tensor | None, g_x: Tensor | None, order: Tensor | None,
     gather: Tensor, keep: Tensor, parent: Tensor, chunks: Tensor, n3: int,
 ) -> Tensor:  # fmt: skip
-    """The gradient ``(B, n3)`` of ``c`` (see :meth:`_Library.backward`)."""
-    n = threads(frames.shape[0], parent.shape[0])
-    return _lib().backward(frames, g_rot, g_pos, g_x, rows, gather, keep, parent, n3, n, chunks)
+    """The gradient ``(B, n3)`` of ``c`` (see :meth:`_Library.backward`; ``g_x`` needs ``order``)."""
+    n, chunked = split(frames.shape[0], parent.shape[0])
+    arrays = _Arrays.of(gather, keep, keep, parent, order, chunks)  # (no trig in the backward)
+    return _lib().backward(frames, g_rot, g_pos, g_x, arrays, n3, n, chunked)
 
 
 @torch.library.custom_op("zmat::fill", mutates_args=())
@@ -426,7 +443,7 @@ def _(c, gather, keep, trig, parent, chunks):
 
 
 @_op_place_backward.register_fake
-def _(frames, g_rot, g_pos, g_x, rows, gather, keep, parent, chunks, n3):
+def _(frames, g_rot, g_pos, g_x, order, gather, keep, parent, chunks, n3):
     return frames.new_empty((frames.shape[0], n3))
 
 
@@ -622,6 +639,12 @@ class KernelPlan:
         self.placement = (self.gather, self.keep, self.trig, self.parent)  # the forward's arrays
         self.chunks = torch.from_numpy(_chunks(ints[k]))  # units of work for threads (whole trees)
 
+    @functools.cached_property
+    def arrays(self) -> _Arrays:
+        """The arrays as the C functions take them (made on the first eager call:
+        a plan made under ``torch.export``'s fake tensors has no data)."""
+        return _Arrays.of(*self.placement, self.order, self.chunks)
+
     def take(self, ptr: np.ndarray, index: np.ndarray) -> KernelPlan:
         """The plan of ``ConstructionTable._take(ptr, index)``'s table, by the
         same gathers: component ``k`` of the table is atoms and dfs positions
@@ -666,7 +689,7 @@ def positions(C: torch.Tensor, plan: KernelPlan, table: ConstructionTable) -> to
         return torch.ops.zmat.place(c, *plan.placement, plan.chunks, plan.order)[1].view(C.shape)
     if torch.is_grad_enabled() and C.requires_grad:
         return _Positions.apply(C, plan, table)[0]
-    return _place(C, plan, False)[1].view(C.shape)  # no graph: no Function, no frames
+    return _place(C, plan, False)[1]  # no graph: no Function, no frames
 
 
 def frames(flat: torch.Tensor, plan: KernelPlan, table: ConstructionTable):
@@ -680,10 +703,10 @@ def frames(flat: torch.Tensor, plan: KernelPlan, table: ConstructionTable):
 
 def _place(C: torch.Tensor, plan: KernelPlan, frames: bool = True):
     """Frames ``(B, N, 3, 4)`` in dfs order (``None`` unless ``frames``) and
-    positions ``(B, N, 3)`` in atom order."""
+    positions ``(..., N, 3)`` (``C``'s shape) in atom order."""
     c = C.reshape(-1, 3 * plan.n)
-    n, chunks = split(c.shape[0], plan)
-    return _state["module"].forward(c, *plan.placement, plan.order, n, frames, chunks)
+    n, chunked = split(c.shape[0], plan.n)
+    return _state["module"].forward(c, plan.arrays, C, n, frames, chunked)
 
 
 def _split(frames: torch.Tensor):
@@ -712,9 +735,8 @@ def _backward(ctx, frames, g_rot, g_pos, g_x=None, saved=None) -> torch.Tensor:
         return plan.vjp(ctx.table, *(saved or _split(frames)), g_rot, g_pos).t()
     g_rot = None if g_rot is None else g_rot.permute(3, 2, 0, 1)
     g_pos = None if g_pos is None else g_pos.permute(2, 1, 0)
-    n, chunks = split(frames.shape[0], plan)
-    args = (plan.order, plan.gather, plan.keep, plan.parent, 3 * plan.n, n, chunks)
-    return _state["module"].backward(frames, g_rot, g_pos, g_x, *args)
+    n, chunked = split(frames.shape[0], plan.n)
+    return _state["module"].backward(frames, g_rot, g_pos, g_x, plan.arrays, 3 * plan.n, n, chunked)
 
 
 class _Positions(torch.autograd.Function):
@@ -727,7 +749,7 @@ class _Positions(torch.autograd.Function):
         ctx.plan, ctx.table, ctx.shape = plan, table, C.shape
         ctx.save_for_backward(frames)
         ctx.set_materialize_grads(False)
-        return xyz.view(C.shape), frames
+        return xyz, frames
 
     @staticmethod
     def backward(ctx, g_xyz, g_frames):
@@ -743,8 +765,8 @@ class _Frames(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, flat: torch.Tensor, plan: KernelPlan, table: ConstructionTable):
-        n, chunks = split(flat.shape[1], plan)
-        frames, _ = _state["module"].forward(flat.t(), *plan.placement, None, n, True, chunks)
+        n, chunked = split(flat.shape[1], plan.n)
+        frames, _ = _state["module"].forward(flat.t(), plan.arrays, None, n, True, chunked)
         rot, pos = _split(frames)
         ctx.plan, ctx.table, ctx.frames = plan, table, frames
         ctx.save_for_backward(rot, pos)  # outputs (double backward differentiates through them)

@@ -107,8 +107,8 @@ void forward(const T* c, int64_t b, int64_t cs0, int64_t cs1, int64_t n, int64_t
 // flat internal coordinates through the forward's gather. frames (b, N, 3, 4)
 // as the forward wrote them (rot: columns 0..2, pos: column 3); the gradients,
 // each optional (null): g_rot (b, N, 3, 3) ([s, j, i, k]: component i of axis
-// k), g_pos (b, N, 3), both in dfs order, and g_x (b, M, 3) whose row rows[j]
-// (or j) belongs to dfs position j. Strides fs, grs, gps, gxs in elements.
+// k), g_pos (b, N, 3), both in dfs order, and g_x (b, N, 3) in atom order (row
+// rows[j] belongs to dfs position j). Strides fs, grs, gps, gxs in elements.
 // chunks as in forward (a tree's entries of grad are its own atoms'). Writes
 // grad (b, n3).
 template <typename T>
@@ -240,26 +240,35 @@ void fill_backward(const T* gp, const int64_t* gs, const T* tp, const int64_t* t
 
 }  // namespace
 
-// Element strides travel as plain integers (cheaper to pass from ctypes than arrays).
+// The plan arrays of one table (zmat/_kernel.py's _Arrays), passed by pointer
+// so that a call converts few arguments; element strides of the tensors travel
+// as plain integers (cheaper from ctypes than arrays). `chunked`: split the
+// structures' trees into plan->chunks (else one unit per structure).
+struct zmat_plan {
+  int64_t n, k_rows, n_chunks;
+  const int64_t* gather;
+  const uint8_t* keep;
+  const uint8_t* trig;
+  const int64_t* parent;
+  const int64_t* order;
+  const int64_t* chunks;
+};
+
 #define ZMAT_FOREST(T, SUFFIX)                                                                              \
-  extern "C" void zmat_forward_##SUFFIX(const T* c, int64_t b, int64_t cs0, int64_t cs1, int64_t n,        \
-                                        int64_t k_rows, const int64_t* gather, const uint8_t* keep,        \
-                                        const uint8_t* trig, const int64_t* parent, const int64_t* order,   \
-                                        const int64_t* chunks, int64_t n_chunks, T* frames, T* xyz,         \
-                                        int64_t threads) {                                                  \
-    forward<T>(c, b, cs0, cs1, n, k_rows, gather, keep, trig, parent, order, chunks, n_chunks, frames, xyz, \
-               threads);                                                                                    \
+  extern "C" void zmat_forward_##SUFFIX(const T* c, int64_t b, int64_t cs0, int64_t cs1, const zmat_plan* p, \
+                                        int64_t chunked, T* frames, T* xyz, int64_t threads) {              \
+    forward<T>(c, b, cs0, cs1, p->n, p->k_rows, p->gather, p->keep, p->trig, p->parent,                     \
+               xyz ? p->order : nullptr, chunked ? p->chunks : nullptr, p->n_chunks, frames, xyz, threads); \
   }                                                                                                         \
   extern "C" void zmat_backward_##SUFFIX(                                                                   \
       const T* frames, int64_t f0, int64_t f1, int64_t f2, int64_t f3, const T* g_rot, int64_t r0,          \
       int64_t r1, int64_t r2, int64_t r3, const T* g_pos, int64_t p0, int64_t p1, int64_t p2, const T* g_x, \
-      int64_t x0, int64_t x1, int64_t x2, const int64_t* rows, int64_t b, int64_t n, int64_t k_rows,        \
-      const int64_t* gather, const uint8_t* keep, const int64_t* parent, const int64_t* chunks,             \
-      int64_t n_chunks, int64_t n3, T* grad, int64_t threads) {                                             \
+      int64_t x0, int64_t x1, int64_t x2, int64_t b, const zmat_plan* p, int64_t chunked, int64_t n3,       \
+      T* grad, int64_t threads) {                                                                           \
     const int64_t fs[4] = {f0, f1, f2, f3}, grs[4] = {r0, r1, r2, r3}, gps[3] = {p0, p1, p2},               \
                   gxs[3] = {x0, x1, x2};                                                                    \
-    backward<T>(frames, fs, g_rot, grs, g_pos, gps, g_x, gxs, rows, b, n, k_rows, gather, keep, parent,     \
-                chunks, n_chunks, n3, grad, threads);                                                                             \
+    backward<T>(frames, fs, g_rot, grs, g_pos, gps, g_x, gxs, p->order, b, p->n, p->k_rows, p->gather,      \
+                p->keep, p->parent, chunked ? p->chunks : nullptr, p->n_chunks, n3, grad, threads);         \
   }                                                                                                         \
   extern "C" void zmat_fill_forward_##SUFFIX(const T* t, int64_t t0, int64_t t1, int64_t t2, int64_t s_n,  \
                                              int64_t n, const double* ideal, const int64_t* slot,           \
