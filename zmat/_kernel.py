@@ -175,9 +175,15 @@ def load():
     return _state["module"]
 
 
-# Dynamo calls it for real while tracing (ctypes is never traced): whether
-# the compiled graph may call the kernel's operators.
-_loaded_constant = torch.compiler.assume_constant_result(lambda: load() is not None)
+def _loaded_constant() -> bool:
+    """Whether the compiled graph may call the kernel's operators: Dynamo
+    calls it for real while tracing (ctypes is never traced), as
+    ``torch.compiler.assume_constant_result`` would mark it; that call imports
+    torch._dynamo (seconds), so the mark is set here as ``zmat/table.py`` does."""
+    return load() is not None
+
+
+_loaded_constant._dynamo_marked_constant = True
 
 
 def serves(device: torch.device) -> bool:
