@@ -32,7 +32,9 @@ benchmarks`` runs ``fresh`` and ``latency`` after its grid):
   at torch's default thread count and at one thread; ``ops/step``: aten ops
   dispatched by one step (the output gradient is made once, outside the step).
 * ``scaling``: seconds per atom of forward+backward, 1k-100k atoms at batch 1
-  and 1k atoms at batch 1-64.
+  and 1k atoms at batch 1-64; and of ``ConstructionTable(refs)`` (validation
+  and planning) on 100k-atom tables of three shapes: a chain, 100k roots (a
+  forest of single atoms), a star (every atom bonded to atom 0).
 
 Times are medians of warm calls (fresh steps: medians over different batches).
 ``--compare DIR`` runs the ``latency`` and ``scaling`` sections with the zmat
@@ -571,7 +573,22 @@ def run_scaling(quick: bool) -> list[dict]:
         s = _median_time(step)
         out.append({"section": "scaling", "case": f"chain {n} atoms x {b}", "atoms": n * b, "fwd+bwd": s,
                     "per atom": s / (n * b)})  # fmt: skip
+    n = 100_000
+    for shape, refs in _table_shapes(n).items():
+        s = _median_time(functools.partial(zmat.ConstructionTable, refs), repeat=3)
+        out.append({"section": "scaling", "case": f"table {shape} {n} atoms", "atoms": n, "table": s,
+                    "per atom": s / n})  # fmt: skip
     return out
+
+
+def _table_shapes(n: int) -> dict:
+    """Tables of ``n`` atoms: a chain, ``n`` roots, a star on atom 0."""
+    chain = np.full((n, 3), -1, np.int64)
+    i = np.arange(n)
+    chain[1:, 0], chain[2:, 1], chain[3:, 2] = i[:-1], i[:-2], i[:-3]
+    star = np.full((n, 3), -1, np.int64)
+    star[1:, 0] = 0
+    return {"chain": chain, "roots": np.full((n, 3), -1, np.int64), "star": star}
 
 
 # ------------------------------------------------------------------ report
@@ -660,7 +677,7 @@ def run_child(sections, quick: bool, zmat_root: Path | None = None, compile_: bo
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-RATIO_KEYS = ("eager fwd", "eager fwd+bwd", "fwd+bwd", "fresh step", "cached step")
+RATIO_KEYS = ("eager fwd", "eager fwd+bwd", "fwd+bwd", "fresh step", "cached step", "table")
 
 
 def compare(old: Path, sections=("latency", "scaling"), rounds: int = 3) -> list[dict]:

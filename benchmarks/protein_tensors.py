@@ -17,7 +17,15 @@ least disturbed). Operations:
 * ``atom37_to_atom14``;
 * ``backbone_frames``: frames from atom37 coordinates;
 * ``frames_from_torsions``: ``backbone_frames_from_torsions`` (backbone only);
-* ``atom14_from_frames``: every heavy atom from frames + torsions;
+* ``atom14_from_frames``: every heavy atom from frames + torsions (the
+  batch's sequences, whose table is cached after the warm-up call);
+* ``atom14_from_frames new seq``: the same with new sequences in every call
+  (cycling through more than the 16 tables ``zmat.protein.frames`` caches: a
+  generative model's batches);
+* ``openfold atom14 (peer)``: OpenFold's ``torsion_angles_to_frames`` +
+  ``frames_and_literature_positions_to_atom14_pos``, reimplemented from the
+  published math in ``benchmarks/openfold_frames.py`` (no table: fresh and
+  cached alike), from the same frames and (sin, cos) of the same torsions;
 * ``violations``: ``structural_violations`` with a clash pair list built once
   (``clash_pairs(..., skin=1.0)``, as in a training loop: no host sync);
 * ``violations+search``: the same, searching the clash pairs in every call.
@@ -28,6 +36,7 @@ Results go to ``OUT/protein_tensors.json`` (default ``results/benchmarks``).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import platform
@@ -55,14 +64,20 @@ def setup(batch: int, length: int, dtype, seed: int = 0) -> dict:
     R, t = zp.backbone_frames(pos37)
     pos14, mask14 = zp.atom37_to_atom14(pos37, aatype, mask37)
     pairs = zp.clash_pairs(pos14, mask14, aatype, torch.arange(length), skin=1.0)
+    from .openfold_frames import alpha_from_zmat_torsions
+
+    fresh = itertools.cycle([torch.randint(0, 20, (batch, length), generator=g) for _ in range(40)])
+    alpha = alpha_from_zmat_torsions(tor.to(dtype))
     return dict(pb=pb, xyz=xyz, tor=tor.to(dtype), pos37=pos37, mask37=mask37, aatype=aatype, R=R, t=t,
-                pairs=pairs)  # fmt: skip
+                pairs=pairs, fresh=fresh, alpha=alpha)  # fmt: skip
 
 
 def operations(d: dict) -> dict:
     """name -> (function of its differentiable inputs, those inputs)."""
     import zmat.protein as zp
     from zmat.protein.atom37 import to_atom37
+
+    from . import openfold_frames
 
     aa, m37 = d["aatype"], d["mask37"]
     viol = lambda x, pairs=None: zp.structural_violations(x, aa, m37, pairs=pairs)["loss"]  # noqa: E731
@@ -74,6 +89,14 @@ def operations(d: dict) -> dict:
         "atom14_from_frames": (
             lambda R, t, c: zp.atom14_from_frames(R, t, aa, c)[0],
             (d["R"], d["t"], d["tor"]),
+        ),
+        "atom14_from_frames new seq": (
+            lambda R, t, c: zp.atom14_from_frames(R, t, next(d["fresh"]), c)[0],
+            (d["R"], d["t"], d["tor"]),
+        ),
+        "openfold atom14 (peer)": (
+            lambda R, t, alpha: openfold_frames.atom14_from_frames(R, t, aa, alpha),
+            (d["R"], d["t"], d["alpha"]),
         ),
         "violations": (lambda x: viol(x, d["pairs"]), (d["pos37"],)),
         "violations+search": (viol, (d["pos37"],)),
@@ -121,7 +144,7 @@ def main(argv=None) -> int:
         records.append(row)
         ms = {k: v * 1e3 for k, v in row.items() if k != "op"}
         print(
-            f"  {name:20s} fwd {ms['fwd']:8.1f} ms (best {ms['fwd best']:8.1f})   "
+            f"  {name:27s} fwd {ms['fwd']:8.1f} ms (best {ms['fwd best']:8.1f})   "
             f"fwd+bwd {ms['fwd+bwd']:8.1f} ms (best {ms['fwd+bwd best']:8.1f})"
         )
     out = Path(a.out)

@@ -660,6 +660,101 @@ def test_pair_lists_are_bounded_by_the_memory_budget():
         batch.clash_pairs(torch.zeros(1, batch.N_max, 3), memory_budget=5_000)
 
 
+class BigOps(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records aten ops that work on a tensor of at least torch's parallel grain
+    (32,768 elements; in-place ops by their other arguments): each one is a parallel
+    region at two or more threads, which waits for every thread (a busy core)."""
+
+    GRAIN = 32768
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func._schema.name.split("::")[-1]
+        inplace = name.endswith("_")
+        # a gather (index_select, index) loops over its index: judged by its output
+        skip = 1 if inplace or name in ("index_select", "index") else 0
+        tensors = [a for a in (*args[skip:], *(kwargs or {}).values()) if isinstance(a, torch.Tensor)]
+        if not inplace:
+            tensors += [
+                o for o in (out if isinstance(out, (tuple, list)) else [out]) if isinstance(o, torch.Tensor)
+            ]
+        views = (
+            "view",
+            "reshape",
+            "unbind",
+            "select",
+            "slice",
+            "expand",
+            "as_strided",
+            "detach",
+            "alias",
+            "t",
+        )
+        if not name.startswith((*views, "lift")) and any(t.numel() >= self.GRAIN for t in tensors):
+            self.ops.append(func._schema.name)
+        return out
+
+
+def test_given_pairs_on_the_cpu_open_no_parallel_region():
+    # clash_loss(pairs=) with two threads: every op below the grain, forward and backward
+    # (the old path ran ~70 ops over the 65k pairs or the 45k coordinates)
+    import zmat.protein as zp
+
+    batch = zp.ProteinBatch(["MKVLAAGIVGHWEDKLPRSTQNMFAAGKLEV" * 4] * 16)  # 16 x 124 residues
+    tors = torch.rand(len(batch), batch.L_max, 7, generator=torch.Generator().manual_seed(5)) * 6 - 3
+    with torch.no_grad():
+        xyz = batch.to_xyz(tors)
+    pairs = batch.clash_pairs(xyz)
+    radii, mask = batch.radii.to(xyz), batch.atom_mask
+    assert len(pairs) > BigOps.GRAIN and xyz.numel() > BigOps.GRAIN
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        x = xyz.clone().requires_grad_(True)
+        with BigOps() as big:
+            loss = clash_loss(x, radii, pairs=pairs, mask=mask)
+            (g,) = torch.autograd.grad(loss.sum(), x)
+    finally:
+        torch.set_num_threads(threads)
+    assert big.ops == [], sorted(set(big.ops))
+    torch.set_num_threads(1)  # the plain path: the same values and gradient
+    try:
+        x1 = xyz.clone().requires_grad_(True)
+        want = clash_loss(x1, radii, pairs=pairs, mask=mask)
+        (g1,) = torch.autograd.grad(want.sum(), x1)
+    finally:
+        torch.set_num_threads(threads)
+    assert (want > 0).all()
+    torch.testing.assert_close(loss, want, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(g, g1, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_serial_path_gradcheck_and_gradgradcheck(kind):
+    xyz, radii = cloud(12, seed=80, density=0.2, batch=(2,))
+    mask = torch.ones(2, 12, dtype=torch.bool)
+    mask[1, 10:] = False
+    exclude = random_pairs(12, 8, seed=81)
+    pairs = candidate_pairs(xyz, radii, exclude=exclude, mask=mask, kind=kind, skin=1.0)
+    r = radii.clone().requires_grad_(True)
+    f = lambda x, r: clash_loss(x, r, pairs=pairs, kind=kind, mask=mask, exclude=exclude)  # noqa: E731
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        want = clash_loss(xyz, radii, method="all_pairs", kind=kind, mask=mask, exclude=exclude)
+        assert (want > 0).all()
+        torch.testing.assert_close(f(xyz, radii), want, rtol=1e-12, atol=1e-12)
+        x = xyz.clone().requires_grad_(True)
+        assert torch.autograd.gradcheck(f, (x, r))
+        assert torch.autograd.gradgradcheck(f, (x, r))
+    finally:
+        torch.set_num_threads(threads)
+
+
 # ----------------------------------------------------------------------------
 # ragged batches (ptr / batch)
 

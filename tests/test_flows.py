@@ -142,6 +142,20 @@ def test_transformed_distribution_log_prob_is_base_minus_ladj():
     assert T.upper[T.circular].eq(1).all() and T.lower[3 + 1] == -1 and T.upper[2 * 3 + 1] == 1
 
 
+def test_works_as_a_zuko_normalizing_flow():
+    zuko = pytest.importorskip("zuko")
+    table = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0], [-1, -1, -1]]
+    T = InternalCoordinateTransform(table, normalize_angles=True)
+    base = zuko.distributions.DiagNormal(
+        torch.zeros(15, dtype=torch.float64), torch.ones(15, dtype=torch.float64)
+    )
+    flow = zuko.distributions.NormalizingFlow(T.inv, base)  # zuko's transforms map data -> base
+    xyz = torch.randn(5, 5, 3, dtype=torch.float64)
+    q = T.inv(xyz)
+    torch.testing.assert_close(flow.log_prob(xyz), base.log_prob(q) - T.log_abs_det_jacobian(q, xyz))
+    assert flow.rsample((2,)).shape == (2, 5, 3)
+
+
 @pytest.mark.parametrize("normalize", [False, True])
 @pytest.mark.parametrize("fixed", [None, [0, 1, 2, 5]])
 def test_gradcheck_call_and_ladj(normalize, fixed):
@@ -168,12 +182,32 @@ def test_batch_dims_dtypes_and_no_host_sync():
     q32 = T.inv(xyz.float())
     assert q32.dtype == torch.float32 and T(q32).dtype == torch.float32
     torch.testing.assert_close(T(q32), xyz.float(), atol=1e-5, rtol=0)
-    qg = q.clone().requires_grad_(True)
-    with DispatchAudit() as audit:
-        x, ladj = T.call_and_ladj(qg)
-        (x.sum() + ladj.sum()).backward()
-        T.inv(x.detach())
-    assert audit.syncs == []
+    for T in (T, InternalCoordinateTransform(table, fixed_atoms=[0, 1, 2], normalize_angles=True)):
+        qg = T.inv(xyz).requires_grad_(True)
+        with DispatchAudit() as audit:
+            x, ladj = T.call_and_ladj(qg)
+            (x.sum() + ladj.sum()).backward()
+            T.inv(x.detach())
+        assert audit.syncs == []
+
+
+def test_every_device_and_dtype_agrees_with_cpu_float64(device, dtype):
+    table = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0], [3, 2, 1], [2, 1, 3], [5, 2, 1]]
+    table += [[-1, -1, -1], [7, -1, -1], [8, 7, -1], [9, 8, 7]]
+    gen = torch.Generator().manual_seed(3)
+    xyz64 = torch.randn(2, 5, 11, 3, generator=gen, dtype=torch.float64) * 2
+    for fixed in (None, [0, 1, 2]):
+        T = InternalCoordinateTransform(table, fixed_atoms=fixed, normalize_angles=True)
+        q64 = T.inv(xyz64)
+        xyz = xyz64.to(device, dtype)
+        q = T.inv(xyz)
+        assert q.device.type == device.type and q.dtype == dtype
+        x, ladj = T.call_and_ladj(q)
+        tol = 1e-10 if dtype == torch.float64 else 1e-4
+        torch.testing.assert_close(x.cpu().double(), xyz64, atol=tol, rtol=0)
+        torch.testing.assert_close(ladj.cpu().double(), T.log_abs_det_jacobian(q64), atol=tol * 10, rtol=tol)
+        base = Independent(Normal(torch.full((33,), 0.5, device=device, dtype=dtype), 0.1), 1)
+        assert TransformedDistribution(base, [T]).sample((3,)).shape == (3, 11, 3)
 
 
 # ---------------------------------------------------------------- degenerate input

@@ -147,3 +147,26 @@ def test_errors():
     R, t = torch.eye(3).expand(2, 3, 3), torch.zeros(2, 3)
     with pytest.raises(ValueError, match="torsions must have shape"):
         zp.atom14_from_frames(R, t, [0, 0], torch.zeros(3, 7))
+
+
+def test_frames_path_table_from_cached_pieces():
+    # issue 23: a new sequence planned its table from scratch (ConstructionTable(refs) and
+    # anchors from positions for N, O, CB of every residue); now the per-type tables,
+    # validated once, are gathered, and every row is anchored on its parent's frame, so the
+    # compiled kernel builds the whole forest
+    from zmat.protein.atom37 import RESTYPE_ATOM14_MASK
+    from zmat.protein.frames import _forest, _residue_rows
+
+    rng = np.random.default_rng(3)
+    aa = np.append(rng.integers(0, 21, 60), [20, 7, 14]).astype(np.int64)  # 20: unknown, no atoms
+    table, cells, atom_of = _forest(aa.tobytes(), "cpu")
+    refs = _residue_rows()[0][aa] + (np.arange(len(aa)) * 14)[:, None, None]
+    compact = np.full(len(aa) * 14 + 1, -1)
+    compact[np.flatnonzero(RESTYPE_ATOM14_MASK[aa])] = np.arange(table.n_atoms)
+    want = np.where(_residue_rows()[0][aa] >= 0, compact[refs.clip(min=0)], -1).reshape(-1, 3)
+    want = want[np.flatnonzero(RESTYPE_ATOM14_MASK[aa])]
+    general = zmat.ConstructionTable(want)
+    assert np.array_equal(table.refs, general.refs) and np.array_equal(table.kind, general.kind)
+    assert table.constant_anchors and general.constant_anchors
+    c = torch.rand(table.n_atoms, 3, dtype=F64) + 0.5
+    torch.testing.assert_close(zmat.to_xyz(c, table), zmat.to_xyz(c, general, method="reference"))

@@ -139,3 +139,26 @@ def test_proline_cd_angle_gradients():
     out = proline_cd_angle(*far)
     g = torch.autograd.grad(out.sum(), far, allow_unused=True, materialize_grads=True)
     assert torch.isfinite(out).all() and all(torch.isfinite(x).all() for x in g)
+
+
+def test_ideal_fast_form_equals_the_general_one():
+    """The hot path's folded, hand-differentiated form (numpy on the CPU) is the general
+    function at proline's ideal geometry: values and gradients over every chi1, chi2
+    (unreachable ones included), and twice differentiable (torch ops)."""
+    from zmat.protein.build import ideal_cd_angle
+
+    pro = zp.RESIDUES["PRO"]
+    row = {a: pro.ideal[pro.index(a)] for a in ("CA", "CB", "CG", "CD")}
+    geo = (row["CA"][0], row["CB"][0], row["CB"][1], row["CG"][0], row["CG"][1], row["CD"][0], row["CD"][1])
+    g = torch.Generator().manual_seed(3)
+    c1, c2 = ((torch.rand(500, generator=g, dtype=F64) * 2 - 1) * math.pi for _ in range(2))
+    c1, c2 = c1.requires_grad_(), c2.requires_grad_()
+    want, got = proline_cd_angle(c1, c2, *geo), ideal_cd_angle(c1, c2)
+    assert (want - got).abs().max() < 1e-11
+    grads = torch.autograd.grad(want.sum(), (c1, c2)), torch.autograd.grad(got.sum(), (c1, c2))
+    for a, b in zip(*grads, strict=True):
+        assert (a - b).abs().max() < 1e-10
+    args = (c1[:20].detach().requires_grad_(), c2[:20].detach().requires_grad_())
+    torch.autograd.gradcheck(ideal_cd_angle, args)
+    torch.autograd.gradgradcheck(ideal_cd_angle, args)
+    assert ideal_cd_angle(c1[:3].float(), c2[:3].float()).dtype == torch.float32

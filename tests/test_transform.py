@@ -1,6 +1,7 @@
 """to_xyz / to_internal: every method, against ASE, each other, finite differences."""
 
 import contextlib
+import functools
 import math
 import os
 
@@ -418,6 +419,11 @@ def test_allene_issue_example_every_method_agrees():
     # of atom 2's placement), on the +y side, as ASE places it
     ase = torch.tensor(parse_zmatrix(_zmatrix_lines(_ALLENE_TABLE, c)).positions)
     torch.testing.assert_close(xyz, ase, atol=1e-9, rtol=0)
+    # the cousin's own frame varies smoothly through the straight angle: exact derivatives there
+    x = c.clone().requires_grad_()
+    for method in METHODS:
+        f = functools.partial(zmat.to_xyz, table=_ALLENE_TABLE, method=method)
+        assert torch.autograd.gradcheck(f, x) and torch.autograd.gradgradcheck(f, x)
 
 
 def _breadth_first_table(atoms):

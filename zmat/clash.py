@@ -85,7 +85,7 @@ import torch
 import torch.nn.functional as F
 
 from ._amp import float32_under_autocast
-from ._geometry import safe_norm
+from ._geometry import safe_norm, tiny
 from ._neighbors import CellList, build_cell_list
 from ._segments import on_host, segments
 
@@ -657,8 +657,9 @@ def _neighbor_sum(xyz_f, radii_f, mask_f, excl, layout: _Layout, pen: _Penalty, 
 # public entry points
 
 
-def _prepare(xyz, radii, mask, pen: _Penalty, exclude=None, depth=3, ptr=None, batch=None):
-    """Validate, broadcast and flatten: ``xyz_f (M, 3), radii_f (M,), mask_f, layout, excl``."""
+def _prepare(xyz, radii, mask, pen: _Penalty, exclude=None, depth=3, ptr=None, batch=None, flatten=True):
+    """Validate, broadcast and flatten: ``xyz_f (M, 3), radii_f (M,), mask_f, layout, excl``
+    (``flatten=False``: ``xyz``, ``radii`` as a tensor and ``mask`` as given)."""
     _check_scalars(xyz, pen)
     *lead, n, _ = xyz.shape
     full = (*lead, n)
@@ -678,10 +679,6 @@ def _prepare(xyz, radii, mask, pen: _Penalty, exclude=None, depth=3, ptr=None, b
             f"clash_loss: radii of shape {tuple(radii.shape)} do not match xyz of shape "
             f"{tuple(xyz.shape)}; expected (N,) or (..., N) with N = {n}"
         )
-    m = math.prod(full)
-    xyz_f = xyz.reshape(m, 3)
-    radii_f = radii.expand(full).reshape(m)
-    mask_f = None
     if mask is not None:
         if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
             raise TypeError("clash_loss: mask must be a bool tensor")
@@ -692,13 +689,24 @@ def _prepare(xyz, radii, mask, pen: _Penalty, exclude=None, depth=3, ptr=None, b
                 f"clash_loss: mask of shape {tuple(mask.shape)} does not match xyz of "
                 f"shape {tuple(xyz.shape)}; expected (N,) or (..., N) with N = {n}"
             )
-        mask_f = mask.expand(full).reshape(m)
-        # Padded atoms may hold garbage (NaN): a where, not a product, keeps
-        # it out of the values and the gradient.
-        xyz_f = torch.where(mask_f[:, None], xyz_f, 0.0)
-        radii_f = torch.where(mask_f, radii_f, 0.0)
     layout, excl = _layout(xyz, lead, n, exclude, depth, ptr, batch)
-    return xyz_f, radii_f, mask_f, layout, excl
+    if not flatten:
+        return xyz, radii, mask, layout, excl
+    return (*_flatten(xyz, radii, mask), layout, excl)
+
+
+def _flatten(xyz, radii, mask):
+    """``xyz_f (M, 3), radii_f (M,), mask_f (M,) or None``, padding zeroed."""
+    full = xyz.shape[:-1]
+    m = math.prod(full)
+    xyz_f = xyz.reshape(m, 3)
+    radii_f = radii.expand(full).reshape(m)
+    if mask is None:
+        return xyz_f, radii_f, None
+    mask_f = mask.expand(full).reshape(m)
+    # Padded atoms may hold garbage (NaN): a where, not a product, keeps
+    # it out of the values and the gradient.
+    return torch.where(mask_f[:, None], xyz_f, 0.0), torch.where(mask_f, radii_f, 0.0), mask_f
 
 
 def _layout(xyz, lead, n: int, exclude, depth: int, ptr, batch):
@@ -937,10 +945,15 @@ def clash_loss(
         tensor(0.4000)
     """
     pen = _penalty_params(kind, tolerance, temperature, tail, cap)
-    prepared = _prepare(xyz, radii, mask, pen, exclude, exclusion_depth, ptr, batch)
-    xyz_f, radii_f, mask_f, layout, excl = prepared
     if method not in CLASH_METHODS:
         raise ValueError(f"clash_loss: unknown method {method!r}; choose one of {CLASH_METHODS}")
+    serial = pairs is not None and _serial(xyz)
+    prepared = _prepare(xyz, radii, mask, pen, exclude, exclusion_depth, ptr, batch, flatten=not serial)
+    if pairs is not None:
+        _check_pairs(pairs, xyz)
+    if serial:
+        return _serial_pairs_loss(*prepared, pairs, pen).to(xyz.dtype).reshape(prepared[3].shape)
+    xyz_f, radii_f, mask_f, layout, excl = prepared
     if pairs is not None:
         out = _given_pairs_sum(xyz_f, radii_f, mask_f, excl, pairs, layout, pen)
     elif _resolve_method(method, xyz.device, xyz_f.shape[0], layout.n) == "neighbors":
@@ -957,16 +970,15 @@ def _resolve_method(method: str, device: torch.device, m: int, n: int) -> str:
     return "all_pairs" if (m // max(n, 1)) * n * (n - 1) // 2 <= limit else "neighbors"
 
 
-def _given_pairs_sum(xyz_f, radii_f, mask_f, excl, pairs, layout: _Layout, pen: _Penalty):
-    """Loss over a given (P, 2) pair list: no sync; self pairs, exclusions and padding
-    become a mask."""
+def _check_pairs(pairs, xyz) -> None:
+    """A (P, 2) integer pair list on ``xyz``'s device; indices checked where on the host."""
     if not isinstance(pairs, torch.Tensor) or pairs.ndim != 2 or pairs.shape[1] != 2:
         raise ValueError(f"clash_loss: pairs must be a (P, 2) tensor, got {getattr(pairs, 'shape', pairs)}")
     if pairs.dtype.is_floating_point or pairs.dtype.is_complex or pairs.dtype == torch.bool:
         raise TypeError(f"clash_loss: pairs must hold integers, got {pairs.dtype}")
-    if pairs.device != xyz_f.device:
-        raise ValueError(f"clash_loss: pairs on {pairs.device}, xyz on {xyz_f.device}")
-    m = xyz_f.shape[0]
+    if pairs.device != xyz.device:
+        raise ValueError(f"clash_loss: pairs on {pairs.device}, xyz on {xyz.device}")
+    m = xyz.numel() // 3
     if pairs.numel() and on_host(pairs):  # host memory: checking it involves no device
         host = pairs.numpy()
         bad = (host < 0) | (host >= m)
@@ -976,6 +988,11 @@ def _given_pairs_sum(xyz_f, radii_f, mask_f, excl, pairs, layout: _Layout, pen: 
                 f"clash_loss: pairs row {row} = {host[row].tolist()} is out of range [0, {m}) "
                 f"(indices into xyz.reshape(-1, 3))"
             )
+
+
+def _given_pairs_sum(xyz_f, radii_f, mask_f, excl, pairs, layout: _Layout, pen: _Penalty):
+    """Loss over a given (P, 2) pair list: no sync; self pairs, exclusions and padding
+    become a mask."""
     i, j = pairs[:, 0], pairs[:, 1]
     keep = i != j  # a self pair is no pair (no sync: a mask, not a filter)
     if mask_f is not None:
@@ -1015,3 +1032,224 @@ def _propagate_nan(out, xyz_f, radii_f, layout: _Layout):
     if layout.seg is not None:
         return out.index_add(0, layout.seg, bad)
     return out + bad.view(layout.size, layout.n).sum(-1)
+
+
+# ----------------------------------------------------------------------------
+# the CPU path of a given pair list that opens no parallel region
+#
+# torch runs an op over more than 32,768 elements (its grain) on every intra-op
+# thread, and each such op waits for all of them: with a second process busy on
+# one core, each op then waits for the scheduler (milliseconds), and a loss of
+# ~70 such ops took 100x longer. This path works on chunks of pairs whose every
+# tensor stays below the grain (1-D columns of ``_SERIAL_CHUNK`` elements), and
+# never touches an (M, 3) tensor with a torch op: so it opens no parallel region,
+# whatever the thread setting (which it leaves alone).
+
+_SERIAL_CHUNK = 32767  # below the grain (32,768): a 1-D op on a chunk runs on one thread
+
+
+def _serial(xyz) -> bool:
+    """Whether ``clash_loss(pairs=)`` takes the serial CPU path (eager CPU, several threads)."""
+    if not isinstance(xyz, torch.Tensor) or not on_host(xyz) or torch.get_num_threads() == 1:
+        return False
+    return not _is_functorch(xyz)
+
+
+def _is_functorch(t) -> bool:
+    try:  # a tensor inside torch.func transforms has no storage to read
+        t.data_ptr()
+    except RuntimeError:
+        return True
+    return False
+
+
+def _host_rows(t: torch.Tensor, full) -> np.ndarray:
+    """``t`` broadcast to ``full`` and flattened, as a numpy array (no torch op)."""
+    return np.array(np.broadcast_to(t.detach().numpy(), tuple(full))).reshape(-1)  # a writable copy
+
+
+class _SerialInputs(NamedTuple):
+    """Host-prepared inputs of :class:`_SerialPairSum`: padding zeroed by numpy."""
+
+    cols: tuple  # x, y, z: (M,) contiguous coordinate columns
+    radii: torch.Tensor  # (M,)
+    radii_mod: int  # radii gradient rows: atom % radii_mod (0: the atom)
+    keep_atom: torch.Tensor | None  # (M,) bool, the mask
+    i: torch.Tensor
+    j: torch.Tensor
+    excl: torch.Tensor | None
+    layout: _Layout
+    pen: _Penalty
+
+
+def _chunk_terms(inp: _SerialInputs, lo: int, hi: int):
+    """Per pair of chunk ``[lo, hi)``: ``(dx, dy, dz, c, keep, i, j)``: separation,
+    contact distance, kept flag, atoms (no graph)."""
+    i, j = inp.i[lo:hi], inp.j[lo:hi]
+    dx, dy, dz = (col.index_select(0, i) - col.index_select(0, j) for col in inp.cols)
+    c = inp.radii.index_select(0, i) + inp.radii.index_select(0, j) - inp.pen.tolerance
+    keep = i != j
+    if inp.keep_atom is not None:
+        keep = keep & inp.keep_atom.index_select(0, i) & inp.keep_atom.index_select(0, j)
+    if inp.excl is not None:
+        keep = keep & ~is_excluded(i, j, inp.layout.period, inp.excl)
+    return dx, dy, dz, c, keep, i, j
+
+
+def _distance(dx, dy, dz):
+    sq = dx * dx + dy * dy + dz * dz
+    ok = ~(sq <= tiny(sq.dtype))  # as safe_norm: coincident atoms, value 0 and gradient 0
+    return torch.where(ok, torch.sqrt(torch.where(ok, sq, 1.0)), 0.0), ok
+
+
+def _penalty_grad(pen: _Penalty, d, c):
+    """``(dp/dd, dp/dc)`` of :func:`_penalty`."""
+    o = c - d
+    if pen.kind == "lennard_jones":  # see _penalty; the capped part is its tangent at d_cap = k c
+        clash = (c > 0) & (d < c)
+        c_safe = torch.where(c > 0, c, 1.0)
+        d_cap = c_safe * (1.0 + math.sqrt(pen.cap)) ** (-1.0 / 6.0)
+        d_eff = torch.maximum(d, d_cap)
+        x = (c_safe / d_eff) ** 6
+        g = 12.0 * (x - 1.0) * x
+        g_c = g / c_safe * torch.where(d < d_cap, d / d_cap, 1.0)
+        return torch.where(clash, -g / d_eff, 0.0), torch.where(clash, g_c, 0.0)
+    if pen.kind == "flat_bottom":
+        s = (o > 0).to(o.dtype)
+    elif pen.kind == "flat_bottom_squared":
+        s = 2.0 * F.relu(o)
+    elif pen.kind == "softplus":
+        z = o / pen.temperature  # F.softplus is linear above its threshold, 20
+        s = torch.where(o > -pen.tail, torch.where(z > 20.0, 1.0, torch.sigmoid(z)), 0.0)
+    else:  # soft_count
+        q = torch.sigmoid(o / pen.temperature)
+        s = torch.where(o > -pen.tail, q * (1.0 - q) / pen.temperature, 0.0)
+    return -s, s
+
+
+def _host_zeros(shape, dtype) -> torch.Tensor:
+    """Zeros without a torch fill (numpy's allocation: no parallel region)."""
+    return torch.from_numpy(np.zeros(shape, dtype=torch.empty(0, dtype=dtype).numpy().dtype))
+
+
+class _SerialPairSum(torch.autograd.Function):
+    """Sum of penalties over a pair list, chunk by chunk, analytic per-pair backward
+    (double backward: a differentiable recomputation, which may use threads)."""
+
+    @staticmethod
+    def forward(xyz_f, radii, inp: _SerialInputs):
+        out = _host_zeros(inp.layout.size, torch.float64)
+        for lo in range(0, len(inp.i), _SERIAL_CHUNK):
+            dx, dy, dz, c, keep, i, _ = _chunk_terms(inp, lo, lo + _SERIAL_CHUNK)
+            p = torch.where(keep, _penalty(inp.pen, _distance(dx, dy, dz)[0], c), 0.0)
+            out.index_add_(0, inp.layout.of(i), p.to(torch.float64))
+        return out
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        xyz_f, radii, ctx.inp = inputs
+        ctx.save_for_backward(xyz_f, radii)
+
+    @staticmethod
+    def backward(ctx, grad):
+        xyz_f, radii = ctx.saved_tensors
+        inp, (need_x, need_r) = ctx.inp, ctx.needs_input_grad[:2]
+        if torch.is_grad_enabled():  # double backward: the differentiable torch path
+            gx, gr = _SerialPairSumBackward.apply(xyz_f, radii, grad, inp)
+            return gx if need_x else None, gr if need_r else None, None
+        return _serial_grad(inp, grad, xyz_f, radii, need_x, need_r) + (None,)
+
+
+def _serial_grad(inp: _SerialInputs, grad, xyz_f, radii, need_x: bool, need_r: bool):
+    """First derivatives of :class:`_SerialPairSum`, chunk by chunk (no graph)."""
+    gx = _host_zeros(tuple(xyz_f.shape), xyz_f.dtype) if need_x else None
+    gr = _host_zeros(radii.shape[0], radii.dtype) if need_r else None
+    cols = None if gx is None else gx.unbind(1)  # strided views: written in place
+    for lo in range(0, len(inp.i), _SERIAL_CHUNK):
+        dx, dy, dz, c, keep, i, j = _chunk_terms(inp, lo, lo + _SERIAL_CHUNK)
+        d, ok = _distance(dx, dy, dz)
+        g_d, g_c = _penalty_grad(inp.pen, d, c)
+        w = torch.where(keep, grad.index_select(0, inp.layout.of(i)).to(d.dtype), 0.0)
+        if need_x:
+            s = torch.where(ok, w * g_d / torch.where(ok, d, 1.0), 0.0)  # d|dx|/d(dx) = dx / d
+            for col, v in zip(cols, (dx, dy, dz), strict=True):
+                f = s * v
+                col.index_add_(0, i, f).index_add_(0, j, -f)
+        if need_r:
+            f = w * g_c
+            ri, rj = (t if inp.radii_mod == 0 else torch.remainder(t, inp.radii_mod) for t in (i, j))
+            gr.index_add_(0, ri, f).index_add_(0, rj, f)
+    return gx, gr
+
+
+class _SerialPairSumBackward(torch.autograd.Function):
+    """Double backward of :class:`_SerialPairSum`: the same sum recomputed by plain torch
+    ops with a graph, differentiated with ``create_graph``."""
+
+    @staticmethod
+    def forward(xyz_f, radii, grad, inp):
+        return _serial_grad(inp, grad, xyz_f, radii, True, True)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        xyz_f, radii, grad, ctx.inp = inputs
+        ctx.save_for_backward(xyz_f, radii, grad)
+
+    @staticmethod
+    def backward(ctx, gg_x, gg_r):
+        xyz_f, radii, grad = ctx.saved_tensors
+        inp = ctx.inp
+        with torch.enable_grad():
+            x = xyz_f.detach().requires_grad_(True)
+            r = radii.detach().requires_grad_(True)
+            g = grad.detach().requires_grad_(True)
+            keep = None if inp.keep_atom is None else inp.keep_atom
+            x_f = x if keep is None else torch.where(keep[:, None], x, 0.0)
+            r_f = _radii_rows(r, inp, len(x))
+            pk = inp.i != inp.j
+            if keep is not None:
+                pk = pk & keep[inp.i] & keep[inp.j]
+            if inp.excl is not None:
+                pk = pk & ~is_excluded(inp.i, inp.j, inp.layout.period, inp.excl)
+            s = (_pair_sum(x_f, r_f, inp.i, inp.j, pk, inp.layout, inp.pen) * g).sum()
+            first = torch.autograd.grad(s, [x, r], create_graph=True)
+            total = sum((o * gg).sum() for o, gg in zip(first, (gg_x, gg_r), strict=True) if gg is not None)
+            if not torch.is_tensor(total):
+                return None, None, None, None
+            grads = torch.autograd.grad(total, [x, r, g], allow_unused=True)
+        return grads[0], grads[1], grads[2], None
+
+
+def _radii_rows(r, inp: _SerialInputs, m: int):
+    """Per-atom radii (M,) from the differentiable radii ``r`` (its own rows or N)."""
+    rows = r if inp.radii_mod == 0 else r.repeat(m // inp.radii_mod)
+    return rows if inp.keep_atom is None else torch.where(inp.keep_atom, rows, 0.0)
+
+
+def _serial_pairs_loss(xyz, radii, mask, layout: _Layout, excl, pairs, pen: _Penalty):
+    """``clash_loss(pairs=)`` on the CPU, without a parallel region: ``(size,)`` float64."""
+    full = xyz.shape[:-1]
+    xyz_f = xyz.reshape(-1, 3)
+    x = xyz_f.detach().numpy()
+    r = _host_rows(radii, full)
+    keep = None if mask is None else _host_rows(mask, full)
+    # NaN policy, read on the host: a non-finite unmasked coordinate or radius makes
+    # its structure NaN; padding is zeroed (it may hold anything)
+    bad = ~(np.isfinite(x).all(1) & np.isfinite(r))
+    if keep is not None:
+        bad &= keep
+        x, r = np.where(keep[:, None], x, 0), np.where(keep, r, 0)
+    cols = tuple(torch.from_numpy(np.ascontiguousarray(x[:, k])) for k in range(3))
+    radii_mod = 0 if tuple(radii.shape) == tuple(full) else (full[-1] if radii.numel() == full[-1] else -1)
+    if radii_mod == -1:  # an unusual broadcast: differentiate through rows made by torch
+        radii = radii.expand(full).reshape(-1)
+        radii_mod = 0
+    ij = pairs.numpy().astype(np.int64, copy=False)
+    i, j = (torch.from_numpy(np.ascontiguousarray(ij[:, k])) for k in range(2))  # numpy copies: no torch op
+    keep_t = None if keep is None else torch.from_numpy(keep)
+    inp = _SerialInputs(cols, torch.from_numpy(r), radii_mod, keep_t, i, j, excl, layout, pen)
+    out = _SerialPairSum.apply(xyz_f, radii.reshape(-1), inp)
+    if bad.any():
+        rows = torch.from_numpy(np.nonzero(bad)[0])
+        out = out.index_put((layout.of(rows),), torch.tensor(math.nan, dtype=out.dtype))
+    return out

@@ -27,8 +27,6 @@ import math
 
 import numpy as np
 import torch
-from scipy.sparse import coo_matrix
-from scipy.sparse.csgraph import connected_components
 from torch.distributions import Transform, constraints
 
 from ._geometry import safe_atan2, safe_norm, tiny
@@ -48,12 +46,13 @@ def _clamp(dtype: torch.dtype) -> float:
 
 
 def _log_det(C: torch.Tensor, bond: torch.Tensor, angle: torch.Tensor) -> torch.Tensor:
-    """``sum 2 log|r| [bond] + log|sin theta| [angle]`` over the atoms, ``(...)``."""
+    """``sum_i bond_i log|r_i| + angle_i log|sin theta_i|``, ``(...)``: ``bond`` ``(N,)`` is 2 for
+    the atoms with a bond reference, ``angle`` 1 for those with an angle reference, else 0
+    (weights, not masks: a product is cheaper than a select, forward and backward; every
+    column read must be finite)."""
     eps = _clamp(C.dtype)
-    r, theta = C[..., 0], C[..., 1]
-    zero = torch.zeros((), dtype=C.dtype, device=C.device)
-    lr = torch.where(bond, 2 * torch.log(r.abs().clamp_min(eps)), zero)
-    ls = torch.where(angle, torch.log(torch.sin(theta).abs().clamp_min(eps)), zero)
+    lr = torch.log(C[..., 0].abs().clamp_min(eps)) * bond.to(C.dtype)
+    ls = torch.log(torch.sin(C[..., 1]).abs().clamp_min(eps)) * angle.to(C.dtype)
     return (lr + ls).sum(-1)
 
 
@@ -94,7 +93,8 @@ def log_det_jacobian(C: torch.Tensor, table) -> torch.Tensor:
     if C.ndim < 2 or tuple(C.shape[-2:]) != (table.n_atoms, 3):
         raise ValueError(f"C must have shape (..., {table.n_atoms}, 3), got {tuple(C.shape)}")
     present = table.plan(C.device).present
-    return _log_det(C, present[:, 0], present[:, 1])
+    C = torch.where(present, C, 1.0)  # the columns to_xyz ignores may hold anything
+    return _log_det(C, 2 * present[:, 0], present[:, 1])
 
 
 class InternalCoordinateTransform(Transform):
@@ -246,7 +246,7 @@ class InternalCoordinateTransform(Transform):
         R, origin = self._frames(c, t)
         if p.n_frames > 1:  # one frame per atom; a single frame broadcasts
             R, origin = R.index_select(2, t["frame_of"]), origin.index_select(1, t["frame_of"])
-        X = origin + R[:, 0] * Y[0] + R[:, 1] * Y[1] + R[:, 2] * Y[2]  # x = o + R y, per atom
+        X = origin + (R * Y).sum(1)  # x = o + R y per atom: R[k, j] y[j] summed over j
         return torch.where(t["cartesian"], c, _atoms(X, shape[:-2]))
 
     def _frames(self, c: torch.Tensor, t: dict):
@@ -282,7 +282,7 @@ class InternalCoordinateTransform(Transform):
         """``log|det d xyz / d q|``, ``(...)``, from ``q`` (``xyz`` is not read)."""
         q3 = q.unflatten(-1, self.forward_shape(q.shape)[-2:])
         t = self._tensors(q.device)
-        out = _log_det(self._scale(q3, t, inverse=False), t["bond"], t["angle"])
+        out = _log_det(self._scale(q3, t, inverse=False), t["ld_bond"], t["ld_angle"])
         return out + self._constant if self._constant else out
 
     def call_and_ladj(self, q: torch.Tensor):
@@ -367,9 +367,10 @@ def _euler_to_matrix(alpha: torch.Tensor, cos_beta: torch.Tensor, gamma: torch.T
     ``(3, 3, ...)``: row, column, then the shape of the angles."""
     ca, sa, cg, sg = torch.cos(alpha), torch.sin(alpha), torch.cos(gamma), torch.sin(gamma)
     cb, sb = cos_beta, _sin_from_cos(cos_beta)
-    m0 = torch.stack([ca * cb * cg - sa * sg, sa * cb * cg + ca * sg, -sb * cg])  # M e_x
-    m1 = torch.stack([-ca * cb * sg - sa * cg, -sa * cb * sg + ca * cg, sb * sg])  # M e_y
-    m2 = torch.stack([ca * sb, sa * sb, cb])  # M e_z
+    a = torch.stack([ca * cb, sa * cb, -sb])  # Rz(alpha) Ry(beta) e_x
+    b = torch.stack([-sa, ca, torch.zeros_like(ca)])  # Rz(alpha) Ry(beta) e_y
+    m2 = torch.stack([ca * sb, sa * sb, cb])  # M e_z, the first bond's direction
+    m0, m1 = cg * a + sg * b, cg * b - sg * a  # M e_x, M e_y: a and b turned by gamma
     return torch.stack([m2, m0, m1], 1)  # R = M P: columns M e_z, M e_x, M e_y
 
 
@@ -430,6 +431,9 @@ class _Plan:
         is_fixed[fixed] = True
         free = ~is_fixed
         nref = (refs >= 0).sum(1)
+        from scipy.sparse import coo_matrix  # here, not at import: `import zmat` stays light
+        from scipy.sparse.csgraph import connected_components
+
         # connected groups of free atoms (references between free atoms)
         i, col = np.nonzero((refs >= 0) & free[:, None])
         keep = free[refs[i, col]]
@@ -533,8 +537,6 @@ class _Plan:
             "cm_cartesian": cm(cartesian),
             "orientation": cm(orientation),
             "present": cm(refs >= 0),
-            "bond": free & (nref >= 1),
-            "angle": free & (nref >= 2),
         }
         scale = np.ones((n, 3))
         shift = np.zeros((n, 3))
@@ -542,6 +544,8 @@ class _Plan:
         scale[kind == PERIODIC] = 2 * math.pi
         shift[kind == PERIODIC] = -math.pi
         self.floats = {"scale": scale, "shift": shift, "cm_scale": cm(scale), "cm_shift": cm(shift)}
+        self.floats["ld_bond"] = 2.0 * (free & (nref >= 1))  # log-det weights
+        self.floats["ld_angle"] = 1.0 * (free & (nref >= 2))
 
     def tensors(self, device) -> dict:
         out = {k: index_tensor(v, device) for k, v in self.arrays.items()}

@@ -116,37 +116,31 @@ class ConstructionTable:
         if isinstance(tables, (ConstructionTable, np.ndarray, torch.Tensor)) or len(tables) == 0:
             raise ValueError("concatenate needs a non-empty sequence of tables")
         pieces = [as_table(t) for t in tables]
-        if index is None:
-            index = np.arange(len(pieces))
-        else:
+        if index is not None:
             index = np.asarray(index)
             if index.ndim != 1 or index.dtype.kind not in "iu" or not len(index):
                 raise ValueError(
-                    f"concatenate: index must be a non-empty 1-D integer array, got {index!r:.80}"
+                    f"concatenate: index must be a non-empty 1-D integer array, got {index!r:.60}"
                 )
             if index.min() < 0 or index.max() >= len(pieces):
                 raise ValueError(f"concatenate: index out of range for {len(pieces)} tables")
-        # One packed array per piece (cached on it), side by side in a pool (the
-        # shorter offset chains padded with "none"), then one gather of columns.
+            # a gather of the pieces' table (planned once); its arrays made when read
+            pool, ptr = _pool(tuple(pieces))
+            return pool._take(ptr, index)
+        # One packed array per piece (cached on it), side by side (the shorter
+        # offset chains padded with "none").
         packed = [t._packed if "_packed" in t.__dict__ else t._pack() for t in pieces]
         size = np.fromiter((a.shape[1] for a in packed), np.int64, len(packed))
         height = max(a.shape[0] for a in packed)
         if all(a.shape[0] == height for a in packed):
-            pool = np.concatenate(packed, 1)
+            out = np.concatenate(packed, 1)
         else:
-            pool = np.full((height, int(size.sum())), _NONE, np.int64)
+            out = np.full((height, int(size.sum())), _NONE, np.int64)
             at = 0
             for a in packed:
-                pool[: a.shape[0], at : at + a.shape[1]] = a
+                out[: a.shape[0], at : at + a.shape[1]] = a
                 at += a.shape[1]
-        sizes = size[index]
-        first = np.repeat(np.cumsum(sizes) - sizes, sizes)  # new index of each piece's first atom
-        if len(index) == len(pieces) and np.array_equal(index, np.arange(len(pieces))):
-            out = pool
-        else:
-            out = np.take(
-                pool, np.repeat((np.cumsum(size) - size)[index], sizes) + np.arange(len(first)) - first, 1
-            )
+        first = np.repeat(np.cumsum(size) - size, size)  # new index of each piece's first atom
         # every atom index shifted by its piece's offset; "none" (_NONE) stays negative
         out[3:] += first
         return cls._from_packed(out)
@@ -164,7 +158,7 @@ class ConstructionTable:
         def taken() -> ConstructionTable:
             packed = self._packed if "_packed" in self.__dict__ else self._pack()
             shift = np.repeat(np.cumsum(sizes) - sizes - ptr[index], sizes)  # new - old index of every row
-            out = np.take(packed, np.arange(len(shift)) - shift, axis=1)
+            out = _take_columns(packed, np.arange(len(shift)) - shift)
             out[3:] += shift
             width = int((out[_PACKED:] >= 0).any(1).sum())  # the widest offset chain of the components taken
             return type(self)._from_packed(out[: _PACKED + width])
@@ -406,6 +400,24 @@ class ConstructionTable:
 
 
 _PLANS = "_plans "
+
+
+@functools.lru_cache(maxsize=8)
+def _pool(pieces: tuple) -> tuple:
+    """``ConstructionTable.concatenate(pieces)`` and its component bounds, for
+    ``concatenate(pieces, index)``: planned once per set of pieces (kept
+    alive here, a few per process: residue or molecule types)."""
+    size = np.array([t.n_atoms for t in pieces])
+    return ConstructionTable.concatenate(list(pieces)), np.append(0, np.cumsum(size))
+
+
+def _take_columns(a: np.ndarray, column: np.ndarray) -> np.ndarray:
+    """``a[:, column]`` of a 2-D array, a row at a time (numpy's gather along
+    the second axis of a C-ordered array is several times slower)."""
+    out = np.empty((a.shape[0], len(column)), a.dtype)
+    for k in range(a.shape[0]):
+        np.take(a[k], column, out=out[k])
+    return out
 
 
 def _attribute(make, name: str):

@@ -19,6 +19,14 @@
   :func:`structural_violations` (:mod:`zmat.protein.violations`).
 * :func:`internal_from_six_angles` / :func:`six_angles_from_backbone`:
   FoldingDiff's six-angle backbone.
+* All-atom structures (``docs/allatom.md``): DNA/RNA, hydrogens
+  (``hydrogens=``, :class:`Protonation`) and ligands (``ligands=``) make
+  ``from_pdb`` return a :class:`Complex` (one tree over every kept atom,
+  nucleotide torsions and sugar puckers in ``torsions``, ligand torsions,
+  ``ideal_internal`` from torsions and puckers); :class:`ComplexBatch` batches
+  them. Modules: ``ccd`` (CCD entries), ``nucleic``, ``sugar``,
+  ``nucleic_ideal``, ``hydrogens``, ``ligands`` <- ``allatom`` (parsing, the
+  tree) <- ``complex`` <- ``structure``.
 
 Conventions: Angstrom, radians, IUPAC dihedral signs; torsion columns in
 ``TORSION_NAMES`` order; templates and ideal geometry in
@@ -47,6 +55,8 @@ from .build import (
     six_angles_from_backbone,
     to_xyz_from_torsions,
 )
+from .complex import TORSION_KEYS, Complex
+from .complex_batch import ComplexBatch
 from .frames import (
     apply_frames,
     atom14_from_frames,
@@ -55,6 +65,7 @@ from .frames import (
     backbone_frames_from_torsions,
     rigid_from_three_points,
 )
+from .hydrogens import Protonation
 from .layout import Layout, layout_of
 from .structure import Protein, from_pdb, from_structure
 from .topology import CHI_ATOMS, RESIDUES, TORSION_NAMES, ResidueTemplate, one_to_three
@@ -74,6 +85,10 @@ __all__ = [
     "from_atom14",
     "from_atom37",
     "CHI_ATOMS",
+    "Complex",
+    "ComplexBatch",
+    "Protonation",
+    "TORSION_KEYS",
     "DEFAULT_TORSIONS",
     "FOLDINGDIFF_ANGLES",
     "FOLDINGDIFF_LENGTHS",

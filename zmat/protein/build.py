@@ -7,7 +7,10 @@ the rest of the geometry is ideal (``zmat.protein.topology``). Torsions are
 default torsion is used instead (``DEFAULT_TORSIONS``), or the measured value
 when rebuilding a structure read from a file. phi of the first residue, omega
 of the last one and chis a residue does not have are ignored; psi of the last
-residue places ``OXT`` (and so ``O``).
+residue places ``OXT`` (and so ``O``). Proline's ring is closed in every path:
+its CB-CG-CD angle is set so that CD is ``PRO_CD_N`` from N
+(:func:`proline_cd_angle`), and its NaN chi1/chi2 default to
+``topology.PRO_DEFAULT_CHI``.
 
 * :func:`internal_from_torsions` / :func:`to_xyz_from_torsions`: one sequence,
   any leading batch dimensions.
@@ -45,15 +48,15 @@ from ..transform import to_internal, to_xyz
 from .layout import (
     N_TORSIONS,
     Layout,
+    ProlineRing,
     SharedTensors,
     layout_from_types,
-    proline_chi,
     residue_types,
     ring_atoms,
     sequence_types,
 )
 from .pieces import FORWARD, batch_arrays, batch_table, stamp
-from .topology import AA3, TORSION_NAMES, geometry, one_to_three
+from .topology import AA3, RESIDUES, TORSION_NAMES, geometry, one_to_three
 
 __all__ = [
     "DEFAULT_TORSIONS",
@@ -171,9 +174,6 @@ def _fill(lay: Layout, torsions) -> torch.Tensor:
 
 
 # ------------------------------------------------------------ proline's ring
-#: Proline's chi1 and chi2 where NaN is given (radians): +30 and -35 deg, the C-gamma
-#: endo pucker (``DEFAULT_TORSIONS``' -60 and 180 deg cannot close its ring).
-PRO_DEFAULT_CHI = (math.radians(30.0), math.radians(-35.0))
 #: Proline's ring-closing bond N-CD (Engh & Huber 1991), Angstrom.
 PRO_CD_N = geometry("PRO")["CD-N"]
 
@@ -203,6 +203,10 @@ def proline_cd_angle(chi1, chi2, n_ca, ca_cb, n_ca_cb, cb_cg, ca_cb_cg, cg_cd, c
     Returns:
         ``t``, radians.
     """
+    like = {"dtype": chi1.dtype, "device": chi1.device}
+    n_ca, ca_cb, n_ca_cb, cb_cg, ca_cb_cg, cg_cd, cb_cg_cd, cd_n = (
+        torch.as_tensor(v, **like) for v in (n_ca, ca_cb, n_ca_cb, cb_cg, ca_cb_cg, cg_cd, cb_cg_cd, cd_n)
+    )
     cos, sin = torch.cos, torch.sin
     ca_x, ca_y = cb_cg - ca_cb * cos(ca_cb_cg), ca_cb * sin(ca_cb_cg)
     ax, ay = cos(ca_cb_cg), sin(ca_cb_cg)
@@ -221,36 +225,127 @@ def proline_cd_angle(chi1, chi2, n_ca, ca_cb, n_ca_cb, cb_cg, ca_cb_cg, cg_cd, c
     )
 
 
-def close_proline_rings(lay, internal: torch.Tensor, cd_n=PRO_CD_N) -> torch.Tensor:
+@functools.cache
+def _ideal_ring() -> tuple[float, ...]:
+    """:func:`proline_cd_angle`'s terms with proline's ideal geometry folded in: with
+    ``c = cos(chi1)``, ``N = (P + Q c, U + V c, W sin(chi1))`` and ``K = K0 + K1 c``
+    (``|N|^2`` is linear in ``c``: the ``c^2`` terms cancel); then ``t0``."""
+    pro = RESIDUES["PRO"]
+    row = {a: pro.ideal[pro.index(a)] for a in ("CA", "CB", "CG", "CD")}
+    n_ca, (ca_cb, beta), (cb_cg, alpha), (r, t0) = row["CA"][0], row["CB"][:2], row["CG"][:2], row["CD"][:2]
+    ax, ay, bx, by = math.cos(alpha), math.sin(alpha), n_ca * math.cos(beta), n_ca * math.sin(beta)
+    P, Q = cb_cg - ca_cb * ax + bx * ax, -by * ay
+    U, V, W = ca_cb * ay - bx * ay, -by * ax, by
+    K0 = (r * r + P * P + U * U + W * W - PRO_CD_N**2) / (2 * r)
+    K1 = (P * Q + U * V) / r
+    return P, Q, U, V, W, K0, K1, t0
+
+
+def ideal_cd_angle(chi1: torch.Tensor, chi2: torch.Tensor) -> torch.Tensor:
+    """:func:`proline_cd_angle` with proline's ideal geometry (the hot path): the terms
+    folded into constants (:func:`_ideal_ring`), the derivatives written out, and on the
+    CPU computed in numpy, so a step dispatches a handful of ops, not a hundred.
+    Differentiable twice (the second time in torch ops); elsewhere (devices, ``torch.func``
+    transforms, tracing) plain torch ops."""
+    if _kernel.usable(chi1):
+        return _IdealCDAngle.apply(chi1, chi2)
+    return _ideal_angle(torch, chi1, chi2).to(chi1.dtype)
+
+
+def _ideal_terms(xp, chi1, chi2):
+    """``A, B, K, h`` of :func:`proline_cd_angle` and their derivatives in chi1, chi2
+    (``xp``: numpy or torch)."""
+    P, Q, U, V, W, K0, K1, _ = _ideal_ring()
+    c1, s1, c2, s2 = xp.cos(chi1), xp.sin(chi1), xp.cos(chi2), xp.sin(chi2)
+    vu = c1 * V + U
+    A, B, K = c1 * Q + P, vu * c2 - s1 * s2 * W, c1 * K1 + K0
+    dA, dK = s1 * -Q, s1 * -K1  # d/dchi1 (0 in chi2)
+    dB1, dB2 = -(s1 * c2 * V + c1 * s2 * W), -(vu * s2 + s1 * c2 * W)
+    h2 = A * A + B * B - K * K
+    reach = h2 > _TINY_RING  # else the ring cannot close: h = 0, CD as near as it gets
+    h = xp.where(reach, xp.where(reach, h2, 1.0) ** 0.5, 0.0)
+    return A, B, K, h, (dA, dK, dB1, dB2, reach)
+
+
+_TINY_RING = 1e-12  # h^2 (A^2) below which the ring counts as not closing
+
+
+def _ideal_angle(xp, chi1, chi2, grad: bool = False):
+    """The angle (of ``mid +- delta``, the one nearer the ideal) and, with ``grad``, its
+    derivatives in chi1 and chi2."""
+    A, B, K, h, (dA, dK, dB1, dB2, reach) = _ideal_terms(xp, chi1, chi2)
+    atan2 = torch.atan2 if xp is torch else np.arctan2
+    t0 = _ideal_ring()[-1]
+    mid, delta = atan2(B, A), atan2(h, K)
+    sign = xp.where(abs(mid + delta - t0) <= abs(mid - delta - t0), 1.0, -1.0)
+    if not grad:
+        return mid + sign * delta
+    R2 = A * A + B * B  # = h^2 + K^2 where the ring closes
+    safe_h = xp.where(reach, h, 1.0)
+    dh1 = xp.where(reach, (A * dA + B * dB1 - K * dK) / safe_h, 0.0)
+    dh2 = xp.where(reach, B * dB2 / safe_h, 0.0)
+    hk = xp.where(reach, R2, h * h + K * K)
+    d1 = (A * dB1 - B * dA) / R2 + sign * (K * dh1 - h * dK) / hk
+    d2 = A * dB2 / R2 + sign * K * dh2 / hk
+    return d1, d2
+
+
+class _IdealCDAngle(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, chi1, chi2):
+        ctx.save_for_backward(chi1, chi2)
+        c1, c2 = (x.detach().numpy().astype(np.float64) for x in (chi1, chi2))
+        return torch.from_numpy(_ideal_angle(np, c1, c2)).to(chi1.dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        chi1, chi2 = ctx.saved_tensors
+        if torch.is_grad_enabled():  # double backward: differentiable torch ops
+            d1, d2 = _ideal_angle(torch, chi1, chi2, grad=True)
+        else:
+            c1, c2 = (x.detach().numpy().astype(np.float64) for x in (chi1, chi2))
+            d1, d2 = (torch.from_numpy(d).to(g.dtype) for d in _ideal_angle(np, c1, c2, grad=True))
+        return g * d1, g * d2
+
+
+def close_proline_rings(lay, internal: torch.Tensor, cd_n=None) -> torch.Tensor:
     """``internal`` with each proline's CB-CG-CD angle set by :func:`proline_cd_angle`
-    from the bond lengths, angles, chi1 and chi2 in ``internal`` (ideal or a structure's
-    own), so that its ring closes.
+    from the bond lengths, angles, chi1 and chi2 in ``internal``, so that its ring closes.
 
     Args:
         lay: a :class:`~zmat.protein.layout.Layout` (or the batch arrays) with
             ``proline_rows``: ``(P, 4)`` atoms CA, CB, CG, CD of the prolines whose
             ring rows are canonical (others are left as they are).
         internal: ``(..., N, 3)``.
-        cd_n: the CD-N length to close, a float or ``(P,)`` tensor.
+        cd_n: ``None``: the rows hold proline's ideal geometry (every torsion path
+            that fills ideal values) and close to ``PRO_CD_N``, with the geometry
+            folded into constants; else the CD-N length to close (a float or ``(P,)``
+            tensor) with the geometry read from ``internal`` (a structure's own).
     """
     if not len(lay.proline_rows):
         return internal
-    idx = lay.tensor("proline_rows", internal.device)
-    ca, cb, cg, cd = internal.index_select(-2, idx.T.reshape(-1)).unflatten(-2, (4, -1)).unbind(-3)
-    angle = proline_cd_angle(cg[..., 2], cd[..., 2], ca[..., 0], cb[..., 0], cb[..., 1], cg[..., 0],
-                             cg[..., 1], cd[..., 0], cd[..., 1], cd_n)  # fmt: skip
-    theta = internal[..., 1].index_copy(-1, idx[:, 3], angle)
-    return torch.stack([internal[..., 0], theta, internal[..., 2]], -1)
+    flat = internal.flatten(-2)  # entries atom * 3 + column: one gather, one scatter
+    if cd_n is None:
+        chi = flat.index_select(-1, lay.tensor("proline_ring_chi", internal.device))  # (..., 2 P)
+        angle = ideal_cd_angle(*chi.unflatten(-1, (2, -1)).unbind(-2))
+    else:
+        idx = lay.tensor("proline_rows", internal.device)
+        ca, cb, cg, cd = internal.index_select(-2, idx.T.reshape(-1)).unflatten(-2, (4, -1)).unbind(-3)
+        angle = proline_cd_angle(cg[..., 2], cd[..., 2], ca[..., 0], cb[..., 0], cb[..., 1], cg[..., 0],
+                                 cg[..., 1], cd[..., 0], cd[..., 1], cd_n)  # fmt: skip
+    return flat.index_copy(-1, lay.tensor("proline_cd_angle", internal.device), angle).view_as(internal)
 
 
 def _proline_defaults(lay, t: torch.Tensor) -> torch.Tensor:
-    """``(..., L, 7)`` torsions with NaN chi1, chi2 of the prolines set to ``PRO_DEFAULT_CHI``."""
+    """``(..., L, 7)`` torsions with NaN chi1, chi2 of the prolines set to ``PRO_DEFAULT_CHI``
+    (ops on the prolines' entries only, and one copy)."""
     if not len(lay.proline_rows):
         return t
-    chi = lay.tensor("proline_chi", t.device)  # (L, 7): 1 at chi1, 2 at chi2 of the prolines
-    c1, c2 = PRO_DEFAULT_CHI
-    default = torch.where(chi == 2, torch.full_like(t, c2), torch.full_like(t, c1))
-    return torch.where((chi > 0) & torch.isnan(t), default, t)
+    at = lay.tensor("proline_chi", t.device)  # (2 P,): flat torsion index of chi1, chi2
+    flat = t.flatten(-2)
+    chi = flat.index_select(-1, at)
+    chi = torch.where(torch.isnan(chi), lay.tensor("proline_chi_default", t.device).to(t.dtype), chi)
+    return flat.index_copy(-1, at, chi).view_as(t)
 
 
 @functools.lru_cache(maxsize=128)
@@ -564,7 +659,7 @@ def _cut(big: Layout, r0: int, n_res: int, a0: int, n_atoms: int, e0: int, e1: i
     )
 
 
-class _Arrays(SharedTensors):
+class _Arrays(SharedTensors, ProlineRing):
     """The arrays :func:`fill_internal` reads, for a padded batch."""
 
     def __init__(self, ideal, ideal_mask, torsion_slot, n_residues, is_pro):
@@ -578,10 +673,6 @@ class _Arrays(SharedTensors):
         order (``N, CA, C, O, CB, CG, CD``): CA and CB are 4 and 1 atoms before CG."""
         cg, cd = ring_atoms(self.torsion_slot, self.is_pro)
         return np.stack([cg - 4, cg - 1, cg, cd], 1)
-
-    @functools.cached_property
-    def proline_chi(self) -> np.ndarray:
-        return proline_chi(self.torsion_slot, self.proline_rows, self.n_residues)
 
     @functools.cached_property
     def ideal_mask(self) -> np.ndarray:

@@ -21,10 +21,11 @@ Three ways in:
   lengths and angles (Engh & Huber, ``zmat.protein.topology.IDEAL``), through
   ``zmat.to_xyz`` on a backbone-only table: no side chain is built;
 * and back out: :func:`atom14_from_frames` builds each residue's heavy atoms
-  in its own frame with ``zmat.to_xyz`` (a forest of one tree per residue,
-  rooted ``CA, C, N``, so zmat's first-atom rule *is* AlphaFold's frame: CA at
-  the origin, C on ``+x``, N in the xy plane with ``y > 0``), ideal geometry,
-  psi for O and chi1..chi4 for the side chain, then applies the frames.
+  with ``zmat.to_xyz`` (a forest of one tree per residue, rooted ``N, CA, C``,
+  every row anchored on its parent's frame), ideal geometry, psi for O and
+  chi1..chi4 for the side chain, moves each residue into AlphaFold's frame
+  (CA at the origin, C on ``+x``, N in the xy plane with ``y > 0``), then
+  applies the frames.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from .._geometry import safe_unit
 from ..table import ConstructionTable
 from ..transform import to_xyz
 from .atom37 import ATOM14_NAMES, RESTYPE_3, RESTYPE_ATOM14_MASK, UNK, atom14_to_atom37
-from .build import backbone_table, proline_cd_angle
+from .build import backbone_table, ideal_cd_angle
 from .topology import IDEAL, RESIDUES, TORSION_NAMES
 
 __all__ = [
@@ -161,12 +162,20 @@ def backbone_frames_from_torsions(torsions: torch.Tensor, frame0=None):
 # ------------------------------------------------- full atoms from frames
 @functools.lru_cache(maxsize=1)
 def _residue_rows():
-    """Per residue type, a local tree over atom14 slots rooted CA, C, N.
+    """Per residue type, a local tree over atom14 slots rooted N, CA, C.
 
     Returns ``refs`` ``(21, 14, 3)`` (local slots, -1 none), ``ideal``
     ``(21, 14, 3)`` internal coordinates (NaN where a torsion goes) and
     ``tors`` ``(21, 14)``: the ``TORSION_NAMES`` column of the dihedral, -1 for
     a fixed one; O's dihedral N-CA-C-O is psi + pi (O is trans to the next N).
+
+    Rooted at N (CA on ``+x``, C in the xy plane) every other row is anchored
+    on its parent's frame (O proper, CB an offset of C about CA-N, the side
+    chain proper or offset): no anchor from positions, so the compiled kernel
+    builds the whole forest. :func:`_with_tree_frames` then moves each
+    residue into AlphaFold's frame (CA at the origin, C on ``+x``). N's row
+    keeps N-CA and N-CA-C (ignored by ``to_xyz``: N is a root) for
+    ``_close_prolines``.
     """
     refs = np.full((21, 14, 3), -1, np.int64)
     ideal = np.zeros((21, 14, 3))
@@ -175,9 +184,10 @@ def _residue_rows():
     for r, name in enumerate(RESTYPE_3[:UNK]):
         tpl, slots = RESIDUES[name], {a: k for k, a in enumerate(ATOM14_NAMES[name])}
         row = {a: tpl.ideal[tpl.index(a)] for a in tpl.atoms}
-        # CA root; C on +x (CA-C); N in the xy plane, y > 0 (N-CA, N-CA-C)
-        refs[r, 2, 0], ideal[r, 2] = 1, (row["C"][0], 0, 0)
-        refs[r, 0, :2], ideal[r, 0] = (1, 2), (row["CA"][0], row["C"][1], 0)
+        # N root; CA on +x (N-CA); C in the xy plane, y > 0 (CA-C, N-CA-C)
+        ideal[r, 0] = (row["CA"][0], row["C"][1], 0)
+        refs[r, 1, 0], ideal[r, 1] = 0, (row["CA"][0], 0, 0)
+        refs[r, 2, :2], ideal[r, 2] = (1, 0), (row["C"][0], row["C"][1], 0)
         refs[r, 3], ideal[r, 3], tors[r, 3] = (2, 1, 0), (row["O"][0], row["O"][1], math.pi), psi
         for a in ATOM14_NAMES[name][4:]:
             k, j = slots[a], tpl.index(a)
@@ -187,6 +197,27 @@ def _residue_rows():
                 tors[r, k] = tpl.torsion[j][0]
                 ideal[r, k, 2] = 0.0
     return refs, ideal, tors
+
+
+@functools.lru_cache(maxsize=1)
+def _residue_tables():
+    """One validated table per residue type over its existing atom14 slots
+    (in slot order), for ``ConstructionTable.concatenate``."""
+    refs = _residue_rows()[0]
+    # atom14 slots are filled from the first: a residue's atoms are its first n slots
+    return [ConstructionTable(refs[r, : int(RESTYPE_ATOM14_MASK[r].sum())]) for r in range(UNK)]
+
+
+def _with_tree_frames(R: torch.Tensor, t: torch.Tensor, local: torch.Tensor):
+    """Frames ``(R, t)`` composed with the inverse of each residue's tree frame,
+    so that ``apply_frames`` takes ``(..., L, 14, 3)`` residues built in their
+    trees' frame (N at the origin, CA on ``+x``) as if built in AlphaFold's
+    (CA at the origin, C on ``+x``, N in the xy plane, ``y > 0``): with
+    ``R0, t0`` the backbone frame of the built N, CA, C, ``R R0^T`` and
+    ``t - R R0^T t0``."""
+    R0, t0 = backbone_frames(local)
+    R1 = R @ R0.transpose(-1, -2)
+    return R1, t - (R1 @ t0[..., None])[..., 0]
 
 
 @functools.lru_cache(maxsize=16)
@@ -200,19 +231,18 @@ def _row_tensors(dtype, device):
 @functools.lru_cache(maxsize=16)
 def _forest(aatype_bytes: bytes, device: str):
     """Table over the existing atoms of the residues (one tree each; absent
-    slots left out: thousands of lone roots would slow ``to_xyz`` down), the
-    atom14 cell of each atom, and for each atom14 cell its atom (or the
-    appended zero row)."""
+    slots left out: thousands of lone roots would slow ``to_xyz`` down),
+    assembled from the cached per-type tables with no validation or planning
+    of its own; the atom14 cell of each atom, and for each atom14 cell its
+    atom (or the appended zero row)."""
     aa = np.frombuffer(aatype_bytes, np.int64)
     has = RESTYPE_ATOM14_MASK[aa].reshape(-1)  # (M * 14,)
     cells = np.flatnonzero(has)
     atom_of = np.full(len(has) + 1, len(cells), np.int64)  # cell -> compact atom; extra cell: none
     atom_of[cells] = np.arange(len(cells))
-    refs = _residue_rows()[0][aa] + (np.arange(len(aa)) * 14)[:, None, None]
-    refs = np.where(_residue_rows()[0][aa] >= 0, atom_of[refs.clip(min=0)], -1).reshape(-1, 3)[cells]
     dev = torch.device(device)
     return (
-        ConstructionTable(refs),
+        ConstructionTable.concatenate(_residue_tables(), index=aa[aa != UNK]),  # UNK: no atoms
         torch.as_tensor(cells, device=dev),
         torch.as_tensor(atom_of[:-1], device=dev),
     )
@@ -258,24 +288,22 @@ def atom14_from_frames(R: torch.Tensor, t: torch.Tensor, aatype, torsions: torch
     local = to_xyz(internal, table)
     local = torch.cat([local, local.new_zeros(1, 3)]).index_select(0, atom_of).reshape(*shape, 14, 3)
     mask = has[a].reshape(*shape, 14)
-    pos = apply_frames(R, t, local)
+    pos = apply_frames(*_with_tree_frames(R, t, local), local)
     return torch.where(mask[..., None], pos, torch.zeros((), dtype=dt, device=dev)), mask
 
 
 def _close_prolines(base: torch.Tensor, dihedral: torch.Tensor, aa: np.ndarray) -> torch.Tensor:
     """``(M, 14, 3)`` internal coordinates with each proline's CB-CG-CD angle (atom14 slot 6)
-    closing its ring: ``zmat.protein.build.proline_cd_angle`` from the residue's rows
-    (N 0, CB 4, CG 5, CD 6)."""
+    closing its ring (``zmat.protein.build.proline_cd_angle``, ideal geometry) from chi1
+    (CG, slot 5) and chi2 (CD, slot 6)."""
     internal = torch.cat([base[..., :2], dihedral[..., None]], -1)
     pro = np.flatnonzero(aa == RESTYPE_3.index("PRO"))
     if not len(pro):
         return internal
     p = torch.as_tensor(pro, device=internal.device)
     x = internal.index_select(0, p)
-    n, cb, cg, cd = x[:, 0], x[:, 4], x[:, 5], x[:, 6]
-    angle = proline_cd_angle(
-        cg[:, 2], cd[:, 2], n[:, 0], cb[:, 0], cb[:, 1], cg[:, 0], cg[:, 1], cd[:, 0], cd[:, 1]
-    )
+    cd = x[:, 6]
+    angle = ideal_cd_angle(x[:, 5, 2], cd[:, 2])  # the rows hold proline's ideal geometry
     cd = torch.stack([cd[:, 0], angle, cd[:, 2]], -1)
     return internal.index_copy(0, p, torch.cat([x[:, :6], cd[:, None], x[:, 7:]], 1))
 

@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from ..table import ConstructionTable
-from .topology import AA3, CHI_ATOMS, OMEGA, PHI, PSI, RESIDUES, TORSION_NAMES
+from .topology import AA3, CHI_ATOMS, OMEGA, PHI, PRO_DEFAULT_CHI, PSI, RESIDUES, TORSION_NAMES
 
 __all__ = ["Layout", "layout_of"]
 
@@ -220,8 +220,35 @@ class SharedTensors:
         return t
 
 
+class ProlineRing:
+    """Mixin over ``proline_rows`` (``(P, 4)`` atoms CA, CB, CG, CD) and ``torsion_slot``:
+    where the prolines' chi1 and chi2 are, and their defaults."""
+
+    @functools.cached_property
+    def proline_chi(self) -> np.ndarray:
+        """``(2 P,)`` int64 flat torsion indices ``k * 7 + column``: the chi1s, then the chi2s."""
+        slot = self.torsion_slot
+        return np.concatenate([slot[self.proline_rows[:, 2]], slot[self.proline_rows[:, 3]]])
+
+    @functools.cached_property
+    def proline_ring_chi(self) -> np.ndarray:
+        """``(2 P,)`` int64 entries ``atom * 3 + 2`` of internal coordinates: the dihedrals
+        of CG (chi1), then of CD (chi2)."""
+        return np.concatenate([self.proline_rows[:, 2], self.proline_rows[:, 3]]) * 3 + 2
+
+    @functools.cached_property
+    def proline_cd_angle(self) -> np.ndarray:
+        """``(P,)`` int64 entries ``atom * 3 + 1``: the bond angles CB-CG-CD."""
+        return self.proline_rows[:, 3] * 3 + 1
+
+    @functools.cached_property
+    def proline_chi_default(self) -> np.ndarray:
+        """``(2 P,)`` float64 ``PRO_DEFAULT_CHI`` at ``proline_chi``."""
+        return np.repeat(np.array(PRO_DEFAULT_CHI), len(self.proline_rows))
+
+
 @dataclass(frozen=True, eq=False)
-class Layout(SharedTensors):
+class Layout(SharedTensors, ProlineRing):
     """Atoms, construction table and torsion bookkeeping of a protein.
 
     Immutable: layouts are cached and shared (``protein_layout``), so the
@@ -287,11 +314,6 @@ class Layout(SharedTensors):
         ok = self.ideal_mask[ca, 0] & self.ideal_mask[cb, 1]
         return np.stack([ca, cb, cg, cd], 1)[ok]
 
-    @functools.cached_property
-    def proline_chi(self) -> np.ndarray:
-        """``(L, 7)`` int64: 1 at chi1 and 2 at chi2 of the prolines of ``proline_rows``."""
-        return proline_chi(self.torsion_slot, self.proline_rows, self.n_residues)
-
 
 def ring_atoms(torsion_slot: np.ndarray, is_pro: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """CG and CD (the atoms whose dihedrals are chi1 and chi2) of the residues flagged
@@ -303,14 +325,6 @@ def ring_atoms(torsion_slot: np.ndarray, is_pro: np.ndarray) -> tuple[np.ndarray
     cg, cd = atom_of[pro + TORSION_NAMES.index("chi1")], atom_of[pro + TORSION_NAMES.index("chi2")]
     ok = (cg >= 0) & (cd >= 0)
     return cg[ok], cd[ok]
-
-
-def proline_chi(torsion_slot: np.ndarray, rows: np.ndarray, n_residues: int) -> np.ndarray:
-    """``(L, 7)`` int64: 1 at the chi1 and 2 at the chi2 of the ring ``rows`` (CA, CB, CG, CD)."""
-    out = np.zeros(n_residues * N_TORSIONS, np.int64)
-    out[torsion_slot[rows[:, 2]]] = 1
-    out[torsion_slot[rows[:, 3]]] = 2
-    return out.reshape(n_residues, N_TORSIONS)
 
 
 # ------------------------------------------------------- residue names, codes

@@ -31,6 +31,7 @@ from ..clash import alphafold_radii, exclusions_from_bonds
 from ..table import BOND, PLANAR, ROOT
 from ..transform import dihedrals, to_internal, to_xyz
 from . import atom37, io
+from .allatom import has_nucleotides, parse_complex
 from .build import (
     ProteinBatch,
     as_torsion_tensor,
@@ -39,6 +40,7 @@ from .build import (
     protein_layout,
     to_xyz_from_torsions,
 )
+from .complex import Complex
 from .frames import rigid_from_three_points
 from .layout import N_TORSIONS, Layout, residue_types, sequence_of
 from .topology import TORSION_NAMES
@@ -168,9 +170,10 @@ class Protein:
         Every chemical row (``layout.ideal_mask``) gets the ideal bond length,
         bond angle and fixed dihedral (``zmat.protein.topology``) and its
         torsion from ``torsions``; rows across chain breaks and virtual links
-        keep the measured values, as do torsions given as NaN. With the
-        default ``torsions`` (this structure's own) this is the torsion-only
-        rebuild of the structure.
+        keep the measured values, as do torsions given as NaN; proline rings are
+        closed (``zmat.protein.build.close_proline_rings``). With the default
+        ``torsions`` (this structure's own) this is the torsion-only rebuild of
+        the structure; :meth:`internal_from_torsions` keeps its own geometry.
 
         Args:
             torsions: ``(..., L, 7)`` tensor or dict of ``(..., L)`` tensors;
@@ -342,17 +345,25 @@ class Protein:
         return atom37.to_atom14(self, xyz)
 
 
-def from_pdb(path, chain=None, model: int | None = None, altloc: str = "first") -> Protein:
-    """Read a PDB or mmCIF file into a :class:`Protein`.
+def from_pdb(
+    path, chain=None, model: int | None = None, altloc: str = "first", hydrogens=False, ligands=False
+) -> Protein:
+    """Read a PDB or mmCIF file into a :class:`Protein` (or a :class:`~zmat.protein.Complex`).
 
     Args:
         path: ``.pdb`` / ``.ent`` (PDB format) or ``.cif`` / ``.mmcif`` / ``.bcif``.
         chain: a chain ID or a list of them; default all chains.
         model: model number, 1-based as in the file (``MODEL 1``); default 1.
         altloc: biotite's altloc choice (``"first"``, ``"occupancy"``, or a letter).
+        hydrogens: keep the file's hydrogens and complete the missing ones
+            (True, or a :class:`~zmat.protein.Protonation` naming the choices).
+        ligands: keep HETATM residues other than water, bonds from the CCD.
 
     Returns:
-        :class:`Protein` over the heavy atoms of the standard residues.
+        :class:`Protein` over the heavy atoms of the standard residues; a
+        :class:`~zmat.protein.Complex` over every kept atom when the structure
+        has nucleotides, or ``hydrogens`` or ``ligands`` is set
+        (``docs/allatom.md``).
 
     Raises:
         ValueError: no standard residue left after filtering; unknown chain.
@@ -362,11 +373,14 @@ def from_pdb(path, chain=None, model: int | None = None, altloc: str = "first") 
         >>> p = from_pdb("tests/data/1aki.pdb")
         >>> xyz = zmat.to_xyz(p.internal, p.table)  # p.xyz up to a rigid motion
     """
-    return from_structure(io.read_atoms(path, model=model, altloc=altloc), chain=chain)
+    atoms = io.read_atoms(path, model=model, altloc=altloc)
+    return from_structure(atoms, chain=chain, hydrogens=hydrogens, ligands=ligands)
 
 
-def from_structure(atoms, chain=None) -> Protein:
+def from_structure(atoms, chain=None, hydrogens=False, ligands=False) -> Protein:
     """A :class:`Protein` from a ``biotite.structure.AtomArray`` (see :func:`from_pdb`)."""
+    if hydrogens or ligands or has_nucleotides(atoms, chain):
+        return Complex(parse_complex(atoms, chain=chain, hydrogens=hydrogens, ligands=ligands))
     lay, xyz, res_ids, ins_codes, res_chain_ids = io.parse_atoms(atoms, chain=chain)
     return Protein(
         lay, torch.from_numpy(xyz), res_ids=res_ids, ins_codes=ins_codes, res_chain_ids=res_chain_ids

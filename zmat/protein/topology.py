@@ -68,6 +68,7 @@ __all__ = [
     "BACKBONE",
     "CHI_ATOMS",
     "IDEAL",
+    "PRO_DEFAULT_CHI",
     "RESIDUES",
     "SIDE_CHAIN_GEOMETRY",
     "TORSION_NAMES",
@@ -412,6 +413,9 @@ CHI_ATOMS: dict[str, tuple[tuple[str, str, str, str], ...]] = {
 
 #: The ideal geometry values used above (Engh & Huber 1991), for reference.
 IDEAL = dict(_EH)
+#: Proline's chi1 and chi2 where NaN is given (radians): +30 and -35 deg, the C-gamma
+#: endo pucker (the generic defaults, -60 and 180 deg, cannot close its ring).
+PRO_DEFAULT_CHI = (math.radians(30.0), math.radians(-35.0))
 
 
 def one_to_three(sequence: str) -> list[str]:

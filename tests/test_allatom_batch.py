@@ -1,0 +1,77 @@
+"""ComplexBatch: complexes of different compositions (DNA, protein-DNA, protein-ligand,
+with and without hydrogens) in one forest table, one to_xyz; torsions padded with NaN."""
+
+import os
+
+import pytest
+import torch
+
+import zmat
+from zmat._align import superpose
+from zmat.batch import collate
+from zmat.protein import ComplexBatch, from_pdb
+
+pytest.importorskip("biotite")
+DATA = os.path.join(os.path.dirname(__file__), "data")
+pytestmark = pytest.mark.filterwarnings("ignore:The coordinates are missing")
+
+
+@pytest.fixture(scope="module")
+def complexes():
+    return [
+        from_pdb(os.path.join(DATA, "1bna.cif")),
+        from_pdb(os.path.join(DATA, "3o5r.cif"), ligands=True, hydrogens=True),
+        from_pdb(os.path.join(DATA, "5ugo.cif"), ligands=True),
+    ]
+
+
+def test_batch_rebuilds_every_complex_exactly(complexes):
+    b = collate(complexes)
+    assert isinstance(b, ComplexBatch) and len(b) == 3
+    x, mask = b.to_xyz()
+    assert x.shape == (3, max(c.n_atoms for c in complexes), 3)
+    for k, c in enumerate(complexes):
+        assert int(mask[k].sum()) == c.n_atoms
+        xk = x[k][mask[k]]
+        assert float((superpose(xk, c.xyz) - c.xyz).abs().max()) < 1e-8
+        torch.testing.assert_close(b.unbatch(b.to_xyz(padded=False))[k], xk)
+    for key, v in b.torsions.items():
+        assert v.shape == (3, max(len(c) for c in complexes))
+        for k, c in enumerate(complexes):
+            torch.testing.assert_close(v[k, : len(c)], c.torsions[key], equal_nan=True)
+            assert torch.isnan(v[k, len(c) :]).all()
+
+
+def test_batch_torsions_and_clash(complexes):
+    b = ComplexBatch(complexes)
+    t = {"chi1": b.torsions["chi1"] + 0.3, "ligand": [c.ligand_torsions - 0.2 for c in complexes]}
+    x = zmat.to_xyz(b.internal_with_torsions(t), b.table)
+    for k, (c, xk) in enumerate(zip(complexes, b.unbatch(x), strict=True)):
+        want = zmat.to_xyz(
+            c.internal_with_torsions({"chi1": t["chi1"][k, : len(c)], "ligand": t["ligand"][k]}), c.table
+        )
+        torch.testing.assert_close(xk, want, atol=1e-10, rtol=0)
+    # per complex, as each alone
+    losses = b.clash_loss(x)
+    for k, (c, xk) in enumerate(zip(complexes, b.unbatch(x), strict=True)):
+        torch.testing.assert_close(losses[k], zmat.clash_loss(xk, c.radii, exclude=c.exclusions()))
+
+
+def test_complexes_pickle_and_torsion_step_has_no_host_sync(complexes):
+    import pickle
+
+    from zmat.testing import DispatchAudit
+
+    c = pickle.loads(pickle.dumps(complexes[1]))
+    torch.testing.assert_close(zmat.to_xyz(c.internal, c.table), zmat.to_xyz(complexes[1].internal, c.table))
+    b = pickle.loads(pickle.dumps(ComplexBatch(complexes)))
+    assert len(b) == 3 and b.table.n_atoms == sum(x.n_atoms for x in complexes)
+    # a training step on torsions: write them, build, measure; no op syncs with the host
+    chi = c.torsions["chi1"].clone().requires_grad_(True)
+    lig = c.ligand_torsions.clone().requires_grad_(True)
+    c.internal_with_torsions({"chi1": chi, "ligand": lig})  # warm the cached indices
+    with DispatchAudit() as audit:
+        x = zmat.to_xyz(c.internal_with_torsions({"chi1": chi, "ligand": lig}), c.table)
+        t = c.measure_torsions(x)
+        (x.square().sum() + t["chi2"].nan_to_num().sum()).backward()
+    assert audit.syncs == [], audit.syncs

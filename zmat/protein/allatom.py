@@ -1,0 +1,544 @@
+"""All-atom structures: proteins, DNA, RNA, hydrogens and ligands in one tree.
+
+:func:`parse_complex` turns a ``biotite`` ``AtomArray`` into a
+:class:`ComplexAtoms`: every kept atom (file order within a residue, then the
+hydrogens it completed), its covalent bonds with bond orders, a construction
+table over all of them, and the atoms of every polymer torsion. What is kept:
+
+* polymer residues, always: the 20 amino acids (``zmat/protein/topology.py``)
+  and the nucleotides DA DC DG DT A C G U (``zmat/protein/nucleic.py``), every
+  heavy atom the CCD entry names (``OXT``, ``OP3`` included);
+* ``hydrogens``: the file's hydrogens, and the missing ones completed
+  (``zmat/protein/hydrogens.py``);
+* ``ligands``: every other residue but water (ligands, cofactors, ions,
+  modified residues), bonds from its CCD entry (``zmat/protein/ccd.py``).
+
+An atom whose name its residue's CCD entry does not know is skipped with a
+warning naming it; an unknown residue (no CCD entry) with ``ligands=True``,
+and a nucleotide missing a sugar-ring atom, raise ``ValueError``.
+
+The construction table is one tree over every kept atom, so
+``zmat.to_xyz(internal, table)`` reproduces the coordinates up to one rigid
+motion. Bond references (the tree) follow the chemistry: every atom of a
+polymer residue its template parent (amino acids: the rows of
+``topology.py``; nucleotides: ``nucleic.py``), every hydrogen its heavy atom,
+a ligand grows breadth first over its bonds; what the bonds do not reach (a
+new chain, a chain break, a ligand, an ion) hangs off the nearest placed atom
+by a *virtual* bond whose internal coordinates are measured. The root is a
+heavy atom of the first residue with a single bond (``_leaf_near``), so no row
+is position-anchored. Rows are
+``PROPER`` (``(b, parent(b), angle reference of b)``, the dihedral column
+being a torsion about ``parent(b)-b``), except that the children of one atom
+are ``OFFSET`` on one representative child (a torsion atom of the template,
+else the first heavy child, else the first child): rotating that torsion
+moves the whole group, hydrogens included (methyl and hydroxyl rotors are the
+dihedral of their first hydrogen).
+"""
+
+from __future__ import annotations
+
+import heapq
+import warnings
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from .ccd import ccd_residue
+from .hydrogens import Protonation, extra_names, place, wanted
+from .ligands import rotatable_bonds, torsion_rows
+from .nucleic import NUCLEIC_TORSIONS, NUCLEOTIDES, RING_ATOMS, nucleic_parents, torsion_atoms
+from .topology import CHI_ATOMS, RESIDUES, TORSION_NAMES
+
+__all__ = ["QUAD_NAMES", "WATER", "ComplexAtoms", "has_nucleotides", "parse_complex"]
+
+WATER = ("HOH", "DOD", "WAT", "H2O")
+#: C(i)-N(i+1) and O3'(i)-P(i+1) distances above this (Angstrom) are chain breaks.
+LINK_MAX = 2.0
+#: SG-SG distances below this (Angstrom) are disulfide bonds.
+DISULFIDE_MAX = 2.5
+#: The dihedral quads of every polymer residue: protein torsions, nucleotide
+#: torsions (alpha..chi), then the five endocyclic nu0..nu4.
+QUAD_NAMES = TORSION_NAMES + NUCLEIC_TORSIONS[:7] + tuple(f"nu{j}" for j in range(5))
+
+_PROTEIN_QUADS = {
+    "phi": ("-C", "N", "CA", "C"),
+    "psi": ("N", "CA", "C", "+N"),
+    "omega": ("CA", "C", "+N", "+CA"),
+}
+_NUCLEIC_KEYS = {"P", "O5'", "C5'", "C4'", "C3'", "O3'", "C2'", "C4", "C2"}  # torsion atoms
+
+
+@dataclass(frozen=True)
+class ComplexAtoms:
+    """A parsed all-atom structure (N atoms, R residues, L of them polymer).
+
+    Per atom: ``atom_names``, ``elements``, ``residue`` (index into the
+    residue arrays), ``xyz`` ``(N, 3)`` float64, ``added`` (True for a
+    completed hydrogen). Per residue: ``res_names``, ``res_ids``,
+    ``ins_codes``, ``chain_ids``, ``hetero``, ``family`` (``"protein"``,
+    ``"nucleic"``, ``"ligand"``), ``polymer_index`` (-1 for ligands).
+    ``bonds`` ``(E, 2)`` and ``bond_orders`` ``(E,)`` (biotite ``BondType``
+    codes); ``refs`` ``(N, 3)`` the construction rows; ``quads`` ``(L, Q, 4)``
+    the atoms of every ``QUAD_NAMES`` dihedral, -1 where undefined; ``key``
+    the template torsion atoms. Ligand torsions (``zmat/protein/ligands.py``):
+    ``ligand_rows`` ``(T,)`` the atom whose dihedral column each is,
+    ``ligand_quads`` ``(T, 4)``, ``ligand_residue`` ``(T,)``. ``linked``
+    ``(R,)``: residue ``k`` is bonded to ``k - 1`` in its polymer.
+    """
+
+    atom_names: np.ndarray
+    elements: np.ndarray
+    residue: np.ndarray
+    xyz: np.ndarray
+    added: np.ndarray
+    res_names: np.ndarray
+    res_ids: np.ndarray
+    ins_codes: np.ndarray
+    chain_ids: np.ndarray
+    hetero: np.ndarray
+    family: np.ndarray
+    polymer_index: np.ndarray
+    bonds: np.ndarray
+    bond_orders: np.ndarray
+    refs: np.ndarray
+    quads: np.ndarray
+    key: np.ndarray
+    ligand_rows: np.ndarray
+    ligand_quads: np.ndarray
+    ligand_residue: np.ndarray
+    linked: np.ndarray
+
+
+def has_nucleotides(atoms, chain=None) -> bool:
+    """True when ``atoms`` (restricted to ``chain``, a chain ID or list) has a
+    nucleotide; False for anything without residue names (the caller's type check
+    reports it)."""
+    names = getattr(atoms, "res_name", None)
+    if not isinstance(names, np.ndarray):
+        return False
+    nuc = np.isin(names, NUCLEOTIDES)
+    if chain is not None:
+        nuc &= np.isin(atoms.chain_id, [chain] if isinstance(chain, str) else list(chain))
+    return bool(nuc.any())
+
+
+def family_of(res_name: str) -> str:
+    if res_name in RESIDUES:
+        return "protein"
+    if res_name in NUCLEOTIDES:
+        return "nucleic"
+    return "ligand"
+
+
+# ------------------------------------------------------------------ residues
+@dataclass
+class _Res:
+    name: str
+    family: str
+    chain: str
+    res_id: int
+    ins_code: str
+    hetero: bool
+    names: list
+    elements: list
+    xyz: list
+    added: list
+
+
+def _select(atoms, chain, hydrogens: bool, ligands: bool):
+    import biotite.structure as struc
+
+    if not isinstance(atoms, struc.AtomArray):
+        hint = " (take one model: stack[0])" if isinstance(atoms, struc.AtomArrayStack) else ""
+        raise TypeError(f"atoms must be a biotite.structure.AtomArray{hint}, got {type(atoms).__name__}")
+    keep = ~np.isin(atoms.res_name, WATER)
+    if not hydrogens:
+        keep &= ~np.isin(np.char.upper(atoms.element.astype(str)), ["H", "D"])
+    if not ligands:
+        keep &= np.isin(atoms.res_name, list(RESIDUES) + list(NUCLEOTIDES))
+    if chain is not None:
+        chains = [chain] if isinstance(chain, str) else list(chain)
+        missing = set(chains) - set(atoms.chain_id.tolist())
+        if missing:
+            raise ValueError(
+                f"chain(s) {sorted(missing)} not in the structure (it has {sorted(set(atoms.chain_id))})"
+            )
+        keep &= np.isin(atoms.chain_id, chains)
+    atoms = atoms[keep]
+    if atoms.array_length() == 0:
+        raise ValueError("no polymer residue or ligand left in the structure")
+    return atoms
+
+
+def _residues(atoms) -> list[_Res]:
+    """The kept residues, atoms by their CCD names (first of a name wins)."""
+    import biotite.structure as struc
+
+    starts = struc.get_residue_starts(atoms, add_exclusive_stop=True)
+    out = []
+    for s, e in zip(starts[:-1], starts[1:], strict=True):
+        name = str(atoms.res_name[s])
+        fam = family_of(name)
+        ccd = ccd_residue(name)  # raises, naming the residue, without a CCD entry
+        known = set(ccd.atom_names.tolist()) | set(extra_names(name, fam))
+        label = f"{name} {atoms.chain_id[s]}{atoms.res_id[s]}{atoms.ins_code[s]}"
+        res = _Res(
+            name,
+            fam,
+            str(atoms.chain_id[s]),
+            int(atoms.res_id[s]),
+            str(atoms.ins_code[s]),
+            bool(atoms.hetero[s]),
+            [],
+            [],
+            [],
+            [],
+        )
+        for i in range(s, e):
+            a = str(atoms.atom_name[i])
+            if a in res.names:
+                continue
+            if a not in known:
+                warnings.warn(f"residue {label}: atom {a!r} is not in its CCD entry; skipped", stacklevel=4)
+                continue
+            res.names.append(a)
+            res.elements.append(str(atoms.element[i]).capitalize())
+            res.xyz.append(atoms.coord[i].astype(np.float64))
+            res.added.append(False)
+        if fam == "nucleic":
+            lacking = [x for x in RING_ATOMS if x not in res.names]
+            if lacking:
+                raise ValueError(f"nucleotide {label} lacks sugar-ring atom(s) {lacking}")
+        out.append(res)
+    return out
+
+
+def backbone_kind(res_name: str, family: str) -> str:
+    """``"protein"``, ``"nucleic"`` or ``""``: the polymer backbone a residue
+    links into (a modified residue by its CCD type, e.g. ``L-PEPTIDE LINKING``)."""
+    if family != "ligand":
+        return family
+    link = ccd_residue(res_name).link_type.upper()
+    return "protein" if "PEPTIDE" in link else "nucleic" if "DNA" in link or "RNA" in link else ""
+
+
+_LINK_ATOMS = {"protein": ("C", "N"), "nucleic": ("O3'", "P")}
+
+
+def _linked(residues: list[_Res]) -> np.ndarray:
+    """``(R,)``: residue ``k`` is covalently linked to ``k - 1`` in its polymer
+    (same chain and backbone, ``C-N`` / ``O3'-P`` at most ``LINK_MAX``)."""
+    out = np.zeros(len(residues), bool)
+    kinds = [backbone_kind(r.name, r.family) for r in residues]
+    for k in range(1, len(residues)):
+        p, q = residues[k - 1], residues[k]
+        if p.chain != q.chain or not kinds[k] or kinds[k - 1] != kinds[k]:
+            continue
+        x, y = _LINK_ATOMS[kinds[k]]
+        if x in p.names and y in q.names:
+            d = np.linalg.norm(p.xyz[p.names.index(x)] - q.xyz[q.names.index(y)])
+            out[k] = d <= LINK_MAX
+    return out
+
+
+def _disulfides(residues: list[_Res]) -> list[tuple[int, int]]:
+    """Pairs of cysteines (residue indices) whose SG atoms are closer than ``DISULFIDE_MAX``."""
+    cys = [k for k, r in enumerate(residues) if r.name == "CYS" and "SG" in r.names]
+    sg = [residues[k].xyz[residues[k].names.index("SG")] for k in cys]
+    return [
+        (cys[i], cys[j])
+        for i in range(len(cys))
+        for j in range(i + 1, len(cys))
+        if np.linalg.norm(sg[i] - sg[j]) < DISULFIDE_MAX
+    ]
+
+
+def _complete_hydrogens(residues: list[_Res], linked: np.ndarray, opts: Protonation) -> None:
+    bridged = {k for pair in _disulfides(residues) for k in pair}
+    for k, res in enumerate(residues):
+        nxt = k + 1 < len(residues) and linked[k + 1]
+        heavy = {a for a, e in zip(res.names, res.elements, strict=True) if e != "H"}
+        coords = {a: x for a, x in zip(res.names, res.xyz, strict=True) if a in heavy}
+        prev_c = None
+        if linked[k] and res.family == "protein" and "C" in residues[k - 1].names:
+            p = residues[k - 1]
+            prev_c = p.xyz[p.names.index("C")]
+        for h, x in wanted(res.name, res.family, bool(linked[k]), nxt, opts, heavy):
+            if h in res.names or (k in bridged and h == "HG"):  # no thiol H on a disulfide
+                continue
+            res.names.append(h)
+            res.elements.append("H")
+            res.xyz.append(place(res.name, res.family, h, x, coords, prev_c))
+            res.added.append(True)
+
+
+# ------------------------------------------------------------------- graph
+def _bonds(residues: list[_Res], first: np.ndarray, linked: np.ndarray):
+    """``(E, 2)`` bonds and ``(E,)`` orders: CCD bonds within residues (extra
+    hydrogens on their heavy atom), polymer links, disulfides."""
+    pairs, orders = [], []
+    for k, res in enumerate(residues):
+        ccd = ccd_residue(res.name)
+        idx = {a: first[k] + j for j, a in enumerate(res.names)}
+        names = ccd.atom_names
+        for i, j, o in ccd.bonds.tolist():
+            a, b = str(names[i]), str(names[j])
+            if a in idx and b in idx:
+                pairs.append((idx[a], idx[b]))
+                orders.append(o)
+        for h, x in extra_names(res.name, res.family).items():
+            if h in idx and x in idx and h not in set(names.tolist()):
+                pairs.append((idx[h], idx[x]))
+                orders.append(1)
+        if linked[k]:
+            p = residues[k - 1]
+            x, y = _LINK_ATOMS[backbone_kind(res.name, res.family)]
+            pairs.append((first[k - 1] + p.names.index(x), idx[y]))
+            orders.append(1)
+    for i, j in _disulfides(residues):
+        pairs.append((first[i] + residues[i].names.index("SG"), first[j] + residues[j].names.index("SG")))
+        orders.append(1)
+    return np.array(pairs, np.int64).reshape(-1, 2), np.array(orders, np.int64)
+
+
+def _preferred(residues: list[_Res], first: np.ndarray, linked: np.ndarray, bonds: np.ndarray, n: int):
+    """Per atom its preferred bond reference (-1: none) and whether it is a
+    torsion atom of its template (preferred representative among siblings)."""
+    pref = np.full(n, -1, np.int64)
+    key = np.zeros(n, bool)
+    heavy_of = {}
+    for i, j in bonds.tolist():
+        heavy_of.setdefault(i, []).append(j)
+        heavy_of.setdefault(j, []).append(i)
+    for k, res in enumerate(residues):
+        idx = {a: first[k] + j for j, a in enumerate(res.names)}
+        prev = residues[k - 1] if linked[k] else None
+        prev_idx = {a: first[k - 1] + j for j, a in enumerate(prev.names)} if prev else {}
+
+        def resolve(spec: str, idx=idx, prev_idx=prev_idx) -> int:
+            return prev_idx.get(spec[1:], -1) if spec.startswith("-") else idx.get(spec, -1)
+
+        if res.family == "protein":
+            t = RESIDUES[res.name]
+            for j, a in enumerate(t.atoms):
+                if a in idx:
+                    pref[idx[a]] = resolve(t.rows[j][0])
+                    key[idx[a]] = t.torsion[j] is not None
+        elif res.family == "nucleic":
+            for a, p in nucleic_parents(res.name).items():
+                if a in idx:
+                    pref[idx[a]] = resolve(p)
+                    key[idx[a]] = a in _NUCLEIC_KEYS
+        for a, e in zip(res.names, res.elements, strict=True):
+            if e == "H":
+                nb = heavy_of.get(idx[a], [])
+                pref[idx[a]] = nb[0] if nb else -1
+    return pref, key
+
+
+def _tree(
+    n: int, pref: np.ndarray, bonds: np.ndarray, xyz: np.ndarray, heavy: np.ndarray, residue: np.ndarray
+):
+    """Parents and placement order of the module doc's tree."""
+    children = [[] for _ in range(n)]
+    for v in np.flatnonzero(pref >= 0).tolist():
+        children[pref[v]].append(v)
+    nbrs = [[] for _ in range(n)]
+    for i, j in bonds.tolist():
+        nbrs[i].append(j)
+        nbrs[j].append(i)
+    parent = np.full(n, -1, np.int64)
+    depth = np.zeros(n, np.int64)
+    placed = np.zeros(n, bool)
+    order: list[int] = []
+    queue: deque[int] = deque()
+    frontier: list[tuple[int, int, int]] = []  # (has a preferred parent, atom, parent)
+    deep: list[int] = []  # placed atoms of depth >= 2 (virtual-link anchors)
+
+    def put(v: int, p: int) -> None:
+        placed[v], parent[v] = True, p
+        depth[v] = depth[p] + 1 if p >= 0 else 0
+        order.append(v)
+        queue.append(v)
+        if depth[v] >= 2:
+            deep.append(v)
+
+    scan = 0
+    while len(order) < n:
+        while queue:
+            u = queue.popleft()
+            for c in children[u]:
+                if not placed[c]:
+                    put(c, u)
+            for c in nbrs[u]:
+                if not placed[c]:
+                    heapq.heappush(frontier, (int(pref[c] >= 0), c, u))
+        while frontier and placed[frontier[0][1]]:
+            heapq.heappop(frontier)
+        if frontier:
+            _, v, p = heapq.heappop(frontier)
+            put(v, p)
+            continue
+        if len(order) == n:
+            break
+        while placed[scan]:
+            scan += 1
+        free = np.flatnonzero(~placed[scan:] & (pref[scan:] < 0))
+        v = scan + int(free[0]) if len(free) else scan
+        if not order:  # the first root: a leaf of the first component if it has one
+            v = _leaf_near(v, nbrs, heavy, residue)
+        anchors = np.array(deep if deep else order, np.int64)
+        p = int(anchors[np.argmin(np.linalg.norm(xyz[anchors] - xyz[v], axis=1))]) if len(anchors) else -1
+        put(v, p)
+    return parent, order
+
+
+def _leaf_near(v: int, nbrs: list[list[int]], heavy: np.ndarray, residue: np.ndarray) -> int:
+    """``v`` if it has at most one bond, else the lowest-index heavy atom of its residue
+    with exactly one (a carbonyl or phosphate oxygen), else ``v``. A root with a single
+    child keeps every row rigid: its child is ``BOND``, the first grandchild ``PLANAR``
+    on it, all other rows ``PROPER`` / ``OFFSET`` (a root with several children makes
+    the later ones, and the chain under them, position-anchored). A heavy leaf, so that
+    every hydrogen keeps a row on its heavy atom."""
+    if len(nbrs[v]) <= 1:
+        return v
+    same = np.flatnonzero((residue == residue[v]) & heavy)
+    leaves = [int(u) for u in same if len(nbrs[u]) == 1]
+    return leaves[0] if leaves else v
+
+
+def _rows(parent: np.ndarray, order: list[int], key: np.ndarray, heavy: np.ndarray) -> np.ndarray:
+    """Rows over the tree (module doc): PROPER, OFFSET on a representative
+    sibling; the tree's first atoms BOND / PLANAR, their siblings on them."""
+    n = len(parent)
+    refs = np.full((n, 3), -1, np.int64)
+    ang = np.full(n, -1, np.int64)
+    root = order[0]
+    c1 = next((v for v in order if parent[v] == root), -1)
+    t = -1
+    proper = np.zeros(n, bool)
+    for v in order[1:]:
+        p = int(parent[v])
+        a = int(parent[p]) if parent[p] >= 0 else (c1 if v != c1 else -1)
+        if a < 0:
+            refs[v, 0] = p
+            continue
+        ang[v] = a
+        if ang[p] >= 0:
+            d = int(ang[p])
+            proper[v] = True
+        elif t < 0:
+            t, d = v, -1
+        else:
+            d = t
+        refs[v] = (p, a, d)
+    # one representative per group of proper siblings; the others OFFSET on it
+    rank = np.where(key, 0, np.where(heavy, 1, 2)) * n + np.arange(n)
+    best = np.full(n, -1, np.int64)
+    for v in np.flatnonzero(proper).tolist():
+        p = parent[v]
+        if best[p] < 0 or rank[v] < rank[best[p]]:
+            best[p] = v
+    sib = np.flatnonzero(proper)
+    rep = best[parent[sib]]
+    off = sib[rep != sib]
+    refs[off, 2] = best[parent[off]]
+    return refs
+
+
+def _quads(residues: list[_Res], first: np.ndarray, linked: np.ndarray) -> np.ndarray:
+    """``(L, Q, 4)`` atoms of each ``QUAD_NAMES`` dihedral of the polymer residues."""
+    poly = [k for k, r in enumerate(residues) if r.family != "ligand"]
+    out = np.full((len(poly), len(QUAD_NAMES), 4), -1, np.int64)
+    for row, k in enumerate(poly):
+        res = residues[k]
+        if res.family == "protein":
+            defs = dict(_PROTEIN_QUADS)
+            defs.update({f"chi{c + 1}": q for c, q in enumerate(CHI_ATOMS[res.name])})
+        else:
+            defs = torsion_atoms(res.name)
+        for name, quad in defs.items():
+            ids = [_atom(residues, first, linked, k, s) for s in quad]
+            if min(ids) >= 0:
+                out[row, QUAD_NAMES.index(name)] = ids
+    return out
+
+
+def _atom(residues, first, linked, k: int, spec: str) -> int:
+    off = {"-": -1, "+": 1}.get(spec[0], 0)
+    name = spec[1:] if off else spec
+    if off == -1 and not linked[k] or off == 1 and not (k + 1 < len(residues) and linked[k + 1]):
+        return -1
+    r = residues[k + off]
+    return first[k + off] + r.names.index(name) if name in r.names else -1
+
+
+# ------------------------------------------------------------------- parse
+def parse_complex(atoms, chain=None, hydrogens=False, ligands: bool = False) -> ComplexAtoms:
+    """All kept atoms of an ``AtomArray`` with bonds, rows and torsion atoms.
+
+    Args:
+        atoms: ``biotite.structure.AtomArray`` (one model).
+        chain: a chain ID or a list of them; default all chains.
+        hydrogens: False (heavy atoms only), True (the file's hydrogens and
+            the missing ones completed, :class:`~zmat.protein.hydrogens.Protonation`
+            defaults) or a ``Protonation``.
+        ligands: keep the residues that are neither polymer nor water.
+
+    Raises:
+        ValueError: unknown chain, nothing left, a residue without a CCD
+            entry, a nucleotide without its sugar ring.
+    """
+    opts = hydrogens if isinstance(hydrogens, Protonation) else Protonation()
+    residues = _residues(_select(atoms, chain, bool(hydrogens), ligands))
+    linked = _linked(residues)
+    if hydrogens:
+        _complete_hydrogens(residues, linked, opts)
+    sizes = np.array([len(r.names) for r in residues], np.int64)
+    first = np.cumsum(sizes) - sizes
+    n = int(sizes.sum())
+    xyz = np.array([x for r in residues for x in r.xyz], np.float64).reshape(n, 3)
+    elements = np.array([e for r in residues for e in r.elements], "U2")
+    bonds, orders = _bonds(residues, first, linked)
+    pref, key = _preferred(residues, first, linked, bonds, n)
+    residue = np.repeat(np.arange(len(residues)), sizes)
+    parent, order = _tree(n, pref, bonds, xyz, elements != "H", residue)
+    refs = _rows(parent, order, key, elements != "H")
+    fam = np.array([r.family for r in residues])
+    poly = np.cumsum(fam != "ligand") - 1
+    lig_rows, lig_quads, lig_res = _ligand_torsions(fam, first, sizes, bonds, orders, elements, parent, refs)
+    return ComplexAtoms(
+        atom_names=np.array([a for r in residues for a in r.names], "U6"),
+        elements=elements,
+        residue=residue,
+        xyz=xyz,
+        added=np.array([a for r in residues for a in r.added], bool),
+        res_names=np.array([r.name for r in residues], "U5"),
+        res_ids=np.array([r.res_id for r in residues], np.int64),
+        ins_codes=np.array([r.ins_code for r in residues], "U1"),
+        chain_ids=np.array([r.chain for r in residues], "U4"),
+        hetero=np.array([r.hetero for r in residues], bool),
+        family=fam,
+        polymer_index=np.where(fam != "ligand", poly, -1),
+        bonds=bonds,
+        bond_orders=orders,
+        refs=refs,
+        quads=_quads(residues, first, linked),
+        key=key,
+        ligand_rows=lig_rows,
+        ligand_quads=lig_quads,
+        ligand_residue=lig_res,
+        linked=linked,
+    )
+
+
+def _ligand_torsions(fam, first, sizes, bonds, orders, elements, parent, refs):
+    rows, quads, res = [np.zeros(0, np.int64)], [np.zeros((0, 4), np.int64)], [np.zeros(0, np.int64)]
+    for k in np.flatnonzero(fam == "ligand").tolist():
+        atoms = np.arange(first[k], first[k] + sizes[k])
+        r, q = torsion_rows(rotatable_bonds(atoms, bonds, orders, elements), parent, refs)
+        rows.append(r)
+        quads.append(q)
+        res.append(np.full(len(r), k, np.int64))
+    return np.concatenate(rows), np.concatenate(quads), np.concatenate(res)

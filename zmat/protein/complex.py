@@ -1,0 +1,252 @@
+"""All-atom structures: :class:`Complex`, what ``zmat.protein.from_pdb`` returns
+for nucleic acids, hydrogens or ligands.
+
+A :class:`Complex` holds every kept atom of a structure (see
+``zmat/protein/allatom.py`` for what is kept, the tree and the rows), its
+construction table, internal coordinates, bonds with bond orders, and the
+torsions of its polymer residues: for amino acids ``phi, psi, omega,
+chi1..chi4`` (as :class:`~zmat.protein.Protein`), for nucleotides ``alpha ..
+zeta, chi`` and the sugar pucker ``pucker_phase, pucker_amplitude``
+(``zmat/protein/nucleic.py``); every name is a key, NaN where a residue does
+not have it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+
+from ..clash import exclusions_from_bonds, vdw_radii
+from ..table import ConstructionTable
+from ..transform import dihedrals, to_internal
+from . import io
+from .allatom import QUAD_NAMES, ComplexAtoms
+from .amino_ideal import AminoIdeal, amino_ideal
+from .amino_ideal import apply as apply_amino
+from .complex_batch import ComplexBatch
+from .nucleic import NUCLEIC_TORSIONS, pucker
+from .nucleic_ideal import NucleicIdeal, nucleic_ideal
+from .nucleic_ideal import apply as apply_ideal
+from .topology import TORSION_NAMES
+
+__all__ = ["TORSION_KEYS", "Complex"]
+
+#: The keys of ``Complex.torsions``.
+TORSION_KEYS = TORSION_NAMES + NUCLEIC_TORSIONS
+_NU = [QUAD_NAMES.index(f"nu{j}") for j in range(5)]
+
+
+class Complex:
+    """Every kept atom of a structure: polymers, hydrogens, ligands (N atoms).
+
+    Attributes:
+        xyz: ``(N, 3)`` float64 tensor (Angstrom).
+        atom_names, elements: ``(N,)`` string arrays; ``added`` ``(N,)`` bool,
+            True for a hydrogen zmat completed.
+        residue_index: ``(N,)`` int64 tensor, each atom's residue (all residues,
+            ligands included, file order).
+        res_names, res_ids, ins_codes, res_chain_ids, hetero, family: per residue.
+        polymer: ``(R,)`` bool, the polymer residues (the L of ``torsions``).
+        table: one-tree ``ConstructionTable``; ``internal`` ``(N, 3)``.
+        bonds: ``(E, 2)`` int64 tensor, ``bond_orders`` ``(E,)`` biotite
+            ``BondType`` codes.
+        torsions: dict of ``(L,)`` float64 tensors over the polymer residues,
+            keys ``TORSION_KEYS``, radians, NaN where absent.
+        ligand_torsions: ``(T,)`` the torsions of the ligands' rotatable bonds
+            (``zmat/protein/ligands.py``); ``ligand_quads`` ``(T, 4)`` their
+            atoms, ``ligand_residue`` ``(T,)`` their residue.
+    """
+
+    def __init__(self, parsed: ComplexAtoms) -> None:
+        self.parsed = parsed
+        self.xyz = torch.from_numpy(parsed.xyz.copy())
+        self.atom_names = parsed.atom_names
+        self.elements = parsed.elements
+        self.added = parsed.added
+        self.residue_index = torch.from_numpy(parsed.residue)
+        self.res_names = parsed.res_names
+        self.res_ids = parsed.res_ids
+        self.ins_codes = parsed.ins_codes
+        self.res_chain_ids = parsed.chain_ids
+        self.hetero = parsed.hetero
+        self.family = parsed.family
+        self.polymer = parsed.family != "ligand"
+        self.chain_id = parsed.chain_ids[parsed.residue]
+        self.bonds = torch.from_numpy(parsed.bonds)
+        self.bond_orders = parsed.bond_orders
+        self.quads = torch.from_numpy(parsed.quads)
+        self.ligand_quads = torch.from_numpy(parsed.ligand_quads)
+        self.ligand_residue = parsed.ligand_residue
+
+    def __len__(self) -> int:
+        return int(self.polymer.sum())
+
+    @classmethod
+    def batch(cls, items) -> ComplexBatch:
+        """A :class:`~zmat.protein.complex_batch.ComplexBatch` of complexes (``zmat.collate``)."""
+        return ComplexBatch(items)
+
+    def __repr__(self) -> str:
+        fam = {f: int((self.family == f).sum()) for f in ("protein", "nucleic", "ligand")}
+        return f"Complex(atoms={self.n_atoms}, residues={fam}, hydrogens={int((self.elements == 'H').sum())})"
+
+    @property
+    def n_atoms(self) -> int:
+        return len(self.atom_names)
+
+    @functools.cached_property
+    def table(self) -> ConstructionTable:
+        return ConstructionTable(self.parsed.refs)
+
+    @functools.cached_property
+    def internal(self) -> torch.Tensor:
+        return to_internal(self.xyz, self.table)
+
+    @functools.cached_property
+    def torsions(self) -> dict[str, torch.Tensor]:
+        return self.measure_torsions(self.xyz)
+
+    @functools.cached_property
+    def ligand_torsions(self) -> torch.Tensor:
+        return dihedrals(self.xyz, self.ligand_quads)
+
+    def measure_torsions(self, xyz: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The ``torsions`` dict of other coordinates ``(..., N, 3)``, differentiably."""
+        d = dihedrals(xyz, self.quads.to(xyz.device))  # (..., L, Q)
+        out = {name: d[..., k] for k, name in enumerate(QUAD_NAMES[:14])}
+        out["pucker_phase"], out["pucker_amplitude"] = pucker(d[..., _NU])
+        return {k: out[k] for k in TORSION_KEYS}
+
+    @functools.cached_property
+    def radii(self) -> torch.Tensor:
+        """``(N,)`` float64 van der Waals radii (``zmat.clash.vdw_radii``)."""
+        return vdw_radii(self.elements.tolist(), dtype=torch.float64)
+
+    def exclusions(self, depth: int = 3) -> torch.Tensor:
+        """``(P, 2)`` atom pairs within ``depth`` bonds, for ``zmat.clash_loss``."""
+        return exclusions_from_bonds(self.bonds, self.n_atoms, depth=depth)
+
+    def torsion_rows(self) -> dict[str, torch.Tensor]:
+        """Per torsion key (dihedrals only), ``(L,)`` the atom whose row's
+        dihedral column is that torsion (its row is the quad reversed), -1
+        where the torsion is absent or not a row of this table; ``"ligand"``:
+        ``(T,)`` the rows of ``ligand_torsions``."""
+        q = self.parsed.quads
+        refs = self.parsed.refs
+        last = np.maximum(q[..., 3], 0)
+        is_row = (q[..., 3] >= 0) & (refs[last] == q[..., 2::-1]).all(-1)
+        rows = np.where(is_row, q[..., 3], -1)
+        out = {name: torch.from_numpy(rows[:, k]) for k, name in enumerate(QUAD_NAMES[:14])}
+        out["ligand"] = torch.from_numpy(self.parsed.ligand_rows)
+        return out
+
+    def internal_with_torsions(self, torsions: dict) -> torch.Tensor:
+        """``internal`` with given torsions written into their rows' dihedral
+        columns (NaN entries and torsions that are not rows keep the measured
+        value); differentiable in ``torsions``. OFFSET siblings follow.
+
+        Args:
+            torsions: dict of ``(L,)`` tensors, keys among the dihedral keys of
+                ``TORSION_KEYS`` (not the pucker), and ``"ligand"``: ``(T,)``
+                values of ``ligand_torsions``.
+        """
+        rows = self._row_index
+        unknown = set(torsions) - set(rows)
+        if unknown:
+            raise ValueError(
+                f"unknown or non-row torsion names {sorted(unknown)}; expected some of {list(rows)}"
+            )
+        out = self.internal
+        phi = out[:, 2]
+        for name, value in torsions.items():
+            value = torch.as_tensor(value, dtype=out.dtype)
+            sel, idx = rows[name]  # fixed indices: no data-dependent indexing, no host sync
+            if value.shape != self._torsion_shape(name):
+                raise ValueError(
+                    f"torsion {name!r} must have shape {self._torsion_shape(name)}, got {tuple(value.shape)}"
+                )
+            v = value[sel]
+            phi = phi.index_put((idx,), torch.where(torch.isnan(v), phi[idx], v))
+        return torch.cat([out[:, :2], phi[:, None]], 1)
+
+    def _torsion_shape(self, name: str) -> tuple[int]:
+        return (len(self.parsed.ligand_rows),) if name == "ligand" else (len(self),)
+
+    @functools.cached_property
+    def _row_index(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Per key, the entries that are rows and their atoms (``torsion_rows``, -1 dropped)."""
+        out = {}
+        for name, r in self.torsion_rows().items():
+            sel = torch.nonzero(r >= 0)[:, 0]
+            out[name] = (sel, r[sel])
+        return out
+
+    # --------------------------------------------------------- rebuilding
+    @functools.cached_property
+    def nucleic_plan(self) -> NucleicIdeal:
+        rows = {k: v.numpy() for k, v in self.torsion_rows().items()}
+        R = len(self.res_names)
+        prev = np.where(self.parsed.linked, np.arange(R) - 1, -1)
+        return nucleic_ideal(self.parsed, rows, prev)
+
+    @functools.cached_property
+    def amino_plan(self) -> AminoIdeal:
+        R = len(self.res_names)
+        return amino_ideal(self.parsed, np.where(self.parsed.linked, np.arange(R) - 1, -1))
+
+    def ideal_internal(self, torsions: dict | None = None) -> torch.Tensor:
+        """Internal coordinates with ideal geometry (``zmat/protein/nucleic_ideal.py``,
+        ``zmat/protein/amino_ideal.py``).
+
+        Amino-acid rows get the templates' ideal values and ``phi .. chi4``
+        from ``torsions``; nucleotide rows CCD bond lengths, angles and fixed dihedrals,
+        ``alpha..zeta, chi`` from ``torsions`` and the sugar ring from
+        ``pucker_phase, pucker_amplitude``, closed exactly (delta follows the
+        ring); missing keys and NaN entries take this structure's values, and
+        every other row keeps its measured value. With the default this is
+        the ideal-geometry rebuild of the structure from its own torsions and
+        puckers.
+
+        Args:
+            torsions: dict of ``(L,)`` tensors, keys among ``TORSION_KEYS``.
+
+        Returns:
+            ``(N, 3)``, differentiable in the torsions and puckers.
+        """
+        torsions = {} if torsions is None else dict(torsions)
+        unknown = set(torsions) - set(TORSION_KEYS)
+        if unknown:
+            raise ValueError(f"ideal_internal takes torsions among {TORSION_KEYS}, got {sorted(unknown)}")
+        c = apply_amino(self.amino_plan, self.internal, torsions, self.torsions)
+        return apply_ideal(self.nucleic_plan, c, torsions, self.torsions)
+
+    # ------------------------------------------------------------- output
+    def to_structure(self, xyz=None):
+        """A ``biotite.structure.AtomArray`` of every kept atom, with its bonds
+        (``xyz`` overrides the coordinates)."""
+        import biotite.structure as struc
+
+        coord = self.xyz if xyz is None else xyz
+        coord = torch.as_tensor(coord).detach().cpu().to(torch.float64).numpy()
+        if coord.shape != (self.n_atoms, 3):
+            raise ValueError(f"xyz must have shape ({self.n_atoms}, 3), got {coord.shape}")
+        ri = self.parsed.residue
+        arr = struc.AtomArray(self.n_atoms)
+        arr.coord = coord.astype(np.float32)
+        arr.chain_id = self.res_chain_ids[ri]
+        arr.res_id = self.res_ids[ri]
+        arr.ins_code = self.ins_codes[ri]
+        arr.res_name = self.res_names[ri]
+        arr.atom_name = self.atom_names.copy()
+        arr.element = self.elements.copy()
+        arr.hetero = self.hetero[ri]
+        rows = np.column_stack([self.parsed.bonds, self.bond_orders]).astype(np.int64)
+        arr.bonds = struc.BondList(self.n_atoms, rows)
+        return arr
+
+    def to_pdb(self, path, xyz=None) -> None:
+        """Write PDB (bonds as ``CONECT``), or mmCIF for ``.cif`` / ``.mmcif`` (bonds with
+        their orders: ``chem_comp_bond`` and ``struct_conn``), through biotite."""
+        io.write_atoms(self.to_structure(xyz), path)
