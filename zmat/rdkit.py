@@ -55,7 +55,10 @@ Two ways to place the atoms, same result to rounding (tested):
   vectorised step per nesting level of rotatable bonds (a handful), and every
   atom takes the motion of its innermost torsion (one GEMM). It needs no
   construction table, so :meth:`TorsionSpace.batch` of different molecules is
-  a few numpy concatenations.
+  a few numpy concatenations. On plain CPU float tensors the same math runs
+  in zmat's compiled kernel (``zmat/csrc/torsions.cpp``: one pass per
+  conformer, forward and gradient; the torch ops stay the reference and serve
+  double backward, other devices and ``ZMAT_NO_KERNEL=1``).
 * ``method="table"``: the frozen internal coordinates with the torsions
   scattered into their rows, one :func:`zmat.to_xyz` call on the table above;
   zmat places the molecule in its canonical frame (root at the origin) and a
