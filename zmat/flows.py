@@ -435,6 +435,9 @@ class _Plan:
         from scipy.sparse.csgraph import connected_components
 
         # connected groups of free atoms (references between free atoms)
+        from scipy.sparse import coo_matrix  # imported when used: slow to import (import zmat)
+        from scipy.sparse.csgraph import connected_components
+
         i, col = np.nonzero((refs >= 0) & free[:, None])
         keep = free[refs[i, col]]
         graph = coo_matrix((np.ones(keep.sum()), (i[keep], refs[i[keep], col[keep]])), shape=(n, n))

@@ -431,6 +431,8 @@ class ProteinBatch:
             a["ideal_mask"] if "ideal_mask" in a else lambda: batch_arrays(st, ("ideal_mask",))["ideal_mask"]
         )
         self._flat = _Arrays(a["ideal"], mask, a["torsion_slot"], len(self) * self.L_max, self._padded_pro())
+        if "proline_rows" in a:  # stamped per residue: no pass over the atoms
+            self._flat.proline_rows = a["proline_rows"]
 
     def _padded_pro(self) -> np.ndarray:
         """``(B * L_max,)`` bool: the padded residue is a proline."""
