@@ -232,9 +232,8 @@ def _chunks(parent: np.ndarray) -> np.ndarray:
         return np.array([0, n], np.int64)
     first = np.searchsorted(roots, np.arange(0, n, CHUNK_ATOMS))  # first root from every multiple on
     bounds = np.unique(np.concatenate([roots[np.minimum(first, len(roots) - 1)], [0, n]]))
-    chunk = np.searchsorted(bounds, np.arange(n), side="right") - 1
-    inside = parent >= 0
-    if (chunk[parent[inside]] != chunk[inside]).any():  # a tree across a boundary: no split
+    lowest = np.minimum.reduceat(np.where(parent < 0, n, parent), bounds[:-1])  # lowest parent per run
+    if (lowest < bounds[:-1]).any():  # a tree across a boundary: no split
         return np.array([0, n], np.int64)
     return bounds.astype(np.int64)
 
