@@ -642,7 +642,11 @@ class KernelPlan:
         self.gather, self.parent, self.order = (torch.from_numpy(a) for a in (ints[:k], ints[k], ints[k + 1]))
         self.keep, self.trig = torch.from_numpy(self._flags[:k]), torch.from_numpy(self._flags[k:])
         self.placement = (self.gather, self.keep, self.trig, self.parent)  # the forward's arrays
-        self.chunks = torch.from_numpy(_chunks(ints[k]))  # units of work for threads (whole trees)
+        # units of work for threads: runs of whole trees, for tables rooted at
+        # the origin (positions): there a tree's gathers stay in the tree, while
+        # an anchored segment (frames) may read a sibling's phi in another
+        self.chunks = torch.from_numpy(_chunks(ints[k]))
+        self.whole = torch.tensor([0, self.n])  # one unit per structure
 
     @functools.cached_property
     def arrays(self) -> _Arrays:
@@ -702,7 +706,7 @@ def frames(flat: torch.Tensor, plan: KernelPlan, table: ConstructionTable):
     segment anchors, component-major, dfs order: rotations ``(3, 3, N, B)``,
     positions ``(3, N, B)`` (as ``RigidForest`` in ``zmat/_analytic.py``)."""
     if torch.compiler.is_compiling():
-        return _split(torch.ops.zmat.frames(flat.t(), *plan.placement, plan.chunks))
+        return _split(torch.ops.zmat.frames(flat.t(), *plan.placement, plan.whole))
     return _Frames.apply(flat, plan, table)
 
 
@@ -741,6 +745,7 @@ def _backward(ctx, frames, g_rot, g_pos, g_x=None, saved=None) -> torch.Tensor:
     g_rot = None if g_rot is None else g_rot.permute(3, 2, 0, 1)
     g_pos = None if g_pos is None else g_pos.permute(2, 1, 0)
     n, chunked = split(frames.shape[0], plan.n)
+    chunked = chunked and saved is None  # (trees of anchored segments may share gathers)
     return _state["module"].backward(frames, g_rot, g_pos, g_x, plan.arrays, 3 * plan.n, n, chunked)
 
 
@@ -770,8 +775,8 @@ class _Frames(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, flat: torch.Tensor, plan: KernelPlan, table: ConstructionTable):
-        n, chunked = split(flat.shape[1], plan.n)
-        frames, _ = _state["module"].forward(flat.t(), plan.arrays, None, n, True, chunked)
+        n = threads(flat.shape[1], plan.n)  # structures only (see KernelPlan.chunks)
+        frames, _ = _state["module"].forward(flat.t(), plan.arrays, None, n, True, False)
         rot, pos = _split(frames)
         ctx.plan, ctx.table, ctx.frames = plan, table, frames
         ctx.save_for_backward(rot, pos)  # outputs (double backward differentiates through them)

@@ -118,7 +118,10 @@ void backward(const T* fr, const int64_t* fs, const T* grp, const int64_t* grs, 
               int64_t n_chunks, int64_t n3, T* grad, int64_t threads) {
   const int64_t whole[2] = {0, n};
   if (!chunks) chunks = whole, n_chunks = 1;
-  if (n_chunks > 1) std::fill(grad, grad + b * n3, T(0));  // before any unit adds to it
+  // A unit zeroes the entries of its own atoms (3 order[j] + c: a tree's
+  // gathers stay in the tree) before adding to them; without order, all first.
+  const bool own = n_chunks > 1 && row && n3 == 3 * n;
+  if (n_chunks > 1 && !own) std::fill(grad, grad + b * n3, T(0));
   zmat::parallel_for(b * n_chunks, threads, [&](int64_t unit) {
     const int64_t t = unit / n_chunks, lo = chunks[unit % n_chunks], hi = chunks[unit % n_chunks + 1];
     static thread_local std::vector<A> kept;
@@ -163,6 +166,9 @@ void backward(const T* fr, const int64_t* fs, const T* grp, const int64_t* grs, 
     }
     T* out = grad + t * n3;
     if (n_chunks == 1) std::fill(out, out + n3, T(0));
+    if (own)
+      for (int64_t j = lo; j < hi; ++j)
+        for (int c = 0; c < 3; ++c) out[3 * row[j] + c] = T(0);
     for (int64_t j = lo; j < hi; ++j) {
       const A* s2 = s + 6 * j;
       const A* s1 = s2 + 3;
