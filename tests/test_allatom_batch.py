@@ -75,3 +75,17 @@ def test_complexes_pickle_and_torsion_step_has_no_host_sync(complexes):
         t = c.measure_torsions(x)
         (x.square().sum() + t["chi2"].nan_to_num().sum()).backward()
     assert audit.syncs == [], audit.syncs
+
+
+def test_batch_equals_the_complexes_built_one_by_one(complexes):
+    """The batch's rows, table and positions are its complexes', bit for bit."""
+    items = [complexes[2], complexes[0], complexes[1], complexes[0]]
+    b = ComplexBatch(items)
+    parts = b.atoms.unbatch(b.internal, dim=-2)
+    flat = b.to_xyz(padded=False)
+    for k, (c, xk) in enumerate(zip(items, b.unbatch(flat), strict=True)):
+        assert torch.equal(parts[k], c.internal)
+        assert torch.equal(xk, zmat.to_xyz(c.internal, c.table)), k
+    at = b.atoms.ptr.tolist()
+    for k, c in enumerate(items):
+        assert (b.table.refs[at[k] : at[k + 1]] == c.table.refs + (c.table.refs >= 0) * at[k]).all()
