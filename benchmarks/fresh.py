@@ -305,11 +305,11 @@ def complex_pool(names=None) -> dict:
     return pool
 
 
-def complex_step(pool: dict, mix: dict, seed: int, hydrogens) -> dict:
+def complex_step(pool: dict, mix: dict, seed: int, hydrogens, padded: bool = False) -> dict:
     """A batch of ``mix`` (file -> count) complexes of ``pool`` in a new random
     order, each with hydrogens (``hydrogens`` True / False, or None: a coin
-    flip each), through ``ComplexBatch``; the step is ``to_xyz`` (padded) of
-    its internal coordinates."""
+    flip each), through ``ComplexBatch``; the step is ``to_xyz`` of its
+    internal coordinates, flat (``(N, 3)``) or ``padded`` (``(B, n_max, 3)``)."""
 
     from zmat.protein import ComplexBatch
 
@@ -328,8 +328,12 @@ def complex_step(pool: dict, mix: dict, seed: int, hydrogens) -> dict:
     t0 = _now()
     prepare(table, leaf.device)
     t["plan"] = _now() - t0
-    t["forward"], t["backward"] = _step(lambda: batch.to_xyz(leaf)[0], leaf)
-    cached = [_step(lambda: batch.to_xyz(leaf)[0], leaf) for _ in range(5)]
+
+    def forward():
+        return batch.to_xyz(leaf)[0] if padded else batch.to_xyz(leaf, padded=False)
+
+    t["forward"], t["backward"] = _step(forward, leaf)
+    cached = [_step(forward, leaf) for _ in range(5)]
     t["cached forward"] = statistics.median(c[0] for c in cached)
     t["cached backward"] = statistics.median(c[1] for c in cached)
     return {"atoms": table.n_atoms, **t}
@@ -399,8 +403,9 @@ def run_complexes(batches: int) -> list[dict]:
         return []
     complex_step(pool, {"1bna.cif": 2}, 99, True)
     out = []
-    for h, how in ((True, "with H"), (False, "no H"), (None, "H or not")):
-        steps = [complex_step(pool, COMPLEX_MIX, s, h) for s in range(batches)]
+    rows = [(True, "with H", False), (False, "no H", False), (None, "H or not", False)]
+    for h, how, padded in [*rows, (True, "with H, padded", True), (False, "no H, padded", True)]:
+        steps = [complex_step(pool, COMPLEX_MIX, s, h, padded) for s in range(batches)]
         out.append(_summarise(f"complexes 16 x ~880 res, {how}", steps))
     return out
 

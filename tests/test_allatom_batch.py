@@ -89,3 +89,19 @@ def test_batch_equals_the_complexes_built_one_by_one(complexes):
     at = b.atoms.ptr.tolist()
     for k, c in enumerate(items):
         assert (b.table.refs[at[k] : at[k + 1]] == c.table.refs + (c.table.refs >= 0) * at[k]).all()
+
+
+def test_batch_kernel_plan_is_its_pieces_plans_offset(complexes):
+    """A concatenated table's kernel plan is made from its pieces' plans: the
+    same arrays as one planned whole (gathers where used)."""
+    from zmat import _analytic, _kernel
+
+    b = ComplexBatch([complexes[1], complexes[0], complexes[2]])
+    plans = [c.table.cached(_analytic._kernel_plan, "cpu") for c in b.complexes]
+    joined = _kernel.KernelPlan.concatenate(plans)
+    whole = zmat.ConstructionTable(b.table.refs)  # planned as one table, no pieces
+    direct = _analytic._kernel_plan(whole, torch.device("cpu"))
+    for name in ("keep", "trig", "parent", "order"):
+        assert torch.equal(getattr(joined, name), getattr(direct, name)), name
+    assert torch.equal(joined.gather[joined.keep], direct.gather[direct.keep])
+    assert b.table.cached(_analytic._kernel_plan, "cpu").n == b.table.n_atoms

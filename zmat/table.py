@@ -143,7 +143,9 @@ class ConstructionTable:
         first = np.repeat(np.cumsum(size) - size, size)  # new index of each piece's first atom
         # every atom index shifted by its piece's offset; "none" (_NONE) stays negative
         out[3:] += first
-        return cls._from_packed(out)
+        table = cls._from_packed(out)
+        table._pieces = tuple(pieces)  # whose per-device plans make the batch's (``_kernel_plan``)
+        return table
 
     def _take(self, ptr: np.ndarray, index: np.ndarray) -> ConstructionTable:
         """The components ``index`` (in that order) of a table whose component
@@ -249,7 +251,7 @@ class ConstructionTable:
         and with its lazy arrays made."""
         for name in list(self.__dict__.get("_lazy", ())):
             getattr(self, name)
-        skip = ("_lazy", "_packed", "_origin")
+        skip = ("_lazy", "_packed", "_origin", "_pieces")
         return {k: v for k, v in self.__dict__.items() if not k.startswith(_PLANS) and k not in skip}
 
     def __len__(self) -> int:
