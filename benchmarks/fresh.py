@@ -7,7 +7,11 @@ benchmarks`` runs ``fresh`` and ``latency`` after its grid):
 * ``fresh``: one training step (coordinates -> loss gradient) on a batch never
   seen before, by phase, beside the same step cached (second call on the same
   batch): proteins (16 random sequences x 1,000 residues through
-  ``zmat.protein.ProteinBatch``), molecules in torsion space (256 of a pool
+  ``zmat.protein.ProteinBatch``), complexes (16 of the real structures of
+  ``tests/data``, ``COMPLEX_MIX``: protein-DNA, protein + ligands, DNA, RNA,
+  ~880 residues each, all with hydrogens, none, or a coin flip each, read once
+  as the data set's preprocessing, through ``ComplexBatch``; ``cached
+  ns/atom``: fwd+bwd per atom), molecules in torsion space (256 of a pool
   of 300 (``--quick``) or 600 drug-like molecules, ~29 heavy atoms and ~57
   atoms with hydrogens, ETKDG conformers and ``TorsionSpace.from_mol`` built
   once and kept on disk as the data set's preprocessing; every step a new
@@ -284,16 +288,77 @@ def torsion_step(pool: list, n_mol: int, seed: int, method: str, data=None) -> d
     return {"atoms": len(ts.positions), **t}
 
 
+#: the real structures of the complex rows and how many of each a batch of 16 holds
+#: (~880 residues a complex on average: protein-DNA, protein + ligands, DNA, RNA)
+COMPLEX_MIX = {"1igy.pdb": 5, "3wip.pdb": 3, "5ugo.cif": 3, "3o5r.cif": 2, "4p5j.cif": 2, "1bna.cif": 1}
+
+
+def complex_pool(names=None) -> dict:
+    """``{(file, hydrogens): Complex}`` read once, tables and internal coordinates
+    made (the data set's preprocessing, outside the records)."""
+    import warnings
+
+    from zmat.protein import from_pdb
+
+    pool = {}
+    for name in names or COMPLEX_MIX:
+        for h in (False, True):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                c = from_pdb(DATA / name, hydrogens=h, ligands=True)
+            c.table, c.internal  # noqa: B018 (cached on the complex)
+            pool[name, h] = c
+    return pool
+
+
+def complex_step(pool: dict, mix: dict, seed: int, hydrogens, padded: bool = False) -> dict:
+    """A batch of ``mix`` (file -> count) complexes of ``pool`` in a new random
+    order, each with hydrogens (``hydrogens`` True / False, or None: a coin
+    flip each), through ``ComplexBatch``; the step is ``to_xyz`` of its
+    internal coordinates, flat (``(N, 3)``) or ``padded`` (``(B, n_max, 3)``)."""
+
+    from zmat.protein import ComplexBatch
+
+    rng = np.random.default_rng(seed)
+    names = [n for n, k in mix.items() for _ in range(k)]
+    flags = rng.random(len(names)) < 0.5 if hydrogens is None else [hydrogens] * len(names)
+    items = [pool[names[i], bool(flags[i])] for i in rng.permutation(len(names))]
+    t = {}
+    t0 = _now()
+    batch = ComplexBatch(items)
+    t["layout"] = _now() - t0
+    t0 = _now()
+    table = batch.table
+    t["table"] = _now() - t0
+    leaf = batch.internal.float().requires_grad_(True)
+    t0 = _now()
+    prepare(table, leaf.device)
+    t["plan"] = _now() - t0
+
+    def forward():
+        return batch.to_xyz(leaf)[0] if padded else batch.to_xyz(leaf, padded=False)
+
+    t["forward"], t["backward"] = _step(forward, leaf)
+    cached = [_step(forward, leaf) for _ in range(5)]
+    t["cached forward"] = statistics.median(c[0] for c in cached)
+    t["cached backward"] = statistics.median(c[1] for c in cached)
+    return {"atoms": table.n_atoms, **t}
+
+
 PHASES = ("layout", "table", "plan", "forward", "backward")
 
 
 def _summarise(name: str, steps: list[dict]) -> dict:
-    rec = {"section": "fresh", "case": name, "atoms": steps[0]["atoms"], "batches": len(steps)}
+    rec = {"section": "fresh", "case": name, "atoms": int(statistics.median(s["atoms"] for s in steps))}
+    rec["batches"] = len(steps)
     for k in (*PHASES, "cached forward", "cached backward"):
         rec[k] = statistics.median(s[k] for s in steps)
     rec["fresh step"] = sum(rec[k] for k in PHASES)
     rec["cached step"] = rec["cached forward"] + rec["cached backward"]
     rec["fresh / cached"] = rec["fresh step"] / rec["cached step"]
+    rec["cached ns/atom"] = statistics.median(
+        (s["cached forward"] + s["cached backward"]) / s["atoms"] * 1e9 for s in steps
+    )
     return rec
 
 
@@ -307,6 +372,7 @@ def run_fresh(quick: bool) -> list[dict]:
     if not quick:
         out.append(_summarise("proteins 16 x 256 res", [protein_step(16, 256, s) for s in range(batches)]))
         out.append(_summarise("proteins 64 x 128 res", [protein_step(64, 128, s) for s in range(batches)]))
+    out += run_complexes(batches)
     try:
         pool = torsion_dataset(300 if quick else 600)
     except ImportError:  # no RDKit: the tree rows only
@@ -331,6 +397,22 @@ def run_fresh(quick: bool) -> list[dict]:
         how = "ConstructionTable.concatenate" if concat else "ConstructionTable(refs)"
         steps = [molecule_step(data, 256, s, concat) for s in range(batches)]
         out.append(_summarise(f"random trees 256 x ~55 atoms, {how}", steps))
+    return out
+
+
+def run_complexes(batches: int) -> list[dict]:
+    """16 complexes of real structures (``COMPLEX_MIX``): all with hydrogens, none,
+    and a coin flip each; ``cached ns/atom`` is the per-atom cost of fwd+bwd."""
+    try:
+        pool = complex_pool()
+    except ImportError:  # no biotite
+        return []
+    complex_step(pool, {"1bna.cif": 2}, 99, True)
+    out = []
+    rows = [(True, "with H", False), (False, "no H", False), (None, "H or not", False)]
+    for h, how, padded in [*rows, (True, "with H, padded", True), (False, "no H, padded", True)]:
+        steps = [complex_step(pool, COMPLEX_MIX, s, h, padded) for s in range(batches)]
+        out.append(_summarise(f"complexes 16 x ~880 res, {how}", steps))
     return out
 
 

@@ -75,3 +75,33 @@ def test_complexes_pickle_and_torsion_step_has_no_host_sync(complexes):
         t = c.measure_torsions(x)
         (x.square().sum() + t["chi2"].nan_to_num().sum()).backward()
     assert audit.syncs == [], audit.syncs
+
+
+def test_batch_equals_the_complexes_built_one_by_one(complexes):
+    """The batch's rows, table and positions are its complexes', bit for bit."""
+    items = [complexes[2], complexes[0], complexes[1], complexes[0]]
+    b = ComplexBatch(items)
+    parts = b.atoms.unbatch(b.internal, dim=-2)
+    flat = b.to_xyz(padded=False)
+    for k, (c, xk) in enumerate(zip(items, b.unbatch(flat), strict=True)):
+        assert torch.equal(parts[k], c.internal)
+        assert torch.equal(xk, zmat.to_xyz(c.internal, c.table)), k
+    at = b.atoms.ptr.tolist()
+    for k, c in enumerate(items):
+        assert (b.table.refs[at[k] : at[k + 1]] == c.table.refs + (c.table.refs >= 0) * at[k]).all()
+
+
+def test_batch_kernel_plan_is_its_pieces_plans_offset(complexes):
+    """A concatenated table's kernel plan is made from its pieces' plans: the
+    same arrays as one planned whole (gathers where used)."""
+    from zmat import _analytic, _kernel
+
+    b = ComplexBatch([complexes[1], complexes[0], complexes[2]])
+    plans = [c.table.cached(_analytic._kernel_plan, "cpu") for c in b.complexes]
+    joined = _kernel.KernelPlan.concatenate(plans)
+    whole = zmat.ConstructionTable(b.table.refs)  # planned as one table, no pieces
+    direct = _analytic._kernel_plan(whole, torch.device("cpu"))
+    for name in ("keep", "trig", "parent", "order"):
+        assert torch.equal(getattr(joined, name), getattr(direct, name)), name
+    assert torch.equal(joined.gather[joined.keep], direct.gather[direct.keep])
+    assert b.table.cached(_analytic._kernel_plan, "cpu").n == b.table.n_atoms

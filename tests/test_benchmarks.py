@@ -149,6 +149,23 @@ def test_fresh_steps_report_every_phase_and_the_cached_step():
     assert "fresh:" in text and "fresh / cached" in text and "x" in text
 
 
+def test_fresh_complex_step_reports_every_phase_and_the_per_atom_cost():
+    pytest.importorskip("biotite")
+    from benchmarks import fresh
+
+    pool = fresh.complex_pool(["1bna.cif", "3o5r.cif"])
+    mix = {"1bna.cif": 2, "3o5r.cif": 1}
+    steps = {h: fresh.complex_step(pool, mix, 0, h) for h in (True, False, None)}
+    n = {h: 2 * pool["1bna.cif", h].n_atoms + pool["3o5r.cif", h].n_atoms for h in (True, False)}
+    assert steps[True]["atoms"] == n[True] > n[False] == steps[False]["atoms"]
+    assert n[False] <= steps[None]["atoms"] <= n[True]
+    for step in steps.values():
+        for k in (*fresh.PHASES, "cached forward", "cached backward"):
+            assert step[k] >= 0, k
+    rec = fresh._summarise("complexes", [steps[True]])
+    assert rec["cached ns/atom"] == rec["cached step"] / n[True] * 1e9
+
+
 def test_ops_are_counted_for_batch_one_latency():
     from benchmarks import fresh
 

@@ -669,6 +669,30 @@ class KernelPlan:
         ints[k + 1] += shift
         return KernelPlan(ints, np.take(self._flags, cols, axis=1), self.vjp)
 
+    @staticmethod
+    def concatenate(plans: list[KernelPlan]) -> KernelPlan:
+        """The plan of ``ConstructionTable.concatenate`` of the plans' tables:
+        their columns side by side, indices shifted by each table's first atom
+        (a concatenated table keeps every piece's atoms and dfs positions in one
+        range); a narrower offset chain is padded with unused entries."""
+        k = max(len(p._ints) for p in plans) - 2
+        sizes = np.fromiter((p.n for p in plans), np.int64, len(plans))
+        shape = (k + 2, int(sizes.sum()))
+        ints, flags = np.zeros(shape, np.int64), np.zeros(shape, np.uint8)
+        at = 0
+        for p in plans:  # per piece, whole rows (no per-atom Python)
+            m = len(p._ints) - 2
+            ints[:m, at : at + p.n] = p._ints[:m]
+            ints[k:, at : at + p.n] = p._ints[m:]
+            flags[:m, at : at + p.n] = p._flags[:m]
+            flags[k:, at : at + p.n] = p._flags[m:]
+            at += p.n
+        shift = np.repeat(np.cumsum(sizes) - sizes, sizes)
+        ints[:k] += 3 * shift  # flat indices into C (the padding rows: unused, in range)
+        ints[k] += np.where(ints[k] >= 0, shift, 0)  # parents (-1: none)
+        ints[k + 1] += shift
+        return KernelPlan(ints, flags.view(bool), plans[0].vjp)
+
 
 def _differentiable_backward(*grads) -> bool:
     """A backward with ``create_graph=True`` or under ``vmap`` (batched

@@ -103,8 +103,9 @@ class ConstructionTable:
         e.g. one per molecule of a data set) and the batch's table is assembled
         by offsetting the pieces' arrays, with no validation or planning of its
         own: a disjoint union of valid, acyclic tables is valid and acyclic, and
-        every row keeps its classification. Raw arrays among ``tables`` are
-        validated first, as by ``ConstructionTable(refs)``.
+        every row keeps its classification. The arrays are made on first use;
+        the compiled kernel's plan is the pieces' plans offset. Raw arrays
+        among ``tables`` are validated first, as by ``ConstructionTable(refs)``.
 
         Example:
             >>> water = ConstructionTable([[-1, -1, -1], [0, -1, -1], [0, 1, -1]])
@@ -127,8 +128,20 @@ class ConstructionTable:
             # a gather of the pieces' table (planned once); its arrays made when read
             pool, ptr = _pool(tuple(pieces))
             return pool._take(ptr, index)
-        # One packed array per piece (cached on it), side by side (the shorter
-        # offset chains padded with "none").
+        # arrays made on first use: a fresh batch's kernel call reads none of
+        # them (its plan is its pieces', ``_kernel_plan``)
+        pieces = tuple(pieces)
+        joined = functools.cache(functools.partial(cls._joined, pieces))
+        arrays = {name: functools.partial(_attribute, joined, name) for name in cls._ARRAYS}
+        arrays["constant_anchors"] = all(t.constant_anchors for t in pieces)  # segment roots: the pieces'
+        table = cls._trusted(arrays, sum(t.n_atoms for t in pieces))
+        table._pieces = pieces  # whose per-device plans make the batch's
+        return table
+
+    @classmethod
+    def _joined(cls, pieces: tuple) -> ConstructionTable:
+        """:meth:`concatenate`'s table, made: one packed array per piece (cached
+        on it), side by side (the shorter offset chains padded with "none")."""
         packed = [t._packed if "_packed" in t.__dict__ else t._pack() for t in pieces]
         size = np.fromiter((a.shape[1] for a in packed), np.int64, len(packed))
         height = max(a.shape[0] for a in packed)
@@ -249,7 +262,7 @@ class ConstructionTable:
         and with its lazy arrays made."""
         for name in list(self.__dict__.get("_lazy", ())):
             getattr(self, name)
-        skip = ("_lazy", "_packed", "_origin")
+        skip = ("_lazy", "_packed", "_origin", "_pieces")
         return {k: v for k, v in self.__dict__.items() if not k.startswith(_PLANS) and k not in skip}
 
     def __len__(self) -> int:

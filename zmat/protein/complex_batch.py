@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from ..batch import Ragged, concatenate_tables
@@ -20,6 +21,15 @@ from ..clash import clash_loss
 from ..transform import to_xyz
 
 __all__ = ["ComplexBatch"]
+
+
+def _cat_rows(parts: list[torch.Tensor]) -> torch.Tensor:
+    """``torch.cat(parts, 0)``; CPU tensors outside autograd through numpy, one
+    copy each with no parallel region (torch's cat of a batch is one, which
+    stalls on a busy core for longer than the copies take)."""
+    if all(p.device.type == "cpu" and not p.requires_grad for p in parts):
+        return torch.from_numpy(np.concatenate([p.numpy() for p in parts], 0))
+    return torch.cat(parts, 0)
 
 
 class ComplexBatch:
@@ -40,7 +50,7 @@ class ComplexBatch:
         self.complexes = list(complexes)
         self.table, self.atoms = concatenate_tables([c.table for c in self.complexes])
         self.residues = Ragged([len(c) for c in self.complexes])
-        self.internal = torch.cat([c.internal for c in self.complexes], 0)
+        self.internal = _cat_rows([c.internal for c in self.complexes])
 
     def __len__(self) -> int:
         return len(self.complexes)
