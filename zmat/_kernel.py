@@ -65,6 +65,7 @@ import torch.autograd.forward_ad as _forward_ad
 from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensor
 
+from ._segments import per_row, starts, take_shift
 from .table import ConstructionTable
 
 _CSRC = Path(__file__).with_name("csrc")
@@ -658,8 +659,7 @@ class KernelPlan:
         """The plan of ``ConstructionTable._take(ptr, index)``'s table, by the
         same gathers: component ``k`` of the table is atoms and dfs positions
         ``ptr[k]:ptr[k + 1]``, so its columns move together, indices shifted."""
-        sizes = (ptr[1:] - ptr[:-1])[index]
-        shift = np.repeat(np.cumsum(sizes) - sizes - ptr[index], sizes)  # new - old position
+        _, shift = take_shift(ptr, index)  # new - old position
         cols = np.arange(len(shift)) - shift
         ints = np.take(self._ints, cols, axis=1)
         k = len(ints) - 2
@@ -687,7 +687,7 @@ class KernelPlan:
             flags[:m, at : at + p.n] = p._flags[:m]
             flags[k:, at : at + p.n] = p._flags[m:]
             at += p.n
-        shift = np.repeat(np.cumsum(sizes) - sizes, sizes)
+        shift = per_row(starts(sizes), sizes)
         ints[:k] += 3 * shift  # flat indices into C (the padding rows: unused, in range)
         ints[k] += np.where(ints[k] >= 0, shift, 0)  # parents (-1: none)
         ints[k + 1] += shift

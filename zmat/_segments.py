@@ -1,8 +1,13 @@
-"""Ragged batches given PyTorch Geometric's way (``ptr`` / ``batch``), for the losses.
+"""Ragged batches: the offset arithmetic, and ``ptr`` / ``batch`` arguments.
 
-Private helper of :mod:`zmat.clash` and :mod:`zmat.protein.violations`: it
-turns ``ptr`` (``(B + 1,)`` offsets) and/or ``batch`` (``(n,)`` structure of
-each flat row) into one ``(n,)`` structure index on the device, without a
+The one place for the ragged idioms every batch builder needs (numpy, host
+data): :func:`starts` (exclusive cumulative sum), :func:`ptr`,
+:func:`segment_ids`, :func:`per_row`, :func:`segment_arange`, :func:`ranges`
+and :func:`take_shift` (the index shift of components taken from a batch).
+
+For the losses (:mod:`zmat.clash`, :mod:`zmat.protein.violations`) it turns
+``ptr`` (``(B + 1,)`` offsets) and/or ``batch`` (``(n,)`` structure of each
+flat row) into one ``(n,)`` structure index on the device, without a
 host-device sync: ``B`` is read from ``ptr``'s shape, or from ``batch`` only
 when that is host data. Values are checked where they are host data (CPU
 tensors, numpy arrays, lists, :class:`zmat.batch.Ragged`), never on a device.
@@ -15,7 +20,57 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-__all__ = ["Segments", "index_arg", "on_host", "segments"]
+__all__ = [
+    "Segments",
+    "index_arg",
+    "on_host",
+    "per_row",
+    "ptr",
+    "ranges",
+    "segment_arange",
+    "segment_ids",
+    "segments",
+    "starts",
+    "take_shift",
+]
+
+
+def starts(sizes: np.ndarray) -> np.ndarray:
+    """The first row of every segment: the exclusive cumulative sum of ``sizes``."""
+    return np.cumsum(sizes) - sizes
+
+
+def ptr(sizes: np.ndarray) -> np.ndarray:
+    """``(B + 1,)`` int64 segment bounds ``[0, s_0, s_0 + s_1, ...]``."""
+    return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+
+
+def per_row(values: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """``values[k]`` repeated ``sizes[k]`` times: a per-segment value on every row."""
+    return np.repeat(values, sizes)
+
+
+def segment_ids(sizes: np.ndarray) -> np.ndarray:
+    """The segment of every row, ``[0] * s_0 + [1] * s_1 + ...``."""
+    return np.repeat(np.arange(len(sizes)), sizes)
+
+
+def segment_arange(sizes: np.ndarray) -> np.ndarray:
+    """Every row's index within its segment, ``[0 .. s_0) + [0 .. s_1) + ...``."""
+    return np.arange(int(np.sum(sizes))) - np.repeat(starts(sizes), sizes)
+
+
+def ranges(first: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """The ranges ``[first[k], first[k] + sizes[k])`` one after the other."""
+    return np.repeat(first - starts(sizes), sizes) + np.arange(sizes.sum())
+
+
+def take_shift(ptr: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Segments ``index`` (in that order) of a batch whose segment ``k`` is rows
+    ``ptr[k]:ptr[k + 1]``: their ``sizes``, and ``shift`` (new - old index of
+    every row taken), so that the rows taken are ``arange(N') - shift``."""
+    sizes = (ptr[1:] - ptr[:-1])[index]
+    return sizes, np.repeat(starts(sizes) - ptr[index], sizes)
 
 
 def on_host(t: torch.Tensor) -> bool:
@@ -69,10 +124,10 @@ def segments(ptr, batch, n: int, device, who: str = "clash_loss", rows: str = "x
                     f"{who}: ptr must rise from 0 to N = {n} (the flat rows of {rows}), got "
                     f"{host[:4].tolist()}{' ...' if len(host) > 4 else ''} ending at {host[-1]}"
                 )
-        count, starts = ptr.shape[0] - 1, ptr[:-1]
+        count, first = ptr.shape[0] - 1, ptr[:-1]
         if batch is None:
-            index = torch.arange(count, device=device).repeat_interleave(ptr[1:] - starts, output_size=n)
-            return Segments(count, index, sizes, starts)
+            index = torch.arange(count, device=device).repeat_interleave(ptr[1:] - first, output_size=n)
+            return Segments(count, index, sizes, first)
     batch, host = index_arg(batch, "batch", device, who)
     if tuple(batch.shape) != (n,):
         raise ValueError(f"{who}: batch must have shape (N,) = ({n},), got {tuple(batch.shape)}")
@@ -83,9 +138,9 @@ def segments(ptr, batch, n: int, device, who: str = "clash_loss", rows: str = "x
                 "structures from batch would sync with the device)"
             )
         count = int(host.max()) + 1 if n else 0
-        sizes, starts = np.bincount(host.clip(0), minlength=count), None
+        sizes, first = np.bincount(host.clip(0), minlength=count), None
         if (np.diff(host) >= 0).all():  # sorted, as PyG's: structure b is one run of rows
-            starts = torch.as_tensor(np.cumsum(sizes) - sizes, device=device)
+            first = torch.as_tensor(starts(sizes), device=device)
     if host is not None and n and (host.min() < 0 or host.max() >= count):
         raise ValueError(f"{who}: batch values must lie in [0, {count}), got {host.min()} to {host.max()}")
-    return Segments(count, batch, sizes, starts)
+    return Segments(count, batch, sizes, first)

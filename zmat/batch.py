@@ -27,6 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 
+from ._segments import ptr, segment_ids, take_shift
 from .table import ConstructionTable, as_table, index_tensor
 from .transform import to_xyz
 
@@ -58,8 +59,8 @@ class Ragged:
         if (sizes < 0).any():
             raise ValueError(f"segment sizes must be non-negative, got {sizes.tolist()}")
         self.sizes = sizes
-        self.ptr = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        self.index = np.repeat(np.arange(len(sizes)), sizes)
+        self.ptr = ptr(sizes)
+        self.index = segment_ids(sizes)
         self.n_max = int(sizes.max()) if len(sizes) else 0
         self._tensors: dict = {}
 
@@ -127,7 +128,7 @@ class Ragged:
         :class:`Ragged`, and the ``(N',)`` flat rows they hold here (a gather,
         no loop over segments)."""
         out = Ragged(self.sizes[index])
-        return out, np.arange(out.total) - np.repeat(out.ptr[:-1] - self.ptr[index], out.sizes)
+        return out, np.arange(out.total) - take_shift(self.ptr, index)[1]
 
     def _check(self, x: torch.Tensor, dim: int) -> None:
         if x.shape[dim] != self.total:

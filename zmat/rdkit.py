@@ -92,6 +92,7 @@ except ImportError as err:  # pragma: no cover - exercised only without RDKit
 
 from . import _kernel
 from ._align import kabsch_rotation, superpose
+from ._segments import per_row, ranges, starts
 from .batch import Ragged, concatenate_tables
 from .table import ConstructionTable, index_tensor
 from .transform import dihedrals, to_internal, to_xyz
@@ -388,13 +389,10 @@ def _unpack(flat: np.ndarray, counts: np.ndarray, widths: tuple) -> list[np.ndar
     """Packed spaces, concatenated, -> one ``(rows, width)`` array per part
     (atoms, torsions, molecules), the spaces' rows in order: one gather."""
     lengths = counts * np.array(widths)  # (S, 3) elements per part
-    ends = np.cumsum(lengths.reshape(-1))
-    start = (ends - lengths.reshape(-1)).reshape(lengths.shape)  # of every part of every space
+    start = starts(lengths.reshape(-1)).reshape(lengths.shape)  # of every part of every space
     out = []
     for p, width in enumerate(widths):
-        n = lengths[:, p]
-        index = np.arange(int(n.sum())) + np.repeat(start[:, p] - (np.cumsum(n) - n), n)
-        out.append(np.take(flat, index).reshape(-1, width))
+        out.append(np.take(flat, ranges(start[:, p], lengths[:, p])).reshape(-1, width))
     return out
 
 
@@ -571,11 +569,11 @@ class TorsionSpace:
         ai, ti, sizes = ints
         # per space (a space may itself be a batch): where its atoms and torsions start
         n_atoms, n_tors = counts[:, 0], counts[:, 1]
-        atom_start = np.repeat(np.cumsum(n_atoms) - n_atoms, n_tors)[:, None]  # per torsion
-        tors_start = np.cumsum(n_tors) - n_tors
+        atom_start = per_row(starts(n_atoms), n_tors)[:, None]  # per torsion
+        tors_start = starts(n_tors)
         ti[:, :5] += atom_start  # quads and dof: atom indices
         for col, rows in ((ti[:, 5], n_tors), (ai[:, 0], n_atoms)):  # torsion indices; -1 stays
-            col += np.where(col >= 0, np.repeat(tors_start, rows), 0)
+            col += np.where(col >= 0, per_row(tors_start, rows), 0)
         spaces = list(spaces)
         return cls(
             lambda: [m for s in spaces for m in s.mols],
@@ -624,11 +622,11 @@ class TorsionSpace:
         idx = idx.astype(np.int64) % m
         atoms, a_rows = self.atoms.take(idx)
         tors, t_rows = self.torsion_index.take(idx)
-        a_shift = np.repeat(atoms.ptr[:-1] - self.atoms.ptr[idx], tors.sizes)  # atom indices, per torsion
+        a_shift = per_row(atoms.ptr[:-1] - self.atoms.ptr[idx], tors.sizes)  # atom indices, per torsion
         t_shift = tors.ptr[:-1] - self.torsion_index.ptr[idx]  # torsion indices, per molecule
         owner, bond_parent = self.owner[a_rows], self.bond_parent[t_rows]
-        owner += np.where(owner >= 0, np.repeat(t_shift, atoms.sizes), 0)
-        bond_parent += np.where(bond_parent >= 0, np.repeat(t_shift, tors.sizes), 0)
+        owner += np.where(owner >= 0, per_row(t_shift, atoms.sizes), 0)
+        bond_parent += np.where(bond_parent >= 0, per_row(t_shift, tors.sizes), 0)
         a_rows_t, t_rows_t, idx_t = (torch.from_numpy(a) for a in (a_rows, t_rows, idx))
         parent_ptr, table = self.atoms.ptr, self._table
         return type(self)(

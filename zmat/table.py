@@ -50,6 +50,9 @@ from typing import TypeVar
 import numpy as np
 import torch
 
+from zmat._segments import per_row, ranges, starts, take_shift
+from zmat._segments import ptr as segment_ptr
+
 __all__ = ["ConstructionTable", "as_table"]
 
 ROOT, BOND, PLANAR, PROPER, OFFSET, POSITIONAL = range(6)
@@ -153,7 +156,7 @@ class ConstructionTable:
             for a in packed:
                 out[: a.shape[0], at : at + a.shape[1]] = a
                 at += a.shape[1]
-        first = np.repeat(np.cumsum(size) - size, size)  # new index of each piece's first atom
+        first = per_row(starts(size), size)  # new index of each piece's first atom
         # every atom index shifted by its piece's offset; "none" (_NONE) stays negative
         out[3:] += first
         return cls._from_packed(out)
@@ -165,12 +168,11 @@ class ConstructionTable:
         trusted like :meth:`concatenate` (``zmat.rdkit.TorsionSpace.take``).
         The arrays are made on first use; a method's plan may be taken from
         this table's plan instead (``_origin``)."""
-        sizes = (ptr[1:] - ptr[:-1])[index]
+        sizes, shift = take_shift(ptr, index)  # shift: new - old index of every row
 
         @functools.cache
         def taken() -> ConstructionTable:
             packed = self._packed if "_packed" in self.__dict__ else self._pack()
-            shift = np.repeat(np.cumsum(sizes) - sizes - ptr[index], sizes)  # new - old index of every row
             out = _take_columns(packed, np.arange(len(shift)) - shift)
             out[3:] += shift
             width = int((out[_PACKED:] >= 0).any(1).sum())  # the widest offset chain of the components taken
@@ -421,7 +423,7 @@ def _pool(pieces: tuple) -> tuple:
     ``concatenate(pieces, index)``: planned once per set of pieces (kept
     alive here, a few per process: residue or molecule types)."""
     size = np.array([t.n_atoms for t in pieces])
-    return ConstructionTable.concatenate(list(pieces)), np.append(0, np.cumsum(size))
+    return ConstructionTable.concatenate(list(pieces)), segment_ptr(size)
 
 
 def _take_columns(a: np.ndarray, column: np.ndarray) -> np.ndarray:
@@ -652,11 +654,10 @@ def _longest_path_levels(deps: np.ndarray, n: int) -> np.ndarray:
     k = 0
     while frontier.size:
         level[frontier] = k
-        starts, counts = ptr[frontier], ptr[frontier + 1] - ptr[frontier]
+        first, counts = ptr[frontier], ptr[frontier + 1] - ptr[frontier]
         if counts.sum() == 0:
             break
-        offsets = np.repeat(starts - np.cumsum(counts) + counts, counts) + np.arange(counts.sum())
-        touched, hits = np.unique(dst_by_src[offsets], return_counts=True)
+        touched, hits = np.unique(dst_by_src[ranges(first, counts)], return_counts=True)
         indeg[touched] -= hits
         frontier = touched[indeg[touched] == 0]
         k += 1

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._segments import segment_ids, starts
 from .ccd import ccd_residue
 from .hydrogens import Protonation, extra_names, place, wanted
 from .ligands import rotatable_bonds, torsion_rows
@@ -496,13 +497,13 @@ def parse_complex(atoms, chain=None, hydrogens=False, ligands: bool = False) -> 
     if hydrogens:
         _complete_hydrogens(residues, linked, opts)
     sizes = np.array([len(r.names) for r in residues], np.int64)
-    first = np.cumsum(sizes) - sizes
+    first = starts(sizes)
     n = int(sizes.sum())
     xyz = np.array([x for r in residues for x in r.xyz], np.float64).reshape(n, 3)
     elements = np.array([e for r in residues for e in r.elements], "U2")
     bonds, orders = _bonds(residues, first, linked)
     pref, key = _preferred(residues, first, linked, bonds, n)
-    residue = np.repeat(np.arange(len(residues)), sizes)
+    residue = segment_ids(sizes)
     parent, order = _tree(n, pref, bonds, xyz, elements != "H", residue)
     refs = _rows(parent, order, key, elements != "H")
     fam = np.array([r.family for r in residues])

@@ -42,6 +42,7 @@ import torch
 
 from .. import _kernel
 from .._geometry import tiny
+from .._segments import per_row, segment_arange, segment_ids, starts
 from ..clash import alphafold_radii, candidate_pairs, exclusions_from_bonds, is_excluded
 from ..table import ConstructionTable
 from ..transform import to_internal, to_xyz
@@ -471,9 +472,8 @@ class ProteinBatch:
         """``(B * L_max,)`` bool: the padded residue is a proline."""
         n = np.fromiter(map(len, self._types), np.int64, len(self._types))
         flat = np.concatenate(self._types)
-        k = np.arange(len(flat)) - np.repeat(np.cumsum(n) - n, n)
         out = np.zeros(len(n) * self.L_max, bool)
-        out[np.repeat(np.arange(len(n)) * self.L_max, n) + k] = flat == PRO
+        out[per_row(np.arange(len(n)) * self.L_max, n) + segment_arange(n)] = flat == PRO
         return out
 
     @functools.cached_property
@@ -524,14 +524,14 @@ class ProteinBatch:
         types = self._types
         B = len(types)
         n_res = np.array([len(t) for t in types], np.int64)
-        res0 = np.cumsum(n_res) - n_res  # first residue of each protein
+        res0 = starts(n_res)  # first residue of each protein
         linked = np.ones(int(n_res.sum()), bool)
         linked[res0[n_res > 0]] = False
         big = layout_from_types(np.concatenate(types), linked=linked)
-        prot_res = np.repeat(np.arange(B), n_res)  # protein of each residue
+        prot_res = segment_ids(n_res)  # protein of each residue
         prot_atom = prot_res[big.residue_index]
         n_atoms = np.bincount(prot_atom, minlength=B)
-        atom0 = np.cumsum(n_atoms) - n_atoms
+        atom0 = starts(n_atoms)
         bond_end = np.searchsorted(prot_atom[big.bonds[:, 0]], np.arange(B), side="right")
         bond0 = np.concatenate([[0], bond_end[:-1]])
         layouts = [

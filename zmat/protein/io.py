@@ -23,6 +23,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .._segments import segment_ids
 from ..table import ConstructionTable
 from .layout import (
     N_SLOTS,
@@ -90,7 +91,7 @@ def _pick_altloc(atoms, letter: str):
     ids = atoms.altloc_id
     plain = np.isin(ids, ["", " ", ".", "?"])
     starts = struc.get_residue_starts(atoms, add_exclusive_stop=True)
-    res_of = np.repeat(np.arange(len(starts) - 1), np.diff(starts))
+    res_of = segment_ids(np.diff(starts))
     has_letter = np.bincount(res_of, weights=ids == letter, minlength=len(starts) - 1) > 0
     first = struc.filter_first_altloc(atoms, ids)
     keep = plain | np.where(has_letter[res_of], ids == letter, first)
@@ -124,7 +125,7 @@ def parse_atoms(atoms, chain=None) -> ParsedAtoms:
     L = len(starts) - 1
     types = residue_types(atoms.res_name[starts[:-1]].tolist())
     coord = atoms.coord.astype(np.float64)
-    res_of = np.repeat(np.arange(L), np.diff(starts))  # residue of each file atom
+    res_of = segment_ids(np.diff(starts))  # residue of each file atom
     where = _slot_map(res_of, template_slots(types[res_of], np.asarray(atoms.atom_name)), L)
     chain_ids = atoms.chain_id[starts[:-1]]
     bonded = _peptide_bonds(coord, where, chain_ids)

@@ -43,6 +43,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 import torch
 
+from .._segments import starts as exclusive_cumsum
 from ..table import ConstructionTable
 from .topology import AA3, CHI_ATOMS, OMEGA, PHI, PRO_DEFAULT_CHI, PSI, RESIDUES, TORSION_NAMES
 
@@ -530,7 +531,7 @@ def _tree_parents(atoms: _Atoms, template_parent: np.ndarray, linked, next_linke
     orphans = np.flatnonzero(parent < 0)
     if len(orphans) > 1 or len(orphans) == 1 and orphans[0] > 0:
         counts = atoms.have.sum(1)
-        first = np.cumsum(counts) - counts
+        first = exclusive_cumsum(counts)
         group_start = np.maximum.accumulate(np.where(~linked & (counts > 0), first, 0))
         _fallback_parents(orphans, parent, atoms, linked, next_linked, group_start)
     return parent

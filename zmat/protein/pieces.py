@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._segments import per_row, segment_ids, starts
 from ..table import OFFSET, ROOT, ConstructionTable
 from .layout import N_TORSIONS, TORSION_NAMES, TYPES, layout_from_types
 
@@ -198,14 +199,14 @@ def _pieces() -> _Pieces:
     # slot - j, + the piece's size (next residue), - the previous residue's size
     off, slot = cat("off")[:, None], cat("slot")[:, None]  # (atoms, 1, 3)
     j = np.concatenate([np.arange(n) for n in size])[:, None, None]
-    own = np.repeat(size, size)[:, None, None]
+    own = per_row(size, size)[:, None, None]
     prev = np.arange(S)[None, :, None]  # (1, S, 1): the previous residue's size
     delta = slot - j + np.where(off == 1, own, 0) - np.where(off == -1, prev, 0)
     delta = np.where(slot >= 0, delta, NONE).reshape(-1, 3)
     offset = np.repeat(cat("kind") == OFFSET, S)
     return _Pieces(
         short_chains=_short_chains(pieces[:-1]),
-        start=np.cumsum(size) - size,
+        start=starts(size),
         size=size,
         ring=np.array([_ring(p, t) for p, t in zip(pieces, types, strict=False)] + [(-1,) * 4], np.int64),
         head=np.array([p["head"] for p in pieces], np.int64),
@@ -259,10 +260,10 @@ class Stamp:
 def stamp(types: list[np.ndarray]) -> Stamp:
     """The :class:`Stamp` of sequences of residue ``types`` (each non-empty)."""
     P = _pieces()
-    B, n_res = len(types), np.array([len(t) for t in types], np.int64)
+    n_res = np.array([len(t) for t in types], np.int64)
     R = int(n_res.sum())
-    res0 = np.cumsum(n_res) - n_res
-    prot = np.repeat(np.arange(B), n_res)
+    res0 = starts(n_res)
+    prot = segment_ids(n_res)
     place = np.full(R, MIDDLE)
     place[res0 + n_res - 1] = LAST
     place[res0] = np.where(n_res == 1, ONLY, FIRST)
@@ -270,7 +271,7 @@ def stamp(types: list[np.ndarray]) -> Stamp:
     n_atoms = np.add.reduceat(P.size[piece], res0)
     n_max, L_max = int(n_atoms.max()), int(n_res.max())
     units = n_res + n_max - n_atoms  # a protein's residues and padding atoms
-    u0 = np.cumsum(units) - units
+    u0 = starts(units)
     real = np.arange(R) + (u0 - res0)[prot]  # unit of every residue
     U = int(units.sum())
     unit_piece = np.full(U, PAD, np.int64)
@@ -280,8 +281,8 @@ def stamp(types: list[np.ndarray]) -> Stamp:
     pad = np.zeros(U, np.int64)
     pad[real] = np.arange(R) + prot * L_max - res0[prot]
     size = P.size[unit_piece]
-    atom0 = np.cumsum(size) - size
-    unit = np.repeat(np.arange(U), size)
+    atom0 = starts(size)
+    unit = segment_ids(size)
     pa = np.take(P.start[unit_piece] - atom0, unit)  # piece atom of every atom
     pa += np.arange(len(pa))
     return Stamp(
@@ -372,7 +373,7 @@ def batch_table(st: Stamp) -> ConstructionTable:
 
     @functools.cache
     def depth():
-        unit_depth = np.cumsum(P.next_depth[piece]) - P.next_depth[piece]
+        unit_depth = starts(P.next_depth[piece])
         d = take(unit_depth - unit_depth[tree], unit)
         d += take(P.depth, pa)
         return d
