@@ -120,14 +120,14 @@ METHYL = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [1, 0, 2], [1, 0, 3], [1, 0, 4]
 @given(st.lists(tables(max_atoms=8), min_size=1, max_size=5), st.data())
 def test_trusted_batches_plan_what_validation_plans(refs_list, data):
     """concatenate_tables (packed pieces, no re-validation) and taking components
-    of its result (``ConstructionTable._take``, any order and repeats) give the
+    of its result (``ConstructionTable.take``, any order and repeats) give the
     arrays that validating the offset references from scratch gives, with
     pieces of different offset-chain widths."""
     refs_list = [*refs_list, METHYL]
     table, atoms = concatenate_tables(refs_list)
     assert_planned_as_validated(table)
     index = np.array(data.draw(st.lists(st.integers(0, len(refs_list) - 1), min_size=1, max_size=6)))
-    taken = table._take(atoms.ptr, index)
+    taken = table.take(atoms.ptr, index)
     assert_planned_as_validated(taken)
     expected, _ = concatenate_tables([refs_list[i] for i in index])
     assert np.array_equal(taken.refs, expected.refs)

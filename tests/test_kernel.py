@@ -58,16 +58,16 @@ def test_matches_torch_path_on_random_tables(spy, rows, linear, data):
 @settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(pieces=st.lists(tables(min_atoms=1, max_atoms=8), min_size=1, max_size=5), data=st.data())
 def test_plan_of_a_taken_table_is_taken_from_the_source(spy, pieces, data):
-    # a batch of a data set (ConstructionTable._take) takes its kernel plan
+    # a batch of a data set (ConstructionTable.take) takes its kernel plan
     # from the data set's: the same arrays as planning the batch's own table
     source = zmat.ConstructionTable.concatenate([zmat.ConstructionTable(p) for p in pieces])
     ptr = np.cumsum([0] + [len(p) for p in pieces])
     index = np.array(data.draw(st.lists(st.integers(0, len(pieces) - 1), min_size=1, max_size=6)))
-    taken = source._take(ptr, index)
+    taken = source.take(ptr, index)
     cpu = torch.device("cpu")
     plan = _analytic._kernel_plan(taken, cpu)  # by take: the table's arrays are not made yet
     assert set(vars(taken)["_lazy"]) >= {"refs", "kind", "dfs_order"}
-    own = zmat.ConstructionTable._trusted({k: getattr(taken, k) for k in zmat.ConstructionTable._ARRAYS})
+    own = zmat.ConstructionTable.from_arrays({k: getattr(taken, k) for k in zmat.ConstructionTable._ARRAYS})
     direct = _analytic._kernel_plan(own, cpu)  # planned from the batch's own arrays
     for name in ("order", "parent", "trig"):
         assert torch.equal(getattr(plan, name), getattr(direct, name)), name

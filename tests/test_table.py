@@ -167,12 +167,12 @@ def test_concatenate_validates_raw_pieces_and_rejects_empty_input():
 def test_trusted_takes_exactly_the_planned_arrays():
     t = ConstructionTable([[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0]])
     arrays = {name: getattr(t, name) for name in ConstructionTable._ARRAYS}
-    copy = ConstructionTable._trusted(arrays)
+    copy = ConstructionTable.from_arrays(arrays)
     assert copy == t and copy.n_atoms == 4 and copy.n_levels == t.n_levels
     x = zmat.to_xyz(torch.rand(4, 3, dtype=torch.float64) + 0.5, copy)
     assert torch.isfinite(x).all()
     with pytest.raises(ValueError, match="exactly the arrays"):
-        ConstructionTable._trusted({k: v for k, v in arrays.items() if k != "kind"})
+        ConstructionTable.from_arrays({k: v for k, v in arrays.items() if k != "kind"})
 
 
 def test_a_planned_table_is_freed_without_the_cycle_collector():
@@ -220,7 +220,7 @@ def test_lazy_arrays_are_safe_to_read_from_threads():
         return base.refs.copy()
 
     arrays = {name: getattr(base, name) for name in ConstructionTable._ARRAYS}
-    table = ConstructionTable._trusted({**arrays, "refs": slow_refs}, base.n_atoms)
+    table = ConstructionTable.from_arrays({**arrays, "refs": slow_refs}, base.n_atoms)
     got, errors = [], []
 
     def read():

@@ -615,14 +615,14 @@ def _place_torch(C: torch.Tensor, table: ConstructionTable) -> torch.Tensor:
 def _kernel_plan(table: ConstructionTable, device: torch.device) -> _kernel.KernelPlan:
     """The kernel's arrays only: the torch path is planned when first used
     (a double backward, ``torch.compile``), not for every fresh batch. A
-    table taken from another (``ConstructionTable._take``: a batch of a data
+    table taken from another (``ConstructionTable.take``: a batch of a data
     set) takes its plan from the other's, planned once; one made by
     ``ConstructionTable.concatenate``, from its pieces' plans."""
-    origin = table.__dict__.get("_origin")
+    origin = table.origin
     if origin is not None:
         source, ptr, index = origin
         return source.cached(_kernel_plan, device).take(ptr, index)
-    pieces = table.__dict__.get("_pieces")
+    pieces = table.pieces
     if pieces is not None:  # ConstructionTable.concatenate: its pieces' plans, each made once
         return _kernel.KernelPlan.concatenate([t.cached(_kernel_plan, device) for t in pieces])
     order = table.dfs_order

@@ -656,7 +656,7 @@ class KernelPlan:
         return _Arrays.of(*self.placement, self.order, self.chunks)
 
     def take(self, ptr: np.ndarray, index: np.ndarray) -> KernelPlan:
-        """The plan of ``ConstructionTable._take(ptr, index)``'s table, by the
+        """The plan of ``ConstructionTable.take(ptr, index)``'s table, by the
         same gathers: component ``k`` of the table is atoms and dfs positions
         ``ptr[k]:ptr[k + 1]``, so its columns move together, indices shifted."""
         _, shift = take_shift(ptr, index)  # new - old position

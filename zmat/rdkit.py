@@ -631,7 +631,7 @@ class TorsionSpace:
         parent_ptr, table = self.atoms.ptr, self._table
         return type(self)(
             lambda: [self.mols[i] for i in idx.tolist()],
-            lambda: (table if isinstance(table, ConstructionTable) else self.table)._take(parent_ptr, idx),
+            lambda: (table if isinstance(table, ConstructionTable) else self.table).take(parent_ptr, idx),
             atoms,
             tors,
             quads=self.quads.index_select(0, t_rows_t) + torch.from_numpy(a_shift)[:, None],

@@ -44,7 +44,7 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import TypeVar
 
 import numpy as np
@@ -57,13 +57,144 @@ __all__ = ["ConstructionTable", "as_table"]
 
 ROOT, BOND, PLANAR, PROPER, OFFSET, POSITIONAL = range(6)
 KIND_NAMES = ("root", "bond", "planar", "proper", "offset", "positional")
-# The per-atom arrays as ``ConstructionTable._pack`` packs them: rows kind, dfs_depth, the
-# stage of each atom; refs (3 rows) and ``_SHIFTED`` (atom indices, shifted by a piece's
-# offset on concatenation); then the offset chain.
-_SHIFTED = ("parent", "offset_of", "dfs_order", "dfs_pos", "subtree_end", "dfs_parent", "dfs_segment")
-_PACKED = 6 + len(_SHIFTED)
-_NONE = -(1 << 40)  # a missing index in a packed table: negative after any offset
+_NONE = -(1 << 40)  # a missing index in a packed plan: negative after any offset
 T = TypeVar("T")
+ATOMS, POSITIONS = "atoms", "positions"
+
+
+def _plan_field(index: str | None = None, width: int | None = 1):
+    """A :class:`TablePlan` field whose values index ``index`` (atoms,
+    depth-first positions, nothing), ``width`` values per atom (None: as many
+    as the table needs, the last field)."""
+    return field(metadata={"index": index, "width": width})
+
+
+@dataclass(frozen=True)
+class TablePlan:
+    """The plan arrays of a table (``ConstructionTable._classify``), ``(N,)``
+    int64 each unless said, every field declaring what its values index.
+
+    A batch table keeps each component's atoms and depth-first positions in
+    one range, so concatenating is the components' columns side by side with
+    every value that indexes atoms or positions increased by its component's
+    first atom, and taking components is a gather of whole components'
+    columns with the same shift (PyTorch Geometric's ``Batch.__inc__``, for
+    every field at once): :meth:`concatenate` and :meth:`take`, one generic
+    operation on :meth:`pack`'s matrix. A missing index is ``-1``; in the
+    offset chain, ``N`` (the zero slot).
+    """
+
+    kind: np.ndarray = _plan_field()
+    dfs_depth: np.ndarray = _plan_field()  # per dfs position
+    stage: np.ndarray = _plan_field()  # segment level of every atom
+    refs: np.ndarray = _plan_field(ATOMS, 3)  # (N, 3)
+    parent: np.ndarray = _plan_field(ATOMS)
+    offset_of: np.ndarray = _plan_field(ATOMS)
+    dfs_order: np.ndarray = _plan_field(ATOMS)  # per dfs position
+    dfs_pos: np.ndarray = _plan_field(POSITIONS)
+    subtree_end: np.ndarray = _plan_field(POSITIONS)  # per dfs position
+    dfs_parent: np.ndarray = _plan_field(POSITIONS)  # per dfs position
+    dfs_segment: np.ndarray = _plan_field(POSITIONS)  # per dfs position
+    offset_chain: np.ndarray = _plan_field(ATOMS, None)  # (N, L)
+
+    @classmethod
+    def of(cls, table: ConstructionTable) -> TablePlan:
+        """The plan of ``table``."""
+        stage = np.empty(table.n_atoms, np.int64)
+        for s, atoms in enumerate(table.stage_atoms):
+            stage[atoms] = s
+        return cls(**{f.name: getattr(table, f.name) for f in fields(cls) if f.name != "stage"}, stage=stage)
+
+    def pack(self) -> np.ndarray:
+        """``(rows, N)`` int64: the fields one after the other, a row per
+        value of an atom (refs 3, the offset chain its width), ``_NONE`` for a
+        missing index (negative after any shift)."""
+        n = len(self.kind)
+        rows = []
+        for f in fields(self):
+            a = getattr(self, f.name)
+            if f.metadata["width"] is None:  # the offset chain: n -> missing
+                a = np.where(a < n, a, -1)
+            rows.append(a.T if a.ndim == 2 else a[None])
+        packed = np.concatenate(rows).astype(np.int64)
+        packed[_INDEXED:][packed[_INDEXED:] < 0] = _NONE
+        return packed
+
+    @classmethod
+    def unpack(cls, packed: np.ndarray) -> TablePlan:
+        """The plan of a :meth:`pack`'d matrix (indices shifted, missing ones
+        negative); ``packed`` is modified and kept."""
+        n = packed.shape[1]
+        np.maximum(packed[_INDEXED:_CHAIN], -1, out=packed[_INDEXED:_CHAIN])
+        chain = packed[_CHAIN:]
+        np.putmask(chain, chain < 0, n)
+        values, at = {}, 0
+        for f in fields(cls):
+            width = f.metadata["width"]
+            if width is None:
+                values[f.name] = chain.T
+            elif width == 1:
+                values[f.name] = packed[at]
+            else:
+                values[f.name] = np.ascontiguousarray(packed[at : at + width].T)
+            at += width or 0
+        return cls(**values)
+
+    @classmethod
+    def concatenate(cls, packed: Sequence[np.ndarray]) -> TablePlan:
+        """The plan of the tables of ``packed`` (their :meth:`pack`), the atoms
+        of each after those before: side by side (a narrower offset chain
+        padded with "none"), indices increased by each table's first atom."""
+        size = np.fromiter((a.shape[1] for a in packed), np.int64, len(packed))
+        height = max(a.shape[0] for a in packed)
+        if all(a.shape[0] == height for a in packed):
+            out = np.concatenate(packed, 1)
+        else:
+            out = np.full((height, int(size.sum())), _NONE, np.int64)
+            at = 0
+            for a in packed:
+                out[: a.shape[0], at : at + a.shape[1]] = a
+                at += a.shape[1]
+        out[_INDEXED:] += per_row(starts(size), size)  # new index of each table's first atom
+        return cls.unpack(out)
+
+    @classmethod
+    def take(cls, packed: np.ndarray, ptr: np.ndarray, index: np.ndarray) -> TablePlan:
+        """Components ``index`` (in that order) of the plan ``packed`` whose
+        component ``k`` is atoms and dfs positions ``ptr[k]:ptr[k + 1]``."""
+        _, shift = take_shift(ptr, index)  # new - old index of every atom and position
+        out = _take_columns(packed, np.arange(len(shift)) - shift)
+        out[_INDEXED:] += shift
+        width = int((out[_CHAIN:] >= 0).any(1).sum())  # the widest offset chain of the components taken
+        return cls.unpack(out[: _CHAIN + width])
+
+    def arrays(self) -> dict:
+        """The arrays of the table (``ConstructionTable._ARRAYS``)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "stage"}
+        n = len(self.kind)
+        values.update(
+            max_depth=int(self.dfs_depth.max()),
+            stage_atoms=_group(self.stage) if self.stage.any() else [np.arange(n)],
+            constant_anchors=bool((self.kind[self.parent < 0] == ROOT).all()),
+        )
+        return values
+
+
+def _packed_rows() -> tuple[int, int]:
+    """Where :meth:`TablePlan.pack` puts things: the first row of a field that
+    indexes something (all such fields come last, so that one add shifts
+    them), and the first row of the offset chain."""
+    at, first = 0, None
+    for f in fields(TablePlan):
+        if f.metadata["index"] is not None:
+            first = at if first is None else first
+        elif first is not None:
+            raise AssertionError("TablePlan: the fields that index nothing come first")
+        at += f.metadata["width"] or 0
+    return first, at
+
+
+_INDEXED, _CHAIN = _packed_rows()
 
 
 class ConstructionTable:
@@ -130,96 +261,41 @@ class ConstructionTable:
                 raise ValueError(f"concatenate: index out of range for {len(pieces)} tables")
             # a gather of the pieces' table (planned once); its arrays made when read
             pool, ptr = _pool(tuple(pieces))
-            return pool._take(ptr, index)
+            return pool.take(ptr, index)
         # arrays made on first use: a fresh batch's kernel call reads none of
         # them (its plan is its pieces', ``_kernel_plan``)
         pieces = tuple(pieces)
-        joined = functools.cache(functools.partial(cls._joined, pieces))
-        arrays = {name: functools.partial(_attribute, joined, name) for name in cls._ARRAYS}
+        joined = functools.cache(lambda: TablePlan.concatenate([t._packed for t in pieces]).arrays())
+        arrays = {name: functools.partial(_item, joined, name) for name in cls._ARRAYS}
         arrays["constant_anchors"] = all(t.constant_anchors for t in pieces)  # segment roots: the pieces'
-        table = cls._trusted(arrays, sum(t.n_atoms for t in pieces))
-        table._pieces = pieces  # whose per-device plans make the batch's
+        table = cls.from_arrays(arrays, sum(t.n_atoms for t in pieces))
+        table.pieces = pieces  # whose per-device plans make the batch's
         return table
 
-    @classmethod
-    def _joined(cls, pieces: tuple) -> ConstructionTable:
-        """:meth:`concatenate`'s table, made: one packed array per piece (cached
-        on it), side by side (the shorter offset chains padded with "none")."""
-        packed = [t._packed if "_packed" in t.__dict__ else t._pack() for t in pieces]
-        size = np.fromiter((a.shape[1] for a in packed), np.int64, len(packed))
-        height = max(a.shape[0] for a in packed)
-        if all(a.shape[0] == height for a in packed):
-            out = np.concatenate(packed, 1)
-        else:
-            out = np.full((height, int(size.sum())), _NONE, np.int64)
-            at = 0
-            for a in packed:
-                out[: a.shape[0], at : at + a.shape[1]] = a
-                at += a.shape[1]
-        first = per_row(starts(size), size)  # new index of each piece's first atom
-        # every atom index shifted by its piece's offset; "none" (_NONE) stays negative
-        out[3:] += first
-        return cls._from_packed(out)
-
-    def _take(self, ptr: np.ndarray, index: np.ndarray) -> ConstructionTable:
+    def take(self, ptr: np.ndarray, index: np.ndarray) -> ConstructionTable:
         """The components ``index`` (in that order) of a table whose component
         ``k`` is rows ``ptr[k]:ptr[k + 1]`` and dfs positions the same range (a
-        table made by :meth:`concatenate`): gathers of the packed arrays,
-        trusted like :meth:`concatenate` (``zmat.rdkit.TorsionSpace.take``).
-        The arrays are made on first use; a method's plan may be taken from
-        this table's plan instead (``_origin``)."""
-        sizes, shift = take_shift(ptr, index)  # shift: new - old index of every row
-
-        @functools.cache
-        def taken() -> ConstructionTable:
-            packed = self._packed if "_packed" in self.__dict__ else self._pack()
-            out = _take_columns(packed, np.arange(len(shift)) - shift)
-            out[3:] += shift
-            width = int((out[_PACKED:] >= 0).any(1).sum())  # the widest offset chain of the components taken
-            return type(self)._from_packed(out[: _PACKED + width])
-
-        arrays = {name: functools.partial(_attribute, taken, name) for name in self._ARRAYS}
+        table made by :meth:`concatenate`): gathers of the plan's arrays
+        (:meth:`TablePlan.take`), trusted like :meth:`concatenate`
+        (``zmat.rdkit.TorsionSpace.take``). The arrays are made on first use; a
+        method's plan may be taken from this table's plan instead (``origin``)."""
+        taken = functools.cache(lambda: TablePlan.take(self._packed, ptr, index).arrays())
+        arrays = {name: functools.partial(_item, taken, name) for name in self._ARRAYS}
         if self.constant_anchors:  # so are its components'
             arrays["constant_anchors"] = True
-        out = type(self)._trusted(arrays, int(sizes.sum()))
-        out._origin = (self, ptr, index)
+        out = type(self).from_arrays(arrays, int(take_shift(ptr, index)[0].sum()))
+        out.origin = (self, ptr, index)
         return out
 
-    @classmethod
-    def _from_packed(cls, out: np.ndarray) -> ConstructionTable:
-        """The table of packed arrays (``_pack``'s layout, indices already
-        offset, missing ones negative); ``out`` is modified and kept."""
-        n = out.shape[1]
-        np.maximum(out[3:_PACKED], -1, out=out[3:_PACKED])
-        chain = out[_PACKED:]
-        np.putmask(chain, chain < 0, n)  # n = "zero" slot
-        arrays = dict(zip(_SHIFTED, out[6:_PACKED], strict=True))
-        stage = out[2]
-        arrays.update(
-            refs=np.ascontiguousarray(out[3:6].T),
-            kind=out[0],
-            dfs_depth=out[1],
-            offset_chain=chain.T,
-            max_depth=int(out[1].max()),
-            stage_atoms=_group(stage) if stage.any() else [np.arange(n)],
-            constant_anchors=bool((out[0][arrays["parent"] < 0] == ROOT).all()),
-        )
-        return cls._trusted(arrays)
+    #: how a batch table was assembled, for plans made from its parts' plans:
+    #: ``(source, ptr, index)`` of :meth:`take`, the tables of :meth:`concatenate`
+    origin: tuple | None = None
+    pieces: tuple | None = None
 
-    def _pack(self) -> np.ndarray:
-        """``(_PACKED + width, N)`` int64: kind, dfs_depth, the stage of every
-        atom, refs, the ``_SHIFTED`` arrays, then the offset chain (``_NONE``
-        for a missing index, so that adding an offset keeps it negative);
-        cached (``concatenate`` reads it on every batch)."""
-        stage = np.empty(self.n_atoms, np.int64)
-        for s, atoms in enumerate(self.stage_atoms):
-            stage[atoms] = s
-        chain = np.where(self.offset_chain < self.n_atoms, self.offset_chain, -1).T
-        rows = [self.kind, self.dfs_depth, stage, *self.refs.T, *(getattr(self, k) for k in _SHIFTED), *chain]
-        packed = np.stack(rows).astype(np.int64)
-        packed[3:][packed[3:] < 0] = _NONE
-        self._packed = packed
-        return packed
+    @functools.cached_property
+    def _packed(self) -> np.ndarray:
+        """This table's :meth:`TablePlan.pack` (cached: ``concatenate`` reads it on every batch)."""
+        return TablePlan.of(self).pack()
 
     #: the arrays a table holds besides its cached properties (see ``_classify``)
     _ARRAYS = (
@@ -228,7 +304,7 @@ class ConstructionTable:
     )  # fmt: skip
 
     @classmethod
-    def _trusted(cls, arrays: dict, n_atoms: int | None = None) -> ConstructionTable:
+    def from_arrays(cls, arrays: dict, n_atoms: int | None = None) -> ConstructionTable:
         """A table from its arrays (``_ARRAYS``, as ``_classify`` makes them),
         with no validation or planning: for builders that assemble tables from
         pieces already validated and classified (``zmat.protein.pieces``),
@@ -236,7 +312,7 @@ class ConstructionTable:
         be a function of no arguments: the array is made on first access (a
         fresh batch's transform reads only some of them)."""
         if set(arrays) != set(cls._ARRAYS):
-            raise ValueError(f"_trusted needs exactly the arrays {cls._ARRAYS}")
+            raise ValueError(f"from_arrays needs exactly the arrays {cls._ARRAYS}")
         out = cls.__new__(cls)
         lazy = {k: v for k, v in arrays.items() if callable(v)}
         out.__dict__.update({k: v for k, v in arrays.items() if k not in lazy})
@@ -246,7 +322,7 @@ class ConstructionTable:
         return out
 
     def __getattr__(self, name: str):
-        """A lazy array of a table made by :meth:`_trusted` (only called for
+        """A lazy array of a table made by :meth:`from_arrays` (only called for
         attributes the instance does not have)."""
         lazy = self.__dict__.get("_lazy", {})
         make = lazy.get(name)
@@ -264,7 +340,7 @@ class ConstructionTable:
         and with its lazy arrays made."""
         for name in list(self.__dict__.get("_lazy", ())):
             getattr(self, name)
-        skip = ("_lazy", "_packed", "_origin", "_pieces")
+        skip = ("_lazy", "_packed", "origin", "pieces")
         return {k: v for k, v in self.__dict__.items() if not k.startswith(_PLANS) and k not in skip}
 
     def __len__(self) -> int:
@@ -435,8 +511,8 @@ def _take_columns(a: np.ndarray, column: np.ndarray) -> np.ndarray:
     return out
 
 
-def _attribute(make, name: str):
-    return getattr(make(), name)
+def _item(make, name: str):
+    return make()[name]
 
 
 def _cache_name(build) -> str:

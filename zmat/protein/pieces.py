@@ -395,7 +395,7 @@ def batch_table(st: Stamp) -> ConstructionTable:
         "stage_atoms": [ar],  # every segment root is a ROOT row: one stage
         "constant_anchors": True,
     }
-    return ConstructionTable._trusted(arrays, N)
+    return ConstructionTable.from_arrays(arrays, N)
 
 
 #: the arrays the compiled fill reads (``fill_internal`` also ``ideal_mask``);
