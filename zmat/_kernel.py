@@ -662,11 +662,9 @@ class KernelPlan:
         _, shift = take_shift(ptr, index)  # new - old position
         cols = np.arange(len(shift)) - shift
         ints = np.take(self._ints, cols, axis=1)
-        k = len(ints) - 2
-        ints[:k] += 3 * shift  # flat indices into C; unused ones (keep 0) clipped below
+        _increase(ints, shift)
+        k = len(ints) - 2  # unused flat indices into C (keep 0) clipped into range
         np.clip(ints[:k], 0, 3 * len(shift) - 1, out=ints[:k])
-        ints[k] += np.where(ints[k] >= 0, shift, 0)  # parents (-1: none)
-        ints[k + 1] += shift
         return KernelPlan(ints, np.take(self._flags, cols, axis=1), self.vjp)
 
     @staticmethod
@@ -687,11 +685,19 @@ class KernelPlan:
             flags[:m, at : at + p.n] = p._flags[:m]
             flags[k:, at : at + p.n] = p._flags[m:]
             at += p.n
-        shift = per_row(starts(sizes), sizes)
-        ints[:k] += 3 * shift  # flat indices into C (the padding rows: unused, in range)
-        ints[k] += np.where(ints[k] >= 0, shift, 0)  # parents (-1: none)
-        ints[k + 1] += shift
+        _increase(ints, per_row(starts(sizes), sizes))  # the padding rows: unused, in range
         return KernelPlan(ints, flags.view(bool), plans[0].vjp)
+
+
+def _increase(ints: np.ndarray, shift: np.ndarray) -> None:
+    """A plan's ``ints`` shifted by ``shift`` (per dfs position), as the
+    components of a batch move: ``gather`` rows index ``C``'s entries (3 per
+    atom), the parent row dfs positions (-1: none), the last row atoms (the
+    ``KernelPlan`` analogue of ``TablePlan``'s declared indices)."""
+    k = len(ints) - 2
+    ints[:k] += 3 * shift
+    ints[k] += np.where(ints[k] >= 0, shift, 0)
+    ints[k + 1] += shift
 
 
 def _differentiable_backward(*grads) -> bool:
