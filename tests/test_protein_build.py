@@ -172,7 +172,7 @@ def test_batch_table_makes_the_rest_on_first_use_and_pickles():
     table = batch.table
     assert {"refs", "subtree_end", "dfs_depth"} <= set(vars(table)["_lazy"])
     copy = pickle.loads(pickle.dumps(table))
-    ref = zmat.ConstructionTable(batch._general[1])
+    ref = zmat.ConstructionTable(batch._general.refs)
     for name in zmat.ConstructionTable._ARRAYS:
         assert _same(getattr(ref, name), getattr(copy, name)), name
         assert _same(getattr(ref, name), getattr(table, name)), name

@@ -72,6 +72,7 @@ changing torsion ``k`` gives what ``SetDihedralRad`` gives, to rounding
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections import deque
 from collections.abc import Sequence
@@ -380,7 +381,7 @@ def _check_rebuilt(rebuilt: torch.Tensor, pos: torch.Tensor) -> None:
         )
 
 
-#: columns per atom, torsion and molecule of a packed space (``TorsionSpace._pack``)
+#: columns per atom, torsion and molecule of a packed space (``TorsionSpace._packed``)
 _FLOAT_WIDTHS = (6, 2, 12)
 _INT_WIDTHS = (1, 7, 2)
 
@@ -554,13 +555,13 @@ class TorsionSpace:
     def batch(cls, spaces: Sequence[TorsionSpace]) -> TorsionSpace:
         """Torsion spaces of different molecules as one (flat atoms and torsions).
 
-        Each space packs its arrays once (kept on it, see :meth:`_pack`), so a
+        Each space packs its arrays once (kept on it, see ``_packed``), so a
         batch of a data set's spaces is a handful of concatenations and offsets
         whatever their number (no loop over atoms or torsions); see :mod:`zmat.batch`.
         """
         if len(spaces) == 0:
             raise ValueError("cannot batch an empty list of torsion spaces")
-        packs = [s._pack() for s in spaces]
+        packs = [s._packed for s in spaces]
         counts = np.fromiter(itertools.chain.from_iterable(p[2] for p in packs), np.int64, 3 * len(packs))
         counts = counts.reshape(-1, 3)  # (S, 3): atoms, torsions, molecules
         floats = _unpack(np.concatenate([p[0] for p in packs]), counts, _FLOAT_WIDTHS)
@@ -647,34 +648,33 @@ class TorsionSpace:
             level=self.level[t_rows],
         )
 
-    def _pack(self) -> tuple:
+    @functools.cached_property
+    def _packed(self) -> tuple:
         """This space's arrays for :meth:`batch`, built once and kept: one
         float64 and one int64 array (per atom, then per torsion, then per
         molecule: ``_FLOAT_WIDTHS``, ``_INT_WIDTHS`` columns, indices local to
         this space) and the counts ``(atoms, torsions, molecules)``; two
         arrays per space, so a batch is two concatenations."""
-        if "_packed" not in self.__dict__:
 
-            def np_(t):
-                return t.detach().cpu().numpy()
+        def np_(t):
+            return t.detach().cpu().numpy()
 
-            floats = (
-                np.concatenate([np_(self.positions), np_(self.internal)], 1),  # (N, 6)
-                np.stack([np_(self.torsions), np_(self.delta)], 1),  # (K, 2)
-                np.concatenate([np_(self.rotation).reshape(-1, 9), np_(self.shift)], 1),  # (M, 12)
-            )
-            ints = (
-                np.asarray(self.owner, np.int64),  # (N,)
-                np.stack([*np_(self.quads).T, self.dof, self.bond_parent, self.level], 1),  # (K, 7)
-                np.stack([self.atoms.sizes, self.torsion_index.sizes], 1),  # (M, 2)
-            )
-            counts = (len(self.positions), len(self.dof), len(self.atoms.sizes))
-            self._packed = (
-                np.concatenate([a.reshape(-1) for a in floats]).astype(np.float64),
-                np.concatenate([a.reshape(-1) for a in ints]).astype(np.int64),
-                counts,
-            )
-        return self._packed
+        floats = (
+            np.concatenate([np_(self.positions), np_(self.internal)], 1),  # (N, 6)
+            np.stack([np_(self.torsions), np_(self.delta)], 1),  # (K, 2)
+            np.concatenate([np_(self.rotation).reshape(-1, 9), np_(self.shift)], 1),  # (M, 12)
+        )
+        ints = (
+            np.asarray(self.owner, np.int64),  # (N,)
+            np.stack([*np_(self.quads).T, self.dof, self.bond_parent, self.level], 1),  # (K, 7)
+            np.stack([self.atoms.sizes, self.torsion_index.sizes], 1),  # (M, 2)
+        )
+        counts = (len(self.positions), len(self.dof), len(self.atoms.sizes))
+        return (
+            np.concatenate([a.reshape(-1) for a in floats]).astype(np.float64),
+            np.concatenate([a.reshape(-1) for a in ints]).astype(np.int64),
+            counts,
+        )
 
     # ---------------------------------------------------------- transforms
     def _cached(self, name: str, dtype: torch.dtype, device: torch.device, build):

@@ -36,6 +36,7 @@ import functools
 import math
 import warnings
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -415,6 +416,18 @@ def to_xyz_from_torsions(torsions, sequence: str, method: str = "auto") -> torch
     return to_xyz(_fill(lay, torsions), lay.table, method=method)
 
 
+class _General(NamedTuple):
+    """``ProteinBatch``'s general path: the proteins' layouts, the padded
+    table's ``(B * N_max, 3)`` rows, the padded arrays (as
+    :func:`~zmat.protein.pieces.batch_arrays`'s) and the padded sizes."""
+
+    layouts: list
+    refs: np.ndarray
+    arrays: dict
+    L_max: int
+    N_max: int
+
+
 class ProteinBatch:
     """Sequences of different lengths on a padded layout with one forest table.
 
@@ -459,7 +472,7 @@ class ProteinBatch:
         else:
             self._stamp = None
             a = self._arrays
-            self.L_max, self.N_max = self._general[3:]
+            self.L_max, self.N_max = self._general.L_max, self._general.N_max
         st = self._stamp  # the fast path's mask: made if the torch fill needs it
         mask = (
             a["ideal_mask"] if "ideal_mask" in a else lambda: batch_arrays(st, ("ideal_mask",))["ideal_mask"]
@@ -478,7 +491,7 @@ class ProteinBatch:
 
     @functools.cached_property
     def _arrays(self) -> dict:
-        return batch_arrays(self._stamp) if self._stamp is not None else self._general[2]
+        return batch_arrays(self._stamp) if self._stamp is not None else self._general.arrays
 
     # made on first use: a training step that does not read them does not pay for them
     @functools.cached_property
@@ -504,7 +517,7 @@ class ProteinBatch:
     @functools.cached_property
     def layouts(self) -> list[Layout]:
         """The proteins' :class:`~zmat.protein.layout.Layout` (built on first use)."""
-        return self._general[0]
+        return self._general.layouts
 
     @functools.cached_property
     def table(self) -> ConstructionTable:
@@ -512,15 +525,13 @@ class ProteinBatch:
         from per-residue-type pieces: ``zmat.protein.pieces``)."""
         if self._stamp is not None:
             return batch_table(self._stamp)
-        return ConstructionTable(self._general[1])
+        return ConstructionTable(self._general.refs)
 
     @functools.cached_property
-    def _general(self) -> tuple:
+    def _general(self) -> _General:
         """The general path (and the reference of the fast one in the tests):
         one layout of the whole batch (a forest: each protein starts a tree),
-        cut into the proteins' layouts and scattered into the padding. Returns
-        ``(layouts, refs, arrays, L_max, N_max)``, ``arrays`` as
-        :func:`~zmat.protein.pieces.batch_arrays`'s."""
+        cut into the proteins' layouts and scattered into the padding."""
         types = self._types
         B = len(types)
         n_res = np.array([len(t) for t in types], np.int64)
@@ -561,7 +572,7 @@ class ProteinBatch:
         for k in ("atom_mask", "atom_names", "elements", "residue_index"):
             a[k] = a[k].reshape(B, n)
         a["residue_mask"] = a["residue_mask"].reshape(B, Lm)
-        return layouts, refs, a, Lm, n
+        return _General(layouts, refs, a, Lm, n)
 
     def __reduce__(self):
         # a batch is its sequences: pickle those (DataLoader workers send batches to the parent),
