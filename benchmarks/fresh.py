@@ -279,7 +279,9 @@ def torsion_step(pool: list, n_mol: int, seed: int, method: str, data=None) -> d
         for name in ("_scatter", "_frames"):
             getattr(ts, name, lambda *a: None)(torsions.dtype, torsions.device)
     else:
-        getattr(ts, "_rigid_plan", lambda *a: None)(torsions.dtype, torsions.device)
+        rigid = getattr(ts, "_rigid_body", None)  # zmat with the rigid route in zmat/_rigid_torsions.py
+        plan = rigid.plan if rigid is not None else getattr(ts, "_rigid_plan", lambda *a: None)
+        plan(torsions.dtype, torsions.device)
     t["plan"] = _now() - t0
     t["forward"], t["backward"] = _step(lambda: ts.to_xyz(torsions, method=method), torsions)
     cached = [_step(lambda: ts.to_xyz(torsions, method=method), torsions) for _ in range(5)]

@@ -1,6 +1,6 @@
 """The compiled rigid torsion update (``zmat._kernel.torsions``, ``zmat/csrc/torsions.cpp``)
 behind ``TorsionSpace.to_xyz``'s rigid route, against that route's torch ops
-(``_rigid_torch``, itself checked against RDKit in ``test_rdkit.py``) and against
+(``RigidTorsions.torch_path``, itself checked against RDKit in ``test_rdkit.py``) and against
 RDKit's ``SetDihedralRad`` directly."""
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def _hard_torsions(ts: TorsionSpace, batch: int, seed: int) -> torch.Tensor:
 
 def both(ts: TorsionSpace, t: torch.Tensor, w: torch.Tensor):
     out = []
-    for place in (ts.to_xyz, ts._rigid_torch):
+    for place in (ts.to_xyz, ts._rigid_body.torch_path):
         t_ = t.detach().requires_grad_()
         x = place(t_)
         out.append((x.detach(), *torch.autograd.grad((x * w).sum(), t_)))
@@ -90,7 +90,7 @@ def test_batch_take_and_shapes(spy, spaces):
             t = ts.torsions + torch.randn(*shape, len(ts.quads), dtype=torch.float64)
             x = ts.to_xyz(t)
             assert x.shape == (*shape, len(ts.positions), 3)
-            torch.testing.assert_close(x, ts._rigid_torch(t), atol=1e-12, rtol=0)
+            torch.testing.assert_close(x, ts._rigid_body.torch_path(t), atol=1e-12, rtol=0)
     assert spy.calls["torsions_forward"] == 6
 
 
@@ -100,7 +100,7 @@ def test_strided_input_and_expanded_gradient(spy, spaces):
     t = torch.stack([base, base], -1)[..., 0].detach().requires_grad_()  # not contiguous
     t_ref = t.detach().clone().requires_grad_()
     ts.to_xyz(t).sum().backward()  # an expanded (stride 0) output gradient
-    ts._rigid_torch(t_ref).sum().backward()
+    ts._rigid_body.torch_path(t_ref).sum().backward()
     assert spy.of("torsions_forward", "torsions_backward") == (1, 1)
     torch.testing.assert_close(t.grad, t_ref.grad, atol=1e-12, rtol=0)
 

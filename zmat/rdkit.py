@@ -91,8 +91,8 @@ except ImportError as err:  # pragma: no cover - exercised only without RDKit
         "zmat.rdkit needs RDKit: install it with `pip install 'zmat[rdkit]'` (or `pip install rdkit`)"
     ) from err
 
-from . import _kernel
 from ._align import kabsch_rotation, superpose
+from ._rigid_torsions import RigidTorsions
 from ._segments import per_row, ranges, starts
 from .batch import Ragged, concatenate_tables
 from .table import ConstructionTable, index_tensor
@@ -364,11 +364,6 @@ def _nesting(parent: np.ndarray) -> np.ndarray:
     return level
 
 
-def _apply(rot: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """``rot @ v`` for ``(..., 3, 3)`` and ``(..., 3)``, written out (no tiny bmm)."""
-    return (rot * v.unsqueeze(-2)).sum(-1)
-
-
 def _check_rebuilt(rebuilt: torch.Tensor, pos: torch.Tensor) -> None:
     """The table must rebuild the conformer; it cannot where reference atoms coincide."""
     err = (rebuilt - pos).norm(dim=-1)
@@ -494,7 +489,7 @@ class TorsionSpace:
     def __getstate__(self) -> dict:
         """Pickled with its Mols and table made, without its per-device plans."""
         self.mols, self.table  # noqa: B018 (a batch's are made on first use)
-        return {**self.__dict__, "_cache": {}}
+        return {**{k: v for k, v in self.__dict__.items() if k != "_rigid_body"}, "_cache": {}}
 
     def __repr__(self) -> str:
         n, k = len(self.positions), len(self.quads)
@@ -677,6 +672,13 @@ class TorsionSpace:
         )
 
     # ---------------------------------------------------------- transforms
+    @functools.cached_property
+    def _rigid_body(self) -> RigidTorsions:
+        """The ``"rigid"`` route (:mod:`zmat._rigid_torsions`), planned on first use."""
+        return RigidTorsions(
+            self.positions, self.quads, self.torsions, self.owner, self.bond_parent, self.level
+        )
+
     def _cached(self, name: str, dtype: torch.dtype, device: torch.device, build):
         key = (name, dtype, device)
         if key not in self._cache:
@@ -737,112 +739,13 @@ class TorsionSpace:
         if torsions.ndim < 1 or torsions.shape[-1] != k:
             raise ValueError(f"torsions must have shape (..., {k}), got {tuple(torsions.shape)}")
         if method == "rigid":
-            return self._rigid(torsions)
+            return self._rigid_body(torsions)
         if method != "table":
             raise ValueError(f"unknown method {method!r}; choose 'rigid' or 'table'")
         internal, delta, src = self._scatter(torsions.dtype, torsions.device)
         frozen = internal.expand(*torsions.shape[:-1], -1, -1)
         phi = torch.cat([torsions - delta, frozen[..., 2]], -1).index_select(-1, src)
         return self.place(torch.stack([frozen[..., 0], frozen[..., 1], phi], -1))
-
-    def _rigid_plan(self, dtype, device):
-        """Torsions sorted by nesting level; slot 0 of the transform stack is the identity."""
-
-        def build():
-            k, parent, level = len(self.dof), self.bond_parent, self.level
-            perm = np.argsort(level, kind="stable")
-            slot = np.zeros(k + 1, np.int64)  # slot[-1] = 0: "no torsion", the identity
-            slot[perm] = np.arange(1, k + 1)
-            sizes = np.bincount(level, minlength=1).tolist() if k else []
-            parents = np.split(slot[parent][perm], np.cumsum(sizes)[:-1])[: len(sizes)]  # per level
-            # the per-torsion geometry in numpy (float64, then cast): a fresh
-            # batch's plan in a few vectorised calls instead of ~20 small ops
-            x0 = self.positions.detach().cpu().numpy()
-            q = self.quads.numpy()[perm]
-            axis = x0[q[:, 2]] - x0[q[:, 1]]
-            u = axis / np.linalg.norm(axis, axis=-1, keepdims=True)
-            ux, uy, uz = u.T
-            zero = np.zeros_like(ux)
-            skew = np.stack([zero, -uz, uy, uz, zero, -ux, -uy, ux, zero], -1).reshape(-1, 3, 3)
-
-            def put(a):
-                return torch.as_tensor(a, dtype=dtype, device=device)
-
-            return (
-                put(x0),
-                put(x0[q[:, 1]]),  # a point on each axis
-                put(skew),
-                put(u[:, :, None] * u[:, None, :] - np.eye(3)),  # skew @ skew, for a unit axis
-                put(self.torsions.detach().cpu().numpy()[perm]),
-                index_tensor(perm, device),
-                [index_tensor(p, device) for p in parents],
-                index_tensor(slot[self.owner], device),  # atom -> slot of its innermost torsion
-                sizes,
-            )
-
-        return self._cached("rigid", dtype, device, build)
-
-    def _kernel_plan(self):
-        """The rigid route's arrays for the compiled kernel (``zmat._kernel.torsions``), CPU float64."""
-
-        def build():
-            k, parent, level = len(self.dof), self.bond_parent, self.level
-            perm = np.argsort(level, kind="stable")  # nesting order: parents first
-            pos = np.empty(k + 1, np.int64)  # pos[j]: where torsion j is in that order; pos[-1] = -1
-            pos[perm], pos[k] = np.arange(k), -1
-            x0 = self.positions.detach().cpu().numpy()
-            q = self.quads.numpy()[perm]
-            axis = x0[q[:, 2]] - x0[q[:, 1]]
-            arrays = (
-                perm,
-                pos[parent[perm]],
-                pos[self.owner],
-                self.torsions.detach().cpu().numpy()[perm],
-                axis / np.linalg.norm(axis, axis=-1, keepdims=True),
-                x0[q[:, 1]],  # a point on each axis
-                x0,
-            )
-            return tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in arrays)
-
-        return self._cached("kernel", torch.float64, torch.device("cpu"), build)
-
-    def _rigid(self, torsions: torch.Tensor) -> torch.Tensor:
-        k, n = len(self.dof), len(self.positions)
-        if k and _kernel.usable(torsions):
-            t = torsions.reshape(-1, k)
-            x = _kernel.torsions(t, self._kernel_plan(), self._rigid_vjp)
-            return x.view(*torsions.shape[:-1], n, 3)
-        return self._rigid_torch(torsions)
-
-    def _rigid_vjp(self, t: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-        """The kernel's gradient in torch ops (double backward): ``(B, K)``, ``(B, N, 3)`` -> ``(B, K)``."""
-        with torch.enable_grad():
-            return torch.autograd.grad(self._rigid_torch(t), t, g, create_graph=True)[0]
-
-    def _rigid_torch(self, torsions: torch.Tensor) -> torch.Tensor:
-        x0, point, skew, skew2, t0, perm, parent_slots, atom_slot, sizes = self._rigid_plan(
-            torsions.dtype, torsions.device
-        )
-        batch = torsions.shape[:-1]
-        delta = torsions.index_select(-1, perm) - t0
-        # Rodrigues: rotation by delta about the bond axis b -> c, through b
-        eye = torch.eye(3, dtype=x0.dtype, device=x0.device)
-        rot = eye + delta.sin()[..., None, None] * skew + (1 - delta.cos())[..., None, None] * skew2
-        shift = point - _apply(rot, point)
-        # compose outwards, one nesting level at a time (3x3 products written out: tiny bmm is slow)
-        rots, shifts = [eye.expand(*batch, 1, 3, 3)], [torch.zeros_like(x0[:1]).expand(*batch, 1, 3)]
-        for r, t, ps in zip(rot.split(sizes, -3), shift.split(sizes, -2), parent_slots, strict=True):
-            pr = torch.cat(rots, -3).index_select(-3, ps)
-            rots.append((pr.unsqueeze(-1) * r.unsqueeze(-3)).sum(-2))
-            shifts.append(_apply(pr, t) + torch.cat(shifts, -2).index_select(-2, ps))
-        # every atom takes its innermost torsion's motion: x = R x0 + t, R by columns, each
-        # gathered from the small (..., S, 3) stack (slicing the gathered (..., N, 12) instead
-        # makes the backward fill several (..., N, 12) zero tensors)
-        r_all, t_all = torch.cat(rots, -3), torch.cat(shifts, -2)
-        x = t_all.index_select(-2, atom_slot)
-        for j in range(3):
-            x = x + r_all[..., j].index_select(-2, atom_slot) * x0[:, j : j + 1]
-        return x
 
     def from_xyz(self, xyz: torch.Tensor) -> torch.Tensor:
         """``(..., N, 3)`` positions -> ``(..., K)`` torsions (dihedrals of ``quads``)."""
