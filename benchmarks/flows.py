@@ -146,7 +146,10 @@ def _bgflow_rows(table, xyz: torch.Tensor, repeat: float) -> dict:
         return {"bgflow": "not installed"}
     try:
         ref = BgflowAlgorithm(table)
-        flow = bgflow.GlobalInternalCoordinateTransformation(ref.rows, normalize_angles=False)
+        r0, r1, r2 = ref.initial.tolist()  # bgflow's z-matrix: the first three atoms' rows too
+        first = [[r0, -1, -1, -1], [r1, r0, -1, -1], [r2, r1, r0, -1]]
+        z = torch.as_tensor(first + ref.rows.tolist()).numpy()
+        flow = bgflow.GlobalInternalCoordinateTransformation(z, normalize_angles=False)
         x = xyz.reshape(xyz.shape[0], -1)
         out = flow(x)
         return {

@@ -35,10 +35,16 @@ benchmarks`` runs ``fresh`` and ``latency`` after its grid):
 * ``busy``: cached steps alone and while a second process spins on one core,
   at torch's default thread count and at one thread; ``ops/step``: aten ops
   dispatched by one step (the output gradient is made once, outside the step).
+  Steps: the transform alone (12-atom chain, 3wip, 16 x 256 residues) and a
+  whole training step on 16 x 256 residues (torsions -> ``ProteinBatch.to_xyz``
+  -> ``clash_loss(pairs=)`` + ``structural_violations`` with their pair lists
+  made once).
 * ``scaling``: seconds per atom of forward+backward, 1k-100k atoms at batch 1
   and 1k atoms at batch 1-64; and of ``ConstructionTable(refs)`` (validation
   and planning) on 100k-atom tables of three shapes: a chain, 100k roots (a
   forest of single atoms), a star (every atom bonded to atom 0).
+* ``limits``: each headline row's estimated limit on this core and the
+  fraction of it reached (``benchmarks/limits.py``).
 
 Times are medians of warm calls (fresh steps: medians over different batches).
 ``--compare DIR`` runs the ``latency`` and ``scaling`` sections with the zmat
@@ -63,7 +69,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
 AMINO = "ACDEFGHIKLMNPQRSTVWY"
-SECTIONS = ("fresh", "latency", "busy", "scaling")
+SECTIONS = ("fresh", "latency", "busy", "scaling", "limits")
 #: the sections ``python -m benchmarks --suite X`` runs after its grid
 SUITE_SECTIONS = {"quick": ("fresh", "latency"), "fresh": SECTIONS, "full": SECTIONS}
 
@@ -571,8 +577,10 @@ def run_latency(compile_: bool = False, rounds: int = 3) -> list[dict]:
 
 # -------------------------------------------------------------------- busy
 def _busy_cases() -> list:
+    """``(name, leaf, forward)``: the step differentiates ``forward()`` in ``leaf``."""
     import torch
 
+    import zmat
     from zmat.protein import ProteinBatch, from_pdb
 
     p = from_pdb(DATA / "3wip.pdb")
@@ -580,27 +588,60 @@ def _busy_cases() -> list:
     batch = ProteinBatch(["".join(rng.choice(list(AMINO), 256)) for _ in range(16)])
     tors = torch.from_numpy(rng.uniform(-3, 3, (16, batch.L_max, 7))).float().requires_grad_(True)
     c12 = latency_cases()[0]
-    return [
-        (c12[0], c12[1], c12[2].clone().requires_grad_(True), None),
-        ("3wip batch 1", p.table, p.internal.float().requires_grad_(True), None),
-        ("proteins 16 x 256 res", None, tors, batch),
-    ]
+    out = [(c12[0], c12[2].clone(), c12[1]), ("3wip batch 1", p.internal.float(), p.table)]
+    out = [(name, C.requires_grad_(True), functools.partial(zmat.to_xyz, C, table)) for name, C, table in out]
+    out.append(("proteins 16 x 256 res", tors, lambda: batch.to_xyz(tors)))
+    with torch.no_grad():
+        xyz = batch.to_xyz(tors).requires_grad_(True)
+    pairs, radii = batch.clash_pairs(xyz), batch.radii.float()  # a list made every few steps
+    clash = functools.partial(zmat.clash_loss, xyz, radii, pairs=pairs, mask=batch.atom_mask)
+    out.append(("clash_loss(pairs=) 16 x 256 res", xyz, clash))
+    if hasattr(zmat.protein, "structural_violations"):
+        whole = ProteinBatch(batch.sequences)  # its own: the step reads more of a batch
+        out.append(("proteins 16 x 256 res, whole step", *_whole_step(whole, rng)))
+    return out
+
+
+def _whole_step(batch, rng):
+    """A structure model's training step on ``batch``: torsions -> coordinates ->
+    ``clash_loss(pairs=)`` + AlphaFold's ``structural_violations`` (its loss),
+    both pair lists made once, outside the step, as a training loop reuses a
+    Verlet list. Near-helical backbones, random side chains."""
+    import torch
+
+    import zmat
+    import zmat.protein as zp
+    from zmat.protein.atom37 import aatype_of, to_atom37
+
+    tors = torch.from_numpy(rng.uniform(-np.pi, np.pi, (len(batch), batch.L_max, 7))).float()
+    tors[..., :3] = torch.tensor([-57.0, -47.0, 180.0]).deg2rad()
+    tors.requires_grad_(True)
+    with torch.no_grad():
+        xyz = batch.to_xyz(tors)
+        pos37, mask37 = to_atom37(batch, xyz)
+    aatype = aatype_of(batch)
+    pairs = batch.clash_pairs(xyz)
+    pos14, mask14 = zp.atom37_to_atom14(pos37, aatype, mask37)
+    af_pairs = zp.clash_pairs(pos14, mask14, aatype, torch.arange(batch.L_max), skin=1.0)
+    radii, mask = batch.radii.float(), batch.atom_mask
+
+    def forward():
+        x = batch.to_xyz(tors)
+        loss = zmat.clash_loss(x, radii, pairs=pairs, mask=mask).sum()
+        x37 = to_atom37(batch, x)[0]
+        return loss + zp.structural_violations(x37, aatype, mask37, pairs=af_pairs)["loss"].sum()
+
+    return tors, forward
 
 
 def run_busy() -> list[dict]:
     import torch
 
-    import zmat
     from zmat.testing import DispatchAudit
 
-    cases = _busy_cases()
     default = torch.get_num_threads()
     out = []
-    for name, table, leaf, batch in cases:
-
-        def forward(table=table, leaf=leaf, batch=batch):
-            return batch.to_xyz(leaf) if batch is not None else zmat.to_xyz(leaf, table)
-
+    for name, leaf, forward in _busy_cases():
         # the loss gradient, made once: a loss is the user's, and a ones_like
         # of the output is itself a parallel region on a batch
         g = torch.ones_like(forward())
@@ -693,6 +734,8 @@ def _ratio_keys(rec: dict) -> set:
 
 
 def _cell(rec: dict, key: str) -> str:
+    if key == "fraction":  # of a machine limit (``benchmarks/limits.py``)
+        return f"{rec[key]:.1%}"
     return f"{rec[key]:.2f}x" if key in _ratio_keys(rec) else _fmt(rec.get(key, ""))
 
 
@@ -702,10 +745,7 @@ def _sections(records: list[dict]):
         recs = [r for r in records if r.get("section") == section]
         if recs:
             keys = [k for k in dict.fromkeys(k for r in recs for k in r) if k != "section"]
-            rows = [
-                [_fmt(r.get(k, "")) if k not in _ratio_keys(r) else f"{r[k]:.2f}x" for k in keys]
-                for r in recs
-            ]
+            rows = [[_cell(r, k) if k in r else "" for k in keys] for r in recs]
             yield section, keys, rows
 
 
@@ -739,6 +779,10 @@ def run(sections, quick: bool, compile_: bool = False) -> list[dict]:
         records += run_busy()
     if "scaling" in sections:
         records += run_scaling(quick)
+    if "limits" in sections:
+        from .limits import run as run_limits
+
+        records += run_limits()
     return records
 
 

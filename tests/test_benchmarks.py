@@ -178,6 +178,24 @@ def test_ops_are_counted_for_batch_one_latency():
         assert 0 < fwd <= 10 and 0 < bwd <= 10, (fwd, bwd)
 
 
+def test_limits_report_the_fraction_of_the_slowest_resource():
+    from benchmarks import limits
+    from benchmarks.fresh import table
+
+    peaks = {"trig": 1e9, "flops torch.float32": 1e11}
+    t, bound = limits.limit({"trig": 10, "flops": 1, "bytes": 0}, 100, torch.float32, peaks)
+    assert bound == "trig" and t == pytest.approx(1e-6)
+    t, bound = limits.limit({"trig": 0, "flops": 1e4, "bytes": 0}, 100, torch.float32, peaks)
+    assert bound == "flops" and t == pytest.approx(1e-5)
+    records = limits.run(tiny=True)
+    assert records[0]["case"].startswith("peaks")
+    rows = records[1:]
+    assert {"atom", "pair"} <= {r["unit"] for r in rows}
+    for r in rows:  # the counts are lower bounds of the work: no row beats its limit
+        assert r["units"] > 0 and r["limit"] > 0 and 0 < r["fraction"] < 1, r
+    assert "fraction" in table(records)
+
+
 # ------------------------------------------------------- normalizing flows
 def test_flows_suite_runs_tiny_and_agrees_with_bgflows_algorithm(tmp_path, capsys):
     pytest.importorskip("rdkit")

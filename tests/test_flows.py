@@ -46,17 +46,21 @@ def _tree_of(refs):
 
 
 def _anchored_fixed(refs, draw_bools):
-    """Fixed atoms for a forest: the first three atoms of some trees, and some later atoms of those."""
+    """Fixed atoms for a forest: the first three atoms of some trees and some later atoms of
+    those (groups anchored on fixed atoms); some later atoms of the other trees (free trees that
+    refer to fixed atoms)."""
     refs = np.asarray(refs)
     tree = _tree_of(refs)
     nref = (refs >= 0).sum(1)
     fixed = []
     for t, anchor in zip(np.unique(tree).tolist(), draw_bools, strict=False):
         members = np.nonzero(tree == t)[0]
+        first = members[nref[members] < 3]
+        rest = members[nref[members] == 3]
         if anchor and len(members) >= 4:
-            first = members[nref[members] < 3]
-            rest = members[nref[members] == 3]
             fixed += first.tolist() + rest[: len(rest) // 3].tolist()
+        elif not anchor:
+            fixed += rest[1::3].tolist()
     return np.array(sorted(fixed), np.int64)
 
 
@@ -88,6 +92,23 @@ def test_log_det_matches_slogdet_of_the_full_jacobian(data, normalize, with_fixe
     torch.testing.assert_close(T.inv.log_abs_det_jacobian(xyz, q), -ladj)
     if not normalize and fixed is None:  # the contract's identity
         torch.testing.assert_close(ladj, zmat.log_det_jacobian(zmat.to_internal(xyz, refs), refs))
+        full = (np.asarray(refs) >= 0).all(1)  # their q rows are to_internal's, dihedral sign and all
+        C = zmat.to_internal(xyz, refs)
+        torch.testing.assert_close(q.reshape(n, 3)[full], C[full], atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("third", [[1, 0, -1], [0, 1, -1]])
+@pytest.mark.parametrize("fixed", [[9], [9, 4], [7, 8, 9]])
+def test_free_tree_referring_to_fixed_atoms(third, fixed):
+    """Atom 5 of the free tree rooted at 0 refers to atom 9 (fixed; its own tree's third atom,
+    or a lone fixed atom) and, with 4 fixed, to a fixed atom of its own tree."""
+    table = [[-1, -1, -1], [0, -1, -1], third, [2, 1, 0], [3, 2, 1], [4, 3, 9], [5, 4, 3]]
+    table += [[-1, -1, -1], [7, -1, -1], [8, 7, -1]]
+    T = InternalCoordinateTransform(table, fixed_atoms=fixed)
+    xyz = torch.randn(3, 10, 3, generator=torch.Generator().manual_seed(5), dtype=torch.float64) * 2
+    q = T.inv(xyz)
+    assert (T(q) - xyz).abs().max() < 1e-12
+    torch.testing.assert_close(T.log_abs_det_jacobian(q[0]), _jacobian_logdet(T, q[0]), atol=1e-10, rtol=0)
 
 
 def test_log_det_jacobian_closed_form_and_clamp():
@@ -157,7 +178,7 @@ def test_works_as_a_zuko_normalizing_flow():
 
 
 @pytest.mark.parametrize("normalize", [False, True])
-@pytest.mark.parametrize("fixed", [None, [0, 1, 2, 5]])
+@pytest.mark.parametrize("fixed", [None, [0, 1, 2, 5], [5]])  # none; anchored groups; a free tree on one
 def test_gradcheck_call_and_ladj(normalize, fixed):
     table = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0], [3, 2, 1], [2, 1, 3], [5, 2, 1], [6, 5, 2]]
     T = InternalCoordinateTransform(table, fixed_atoms=fixed, normalize_angles=normalize)
@@ -182,12 +203,12 @@ def test_batch_dims_dtypes_and_no_host_sync():
     q32 = T.inv(xyz.float())
     assert q32.dtype == torch.float32 and T(q32).dtype == torch.float32
     torch.testing.assert_close(T(q32), xyz.float(), atol=1e-5, rtol=0)
-    for T in (T, InternalCoordinateTransform(table, fixed_atoms=[0, 1, 2], normalize_angles=True)):
-        qg = T.inv(xyz).requires_grad_(True)
+    for Tk in (T, InternalCoordinateTransform(table, fixed_atoms=[0, 1, 2], normalize_angles=True)):
+        qg = Tk.inv(xyz).requires_grad_(True)
         with DispatchAudit() as audit:
-            x, ladj = T.call_and_ladj(qg)
+            x, ladj = Tk.call_and_ladj(qg)
             (x.sum() + ladj.sum()).backward()
-            T.inv(x.detach())
+            Tk.inv(x.detach())
         assert audit.syncs == []
 
 
@@ -262,7 +283,7 @@ def test_first_bond_along_z_round_trips_exactly():
         ([[-1, -1, -1], [0, -1, -1], [0, -1, -1]], None, "atom 2: a second row"),
         ([[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, -1]], None, "atom 3: row \\(2, 1, -1\\)"),
         ([[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0]], [0], "atom 1: row \\(0, -1, -1\\)"),
-        ([[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0], [3, 2, 1]], [3], "atom 4 refers to fixed atom 3"),
+        ([[-1, -1, -1], [0, -1, -1], [1, 0, 3], [-1, -1, -1]], [3], "atom 2 refers to fixed atom 3 but"),
         ([[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0]], [7], "atom 7 is out of range"),
         ([[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0]], [1, 1], "atom 1 is listed more than once"),
         ([[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0]], [[0, 1]], "1-D array"),

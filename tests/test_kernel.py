@@ -156,7 +156,7 @@ def test_build_failure_falls_back_with_one_warning(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("no compiler")
 
-    monkeypatch.setattr(torch.utils.cpp_extension, "load_inline", broken)
+    monkeypatch.setattr(_kernel, "build", broken)
     table = zmat.ConstructionTable(chain_table(6))
     c = random_internal(6, seed=5)
     with pytest.warns(RuntimeWarning, match="no compiler"):
@@ -210,3 +210,29 @@ def test_third_derivative_through_the_kernel_forward(spy):
         (h,) = torch.autograd.grad(g.square().sum(), c, create_graph=True)
         out[name] = torch.autograd.grad(h.sum(), c)[0]
     assert spy.calls["forward"] == 1 and torch.allclose(out["kernel"], out["torch"], atol=1e-10)
+
+
+@pytest.mark.parametrize("batch", [(), (5,)], ids=["trees", "structures"])
+@pytest.mark.parametrize("positional", [False, True])
+def test_threads_give_the_single_thread_result(spy, monkeypatch, batch, positional):
+    # Large calls split their structures, or the runs of whole trees of one
+    # structure, over threads: the same arithmetic per tree, so bitwise the
+    # same result (thresholds lowered so that a small forest splits)
+    monkeypatch.setattr(_kernel, "PARALLEL_ATOMS", 1)
+    monkeypatch.setattr(_kernel, "CHUNK_ATOMS", 16)
+    piece = POSITIONAL if positional else chain_table(9)
+    table = zmat.ConstructionTable.concatenate([zmat.ConstructionTable(piece)] * 30)
+    plan = table.cached(_analytic._kernel_plan, torch.device("cpu"))
+    assert len(plan.chunks) > 5
+    c = random_internal(table.n_atoms, batch=batch, seed=9)
+    w = torch.randn(c.shape, dtype=torch.float64)
+    out = {}
+    for n in (1, 3):
+        monkeypatch.setattr(torch, "get_num_threads", lambda n=n: n)
+        c_ = c.detach().requires_grad_()
+        x = zmat.to_xyz(c_, table)
+        out[n] = (x.detach(), *torch.autograd.grad((x * w).sum(), c_))
+    assert all(torch.equal(a, b) for a, b in zip(out[1], out[3], strict=True))
+    assert spy.calls["forward"] == 2
+    x_ref, g_ref = both(c, table, w)[1]
+    assert torch.allclose(out[3][0], x_ref, atol=1e-12) and torch.allclose(out[3][1], g_ref, atol=1e-12)

@@ -10,6 +10,7 @@ import torch
 import zmat
 import zmat.protein as zp
 from zmat import rmsd
+from zmat.protein.layout import ring_atoms
 from zmat.table import POSITIONAL
 
 DATA = Path(__file__).parent / "data"
@@ -153,6 +154,10 @@ def test_batch_from_pieces_equals_the_general_path(seed):
     assert set(got) == set(arrays)
     for k, v in arrays.items():
         assert _same(v, got[k]), k
+    # proline rings, stamped per residue, as the general path finds them from the atoms
+    cg, cd = ring_atoms(arrays["torsion_slot"], batch._flat.is_pro)
+    assert len(cg) == sum(s.count("P") for s in seqs) > 0
+    assert _same(np.stack([cg - 4, cg - 1, cg, cd], 1), batch._flat.proline_rows)
     t = _random_torsions(batch.L_max, len(seqs), seed=seed)
     C = batch.internal_from_torsions(t)
     assert torch.equal(zmat.to_xyz(C, fast), zmat.to_xyz(C, ref))

@@ -20,7 +20,8 @@ DATA = Path(__file__).parent / "data"
 AMINO = "ACDEFGHIKLMNPQRSTVWY"
 # ops that only make, view or relabel tensors: no elementwise work, so no
 # parallel region (each of which waits a time slice for a busy core)
-METADATA_OPS = {"view", "empty", "permute", "slice", "select", "detach", "alias", "as_strided", "expand"}
+METADATA_OPS = {"view", "empty", "new_empty", "permute", "slice", "select", "detach", "alias", "as_strided"}
+METADATA_OPS |= {"expand", "empty_like"}
 
 
 def _sequences() -> list[str]:

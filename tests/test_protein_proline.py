@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import zmat.protein as zp
 from zmat.protein.atom37 import ATOM14_NAMES, RESTYPE_3, atom37_to_atom14
@@ -162,3 +163,47 @@ def test_ideal_fast_form_equals_the_general_one():
     torch.autograd.gradcheck(ideal_cd_angle, args)
     torch.autograd.gradgradcheck(ideal_cd_angle, args)
     assert ideal_cd_angle(c1[:3].float(), c2[:3].float()).dtype == torch.float32
+
+
+def test_kernel_path_closes_rings_in_place_like_the_torch_path():
+    """The compiled fill's ring closure (numpy, in place) gives the torch path's values and
+    gradients, is twice differentiable, and dispatches no op over the whole output (each
+    would enter a parallel region that waits for a busy core)."""
+    from zmat.protein import build
+
+    lay = zp.ProteinBatch(["MPKPVLPGP", "APPGK"])._flat
+    t = torch.randn(18, 7, dtype=F64, generator=torch.Generator().manual_seed(1)).requires_grad_()
+    fast, torch_path = build._fill(lay, t), build.fill_internal(lay, t)
+    assert torch.equal(fast, torch_path)
+    g = torch.randn_like(fast)
+    assert torch.equal(*(torch.autograd.grad(x, t, g)[0] for x in (fast, torch_path)))
+    # the overwritten angles take no gradient of their own: through a function of the output
+    w = torch.randn_like(fast)
+    grads = [
+        torch.autograd.grad((x * w).sum(), t)[0] for x in (build._fill(lay, t), build.fill_internal(lay, t))
+    ]
+    assert torch.allclose(*grads, rtol=0, atol=1e-12)
+    torch.autograd.gradcheck(lambda x: build._fill(lay, x), (t,))
+    torch.autograd.gradgradcheck(lambda x: build._fill(lay, x), (t,))
+    size = fast.numel()
+    with _LargeOps(size) as large:
+        out = build._fill(lay, t.detach().float().requires_grad_())
+        out.backward(torch.ones_like(out))
+    assert large.ops <= {"ones_like"}, large.ops  # ones_like: the test's own gradient
+
+
+class _LargeOps(TorchDispatchMode):
+    """Records the ops (other than allocations and views) whose output has >= ``size`` elements."""
+
+    def __init__(self, size):
+        super().__init__()
+        self.size, self.ops = size, set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        free = func.is_view or name.startswith(("empty", "new_empty")) or name in ("detach", "lift_fresh")
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        if not free and any(isinstance(o, torch.Tensor) and o.numel() >= self.size for o in outs):
+            self.ops.add(name)
+        return out

@@ -4,47 +4,79 @@ Eager PyTorch pays a dispatch floor of a few microseconds per op, and the
 analytic method dispatches about a hundred ops per call: for one structure
 that floor, not the arithmetic, is the cost. On CPU tensors the same
 placement and the same Abe-Go backward (see ``zmat/_analytic.py``) run here as
-single-threaded loops of C++ (``zmat/csrc/rigid_forest.cpp``):
+loops of C++ (``zmat/csrc/rigid_forest.cpp``):
 
 * forward: one pass over the atoms in depth-first order, ``F_j = F_parent(j) . L_j``
   with ``L`` built from the plan's effective internal coordinates (missing
   references and offset chains resolved by the same gather as the torch path);
 * backward: the subtree sums in reverse depth-first order, then ``d r``,
   ``d theta``, ``d phi_eff`` per atom, scattered back through the gather;
-* and, for proteins built from torsions, the fill of the internal coordinates
+* for proteins built from torsions, the fill of the internal coordinates
   (:func:`fill`, ``zmat.protein.build.fill_internal``'s math) and its
   gradient: a step of ``ProteinBatch.to_xyz`` then enters no parallel region,
-  which on a shared machine waits for a busy core.
+  which on a shared machine waits for a busy core;
+* torsion updates of molecules (:func:`torsions`, ``zmat/csrc/torsions.cpp``):
+  ``TorsionSpace.to_xyz``'s rigid route and its gradient.
 
-The kernel is compiled by ``torch.utils.cpp_extension.load_inline`` on the
-first CPU call (not at ``import zmat``), once per machine: torch caches the
-build in its extensions directory (``TORCH_EXTENSIONS_DIR``), keyed by a hash
-of the source, so later processes only load it. It serves every table (the
-plan arrays are inputs), so no new sequence or table compiles anything.
+Calls on many structures (at least :data:`PARALLEL_ATOMS` atoms in all) split
+their structures over ``torch.get_num_threads()`` threads, handed out one at a
+time; smaller calls stay on the calling thread.
+
+Build: the kernel is plain C++ behind a C ABI (raw pointers, sizes, strides;
+no torch headers), compiled by invoking the C++ compiler (``$CXX``, else
+``c++``) directly on the first CPU call (not at ``import zmat``), which takes
+about a second and says so in one line on stderr; ``python -m zmat
+build-kernel`` builds it ahead. The library is cached in :func:`cache_dir`
+under a name hashed from what the build depends on (the sources, the
+compiler binary, the flags, the torch version), so a different ``PATH`` or
+another virtual environment with the same compiler loads the same file.
+Processes building at once each compile to a private file and rename it into
+place (atomic), so none ever loads a partial one. It is loaded with ctypes:
+the eager autograd Functions below call it directly (the lowest per-call
+cost), and it is registered as ``torch.library`` operators (``zmat::place``,
+``zmat::fill``, ``zmat::torsions``, ... with fake implementations and
+autograd) which ``torch.compile`` and ``torch.export`` graphs call.
 
 The pure-PyTorch path stays the reference and the fallback: it is used when
 the kernel cannot be built (a warning, once), when ``ZMAT_NO_KERNEL=1``, for
-other devices and dtypes, under ``torch.compile``/``torch.export`` tracing,
-``torch.func`` transforms and forward-mode AD, and for double backward (a
-backward with ``create_graph=True`` differentiates the torch path instead).
+other devices and dtypes, under ``torch.func`` transforms and forward-mode
+AD, and for double backward (a backward with ``create_graph=True``
+differentiates the torch path instead).
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import hashlib
 import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
 import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.autograd.forward_ad as _forward_ad
+from torch import Tensor
+from torch._subclasses.fake_tensor import FakeTensor
 
 from .table import ConstructionTable
 
-_SOURCE = Path(__file__).with_name("csrc") / "rigid_forest.cpp"
+_CSRC = Path(__file__).with_name("csrc")
+_SOURCES = ("rigid_forest.cpp", "torsions.cpp")  # compiled into one library; headers hashed too
+_FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-pthread")
 _DTYPES = (torch.float32, torch.float64)
-_state: dict = {}  # "module": the loaded extension, or None where it failed
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+#: atoms of a call (structures x atoms) from which it splits over threads
+PARALLEL_ATOMS = 1 << 15
+#: atoms per unit of work where a call on few structures splits their trees
+CHUNK_ATOMS = 4096
+_state: dict = {}  # "module": the loaded library (:class:`_Library`), or None where it failed
 
 
 def disabled() -> bool:
@@ -52,24 +84,88 @@ def disabled() -> bool:
     return os.environ.get("ZMAT_NO_KERNEL", "") not in ("", "0")
 
 
+# ------------------------------------------------------------------ build
+def cache_dir() -> Path:
+    """Where the compiled library is kept: ``$ZMAT_KERNEL_DIR``, else
+    ``$XDG_CACHE_HOME/zmat``, else ``~/.cache/zmat``."""
+    if os.environ.get("ZMAT_KERNEL_DIR"):
+        return Path(os.environ["ZMAT_KERNEL_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "zmat"
+
+
+def _compiler() -> list[str] | None:
+    """The compiler command (``$CXX``, else ``c++``), its binary resolved; None if not found."""
+    cmd = shlex.split(os.environ.get("CXX") or "c++")
+    exe = shutil.which(cmd[0]) if cmd else None
+    return None if exe is None else [os.path.realpath(exe), *cmd[1:]]
+
+
+def _digest(*parts) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p if isinstance(p, bytes) else str(p).encode())
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def _source_key() -> str:
+    """Hash of the sources and headers, the flags, the torch version and the machine."""
+    files = sorted(_CSRC.glob("*.[ch]*"))
+    return _digest(*(f.read_bytes() for f in files), *_FLAGS, torch.__version__, platform.machine())
+
+
+def library_path(compiler: list[str] | None = None) -> Path:
+    """The cached library for these sources and ``compiler`` (default: :func:`_compiler`).
+
+    Without a compiler on this machine (an image built ahead), the newest
+    library built from the same sources is used."""
+    compiler = _compiler() if compiler is None else compiler
+    source = _source_key()
+    if compiler is None:
+        built = sorted(cache_dir().glob(f"zmat_kernel-{source}-*.so"), key=lambda p: p.stat().st_mtime)
+        if not built:
+            raise RuntimeError("no C++ compiler found (set CXX) and no kernel built ahead")
+        return built[-1]
+    st = os.stat(compiler[0])
+    return cache_dir() / f"zmat_kernel-{source}-{_digest(*compiler, st.st_size, st.st_mtime_ns)}.so"
+
+
+def build(quiet: bool = False) -> Path:
+    """Compile the kernel into :func:`cache_dir` unless it is there; returns its path.
+
+    Safe from several processes at once: each compiles to a private file
+    and renames it into place (atomic), so a reader sees no file or a whole one."""
+    compiler = _compiler()
+    path = library_path(compiler)
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not quiet:
+        print(
+            f"zmat: compiling the CPU kernel into {path} (once, about a second)", file=sys.stderr, flush=True
+        )
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".so", dir=path.parent)
+    os.close(fd)
+    try:
+        sources = [str(_CSRC / s) for s in _SOURCES]
+        run = subprocess.run([*compiler, *_FLAGS, *sources, "-o", tmp], capture_output=True, text=True)
+        if run.returncode != 0:
+            raise RuntimeError(f"{' '.join(compiler)} failed:\n{run.stderr.strip()[-2000:]}")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
 def load():
-    """The compiled extension (built on the first call, cached on disk), or
+    """The compiled library (built on the first call, cached on disk), or
     ``None`` if it cannot be built (warned once; the torch path is used)."""
     if "module" not in _state:
         _state["module"] = None
         try:
-            from torch.utils.cpp_extension import load_inline
-
-            source = _SOURCE.read_text()
-            name = "zmat_rigid_forest_" + hashlib.sha1(source.encode()).hexdigest()[:12]
-            _state["module"] = load_inline(
-                name,
-                [source],
-                functions=["forward", "backward", "fill_forward", "fill_backward"],
-                extra_cflags=["-O3"],
-                verbose=False,
-            )
-        except Exception as error:  # no compiler, no ninja, a read-only cache...
+            _state["module"] = _Library(ctypes.CDLL(str(build())))
+        except Exception as error:  # no compiler, a read-only cache...
             warnings.warn(
                 f"zmat: the compiled CPU kernel is unavailable ({type(error).__name__}: {error}); "
                 "using the PyTorch path (set ZMAT_NO_KERNEL=1 to silence this)",
@@ -79,21 +175,354 @@ def load():
     return _state["module"]
 
 
+def _loaded_constant() -> bool:
+    """Whether the compiled graph may call the kernel's operators: Dynamo
+    calls it for real while tracing (ctypes is never traced), as
+    ``torch.compiler.assume_constant_result`` would mark it; that call imports
+    torch._dynamo (seconds), so the mark is set here as ``zmat/table.py`` does."""
+    return load() is not None
+
+
+_loaded_constant._dynamo_marked_constant = True
+
+
 def serves(device: torch.device) -> bool:
-    """Whether eager float calls on ``device`` take the kernel (see :func:`usable`)."""
-    if device.type != "cpu" or torch.compiler.is_compiling() or disabled():
+    """Whether float calls on ``device`` take the kernel (see :func:`usable`)."""
+    if device.type != "cpu" or disabled():
         return False
+    if torch.compiler.is_compiling():
+        return _loaded_constant()
     return load() is not None
 
 
 def usable(x: torch.Tensor) -> bool:
     """Whether a call on ``x`` may take the kernel: a plain CPU float32/float64
-    tensor, outside tracing, ``torch.func`` transforms and forward-mode AD."""
-    if x.dtype not in _DTYPES or type(x) not in (torch.Tensor, torch.nn.Parameter):
+    tensor, outside ``torch.func`` transforms and forward-mode AD."""
+    if x.dtype not in _DTYPES:
         return False
+    if type(x) not in _PLAIN and not (torch.compiler.is_compiling() and type(x) is FakeTensor):
+        return False  # (torch.export traces with fake tensors)
     if torch._C._are_functorch_transforms_active() or _forward_ad._current_level >= 0:
         return False  # (dual tensors need the Functions' jvp)
     return serves(x.device)
+
+
+def threads(structures: int, atoms: int) -> int:
+    """Threads for a call on ``structures`` of ``atoms`` each: one below
+    :data:`PARALLEL_ATOMS` in all, else ``torch.get_num_threads()``."""
+    if structures * atoms < PARALLEL_ATOMS:
+        return 1
+    return torch.get_num_threads()
+
+
+def split(structures: int, atoms: int):
+    """``(threads, chunked)`` of a placement call: the structures are the units
+    of work where there are enough of them, else also runs of whole trees
+    (``chunked``: the plan's ``chunks``)."""
+    n = threads(structures, atoms)
+    return n, 1 < n and structures < 2 * n
+
+
+def _chunks(parent: np.ndarray) -> np.ndarray:
+    """Dfs positions ``0 ... N`` where runs of whole trees of about
+    :data:`CHUNK_ATOMS` atoms start (a tree is contiguous in dfs order)."""
+    n = len(parent)
+    roots = np.flatnonzero(parent < 0)
+    if n < 2 * CHUNK_ATOMS or len(roots) < 2:
+        return np.array([0, n], np.int64)
+    first = np.searchsorted(roots, np.arange(0, n, CHUNK_ATOMS))  # first root from every multiple on
+    bounds = np.unique(np.concatenate([roots[np.minimum(first, len(roots) - 1)], [0, n]]))
+    lowest = np.minimum.reduceat(np.where(parent < 0, n, parent), bounds[:-1])  # lowest parent per run
+    if (lowest < bounds[:-1]).any():  # a tree across a boundary: no split
+        return np.array([0, n], np.int64)
+    return bounds.astype(np.int64)
+
+
+# ------------------------------------------------------------------ the library
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+_SIGNATURES = {  # pointers and integers (sizes, element strides), see the C sources
+    "forward": [_P, _I, _I, _I, "plan", _I, _P, _P, _I],
+    "backward": [_P, _I, _I, _I, _I, _P, _I, _I, _I, _I, _P, _I, _I, _I, _P, _I, _I, _I]
+    + [_I, "plan", _I, _I, _P, _I],
+    "fill_forward": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P],
+    "fill_backward": [_P, _I, _I, _I, _P, _I, _I, _I, _I, _I, _I, _P, _P],
+    "torsions_forward": [_I, _I, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _P, _I],
+    "torsions_backward": [_I, _I, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _P, _I, _I, _I, _P, _I],
+}
+_NO_STRIDES = (0, 0, 0, 0)
+
+
+class _Arrays(ctypes.Structure):
+    """A table's plan arrays as the C functions take them (``zmat_plan``): built
+    once per plan, passed by pointer."""
+
+    _fields_ = [(name, ctypes.c_int64) for name in ("n", "k_rows", "n_chunks")] + [
+        (name, ctypes.c_void_p) for name in ("gather", "keep", "trig", "parent", "order", "chunks")
+    ]
+
+    @classmethod
+    def of(cls, gather: Tensor, keep: Tensor, trig: Tensor, parent: Tensor, order, chunks) -> _Arrays:
+        """From contiguous CPU tensors (kept alive with it); ``order`` may be ``None``."""
+        tensors = (gather, keep, trig, parent, order, chunks)
+        ptrs = (None if t is None else t.data_ptr() for t in tensors)
+        arrays = cls(parent.shape[0], gather.shape[0], chunks.shape[0] - 1, *ptrs)
+        arrays.tensors = tensors
+        return arrays
+
+
+class _Library:
+    """The C functions behind tensor-level calls: outputs allocated here
+    (``new_empty``: the cheapest allocation from Python), inputs passed as
+    pointers and element strides (any strides unless said; plan arrays
+    contiguous). Lean on purpose: a batch-1 call is a few microseconds."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self.lib = lib
+        self.fns = {}
+        for name, args in _SIGNATURES.items():
+            for suffix, dtype in (("f32", torch.float32), ("f64", torch.float64)):
+                fn = getattr(lib, f"zmat_{name}_{suffix}")
+                fn.argtypes = [ctypes.POINTER(_Arrays) if a == "plan" else a for a in args]
+                fn.restype = None
+                self.fns[name, dtype] = fn
+
+    def forward(self, c: Tensor, arrays: _Arrays, like=None, threads: int = 1, frames=True, chunked=False):
+        """``c`` ``(B, 3N)`` -> ``(frames, xyz)``: frames ``(B, N, 3, 4)`` in dfs order
+        (``None`` unless ``frames``) and, given ``like`` (a tensor of ``B * N * 3``
+        elements, or a shape), positions in atom order shaped like it (else ``None``);
+        ``chunked``: runs of whole trees (``arrays.chunks``) are units of work
+        beside the structures."""
+        b = c.shape[0]
+        f = c.new_empty((b, arrays.n, 3, 4)) if frames else None
+        xyz = None
+        if isinstance(like, tuple):
+            xyz = c.new_empty(like)
+        elif like is not None:  # (empty_like: the cheapest allocation from Python)
+            xyz = torch.empty_like(like) if like.is_contiguous() else like.new_empty(like.shape)
+        self.fns["forward", c.dtype](
+            c.data_ptr(), b, *c.stride(), arrays, chunked, None if f is None else f.data_ptr(),
+            None if xyz is None else xyz.data_ptr(), threads,
+        )  # fmt: skip
+        return f, xyz
+
+    def backward(self, frames, g_rot, g_pos, g_x, arrays: _Arrays, n3: int, threads: int = 1, chunked=False):
+        """Gradient ``(B, n3)`` from the forward's frames ``(B, N, 3, 4)`` and the optional
+        gradients of their rotations ``g_rot`` ``(B, N, 3, 3)`` and positions ``g_pos``
+        ``(B, N, 3)`` (dfs order), and of positions ``g_x`` ``(B, N, 3)`` (atom order)."""
+        b = frames.shape[0]
+        grad = frames.new_empty((b, n3))
+        self.fns["backward", frames.dtype](
+            frames.data_ptr(), *frames.stride(),
+            *((None, *_NO_STRIDES) if g_rot is None else (g_rot.data_ptr(), *g_rot.stride())),
+            *((None, *_NO_STRIDES[:3]) if g_pos is None else (g_pos.data_ptr(), *g_pos.stride())),
+            *((None, *_NO_STRIDES[:3]) if g_x is None else (g_x.data_ptr(), *g_x.stride())),
+            b, arrays, chunked, n3, grad.data_ptr(), threads,
+        )  # fmt: skip
+        return grad
+
+    def fill_forward(self, t: Tensor, ideal, slot, defaults):
+        """Torsions ``(S, L, 7)`` -> internal coordinates ``(S, N, 3)`` (see :func:`fill`)."""
+        out = t.new_empty((t.shape[0], slot.shape[0], 3))
+        self.fns["fill_forward", t.dtype](
+            t.data_ptr(), *t.stride(), t.shape[0], slot.shape[0], ideal.data_ptr(), slot.data_ptr(),
+            defaults.data_ptr(), out.data_ptr(),
+        )  # fmt: skip
+        return out
+
+    def fill_backward(self, g: Tensor, t: Tensor, slot):
+        """``g`` ``(S, N, 3)`` -> ``(S, L, 7)``, the gradient of :meth:`fill_forward`."""
+        grad = g.new_empty(t.shape)
+        self.fns["fill_backward", g.dtype](
+            g.data_ptr(), *g.stride(), t.data_ptr(), *t.stride(), t.shape[0], t.shape[1], slot.shape[0],
+            slot.data_ptr(), grad.data_ptr(),
+        )  # fmt: skip
+        return grad
+
+    def torsions_forward(self, t: Tensor, col, parent, slot, t0, u, p, x0, threads: int = 1):
+        """Torsions ``(B, K)`` -> positions ``(B, N, 3)`` (see :func:`torsions`)."""
+        b, n = t.shape[0], slot.shape[0]
+        xyz = t.new_empty((b, n, 3))
+        self.fns["torsions_forward", t.dtype](
+            col.shape[0], n, col.data_ptr(), parent.data_ptr(), slot.data_ptr(), t0.data_ptr(), u.data_ptr(),
+            p.data_ptr(), x0.data_ptr(), t.data_ptr(), b, *t.stride(), xyz.data_ptr(), threads,
+        )  # fmt: skip
+        return xyz
+
+    def torsions_backward(self, g: Tensor, t: Tensor, col, parent, slot, t0, u, p, x0, threads: int = 1):
+        """``g`` ``(B, N, 3)`` -> ``(B, K)``, the gradient of :meth:`torsions_forward`."""
+        b = t.shape[0]
+        grad = t.new_empty((b, col.shape[0]))
+        self.fns["torsions_backward", t.dtype](
+            col.shape[0], slot.shape[0], col.data_ptr(), parent.data_ptr(), slot.data_ptr(), t0.data_ptr(),
+            u.data_ptr(), p.data_ptr(), x0.data_ptr(), t.data_ptr(), b, *t.stride(), g.data_ptr(),
+            *g.stride(), grad.data_ptr(), threads,
+        )  # fmt: skip
+        return grad
+
+
+def _lib() -> _Library:
+    module = _state.get("module")
+    return module if module is not None else load()
+
+
+# ------------------------------------------------------------------ operators
+# The kernel as torch.library operators, for torch.compile / torch.export
+# graphs (an eager call takes the Functions further below: a custom op's
+# dispatch costs more than the kernel on a small molecule).
+@torch.library.custom_op("zmat::place", mutates_args=())
+def _op_place(
+    c: Tensor, gather: Tensor, keep: Tensor, trig: Tensor, parent: Tensor, chunks: Tensor, order: Tensor
+) -> tuple[Tensor, Tensor]:
+    """``c`` ``(B, 3N)`` -> frames ``(B, N, 3, 4)`` (dfs order), positions ``(B, N, 3)`` (atom order)."""
+    b, n = c.shape[0], parent.shape[0]
+    arrays = _Arrays.of(gather, keep, trig, parent, order, chunks)
+    threads_, chunked = split(b, n)
+    return _lib().forward(c, arrays, (b, n, 3), threads_, True, chunked)
+
+
+@torch.library.custom_op("zmat::frames", mutates_args=())
+def _op_frames(
+    c: Tensor, gather: Tensor, keep: Tensor, trig: Tensor, parent: Tensor, chunks: Tensor
+) -> Tensor:
+    """``c`` ``(B, 3N)`` -> frames ``(B, N, 3, 4)`` in dfs order."""
+    n, chunked = split(c.shape[0], parent.shape[0])
+    arrays = _Arrays.of(gather, keep, trig, parent, None, chunks)
+    return _lib().forward(c, arrays, None, n, True, chunked)[0]
+
+
+@torch.library.custom_op("zmat::place_backward", mutates_args=())
+def _op_place_backward(
+    frames: Tensor, g_rot: Tensor | None, g_pos: Tensor | None, g_x: Tensor | None, order: Tensor | None,
+    gather: Tensor, keep: Tensor, parent: Tensor, chunks: Tensor, n3: int,
+) -> Tensor:  # fmt: skip
+    """The gradient ``(B, n3)`` of ``c`` (see :meth:`_Library.backward`; ``g_x`` needs ``order``)."""
+    n, chunked = split(frames.shape[0], parent.shape[0])
+    arrays = _Arrays.of(gather, keep, keep, parent, order, chunks)  # (no trig in the backward)
+    return _lib().backward(frames, g_rot, g_pos, g_x, arrays, n3, n, chunked)
+
+
+@torch.library.custom_op("zmat::fill", mutates_args=())
+def _op_fill(t: Tensor, ideal: Tensor, slot: Tensor, defaults: Tensor) -> Tensor:
+    """Torsions ``(S, L, 7)`` -> internal coordinates ``(S, N, 3)`` (see :func:`fill`)."""
+    return _lib().fill_forward(t, ideal, slot, defaults)
+
+
+@torch.library.custom_op("zmat::fill_backward", mutates_args=())
+def _op_fill_backward(g: Tensor, t: Tensor, slot: Tensor) -> Tensor:
+    return _lib().fill_backward(g, t, slot)
+
+
+@torch.library.custom_op("zmat::torsions", mutates_args=())
+def _op_torsions(
+    t: Tensor, col: Tensor, parent: Tensor, slot: Tensor, t0: Tensor, u: Tensor, p: Tensor, x0: Tensor
+) -> Tensor:
+    """Torsions ``(B, K)`` -> positions ``(B, N, 3)`` (see :func:`torsions`)."""
+    return _lib().torsions_forward(t, col, parent, slot, t0, u, p, x0, threads(t.shape[0], slot.shape[0]))
+
+
+@torch.library.custom_op("zmat::torsions_backward", mutates_args=())
+def _op_torsions_backward(
+    g: Tensor,
+    t: Tensor,
+    col: Tensor,
+    parent: Tensor,
+    slot: Tensor,
+    t0: Tensor,
+    u: Tensor,
+    p: Tensor,
+    x0: Tensor,
+) -> Tensor:
+    b, n = t.shape[0], slot.shape[0]
+    return _lib().torsions_backward(g, t, col, parent, slot, t0, u, p, x0, threads(b, n))
+
+
+@_op_place.register_fake
+def _(c, gather, keep, trig, parent, chunks, order):
+    b, n = c.shape[0], parent.shape[0]
+    return c.new_empty((b, n, 3, 4)), c.new_empty((b, n, 3))
+
+
+@_op_frames.register_fake
+def _(c, gather, keep, trig, parent, chunks):
+    return c.new_empty((c.shape[0], parent.shape[0], 3, 4))
+
+
+@_op_place_backward.register_fake
+def _(frames, g_rot, g_pos, g_x, order, gather, keep, parent, chunks, n3):
+    return frames.new_empty((frames.shape[0], n3))
+
+
+@_op_fill.register_fake
+def _(t, ideal, slot, defaults):
+    return t.new_empty((t.shape[0], slot.shape[0], 3))
+
+
+@_op_fill_backward.register_fake
+def _(g, t, slot):
+    return g.new_empty(t.shape)
+
+
+@_op_torsions.register_fake
+def _(t, col, parent, slot, t0, u, p, x0):
+    return t.new_empty((t.shape[0], slot.shape[0], 3))
+
+
+@_op_torsions_backward.register_fake
+def _(g, t, col, parent, slot, t0, u, p, x0):
+    return t.new_empty((t.shape[0], col.shape[0]))
+
+
+def _place_setup(ctx, inputs, output):
+    c, gather, keep, _, parent, chunks, order = inputs
+    ctx.n3 = c.shape[1]
+    ctx.save_for_backward(output[0], gather, keep, parent, chunks, order)
+
+
+def _place_bwd(ctx, g_frames, g_xyz):
+    frames, gather, keep, parent, chunks, order = ctx.saved_tensors
+    g_rot = g_pos = None
+    if g_frames is not None:
+        g_rot, g_pos = g_frames[..., :3], g_frames[..., 3]
+    args = (g_rot, g_pos, g_xyz, order, gather, keep, parent, chunks, ctx.n3)
+    return torch.ops.zmat.place_backward(frames, *args), None, None, None, None, None, None
+
+
+def _frames_setup(ctx, inputs, output):
+    c, gather, keep, _, parent, chunks = inputs
+    ctx.n3 = c.shape[1]
+    ctx.save_for_backward(output, gather, keep, parent, chunks)
+
+
+def _frames_bwd(ctx, g_frames):
+    frames, gather, keep, parent, chunks = ctx.saved_tensors
+    g_rot, g_pos = g_frames[..., :3], g_frames[..., 3]
+    args = (g_rot, g_pos, None, None, gather, keep, parent, chunks, ctx.n3)
+    return torch.ops.zmat.place_backward(frames, *args), None, None, None, None, None
+
+
+def _fill_setup(ctx, inputs, output):
+    t, _, slot, _ = inputs
+    ctx.save_for_backward(t, slot)
+
+
+def _fill_bwd(ctx, g):
+    t, slot = ctx.saved_tensors
+    return torch.ops.zmat.fill_backward(g, t, slot), None, None, None
+
+
+def _torsions_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _torsions_bwd(ctx, g):
+    saved = ctx.saved_tensors
+    return torch.ops.zmat.torsions_backward(g, *saved), *([None] * 7)
+
+
+_op_place.register_autograd(_place_bwd, setup_context=_place_setup)
+_op_frames.register_autograd(_frames_bwd, setup_context=_frames_setup)
+_op_fill.register_autograd(_fill_bwd, setup_context=_fill_setup)
+_op_torsions.register_autograd(_torsions_bwd, setup_context=_torsions_setup)
 
 
 # ------------------------------------------------------------ protein fill
@@ -109,6 +538,8 @@ def fill(t: torch.Tensor, ideal: torch.Tensor, slot: torch.Tensor, defaults: tor
         slot: ``(N,)`` int64 torsion slot ``k * 7 + c`` of each atom, -1 for none.
         defaults: ``(7,)`` float64 torsions used where ``t`` is NaN.
     """
+    if torch.compiler.is_compiling():
+        return torch.ops.zmat.fill(t, ideal, slot, defaults)
     if torch.is_grad_enabled() and t.requires_grad:
         return _Fill.apply(t, ideal, slot, defaults)
     return _state["module"].fill_forward(t, ideal, slot, defaults)
@@ -143,6 +574,50 @@ class _Fill(torch.autograd.Function):
         return _state["module"].fill_backward(g, t, ctx.slot), None, None, None
 
 
+# ------------------------------------------------------------ torsion updates
+def torsions(t: torch.Tensor, plan: tuple, vjp) -> torch.Tensor:
+    """Torsions ``(B, K)`` -> positions ``(B, N, 3)`` of rigid torsion updates
+    (``zmat/csrc/torsions.cpp``: Rodrigues rotations about the conformer's
+    bond axes composed from the root outwards, every atom moved by its
+    innermost torsion's motion).
+
+    Args:
+        t: ``(B, K)`` float32/float64 CPU torsions (any strides).
+        plan: ``(col, parent, slot, t0, u, p, x0)``: in nesting order (parents
+            first) every torsion's column of ``t``, parent (-1: none), value
+            in the conformer ``t0`` and unit axis ``u`` ``(K, 3)`` through ``p``
+            ``(K, 3)``; per atom its torsion (index into that order, -1: none)
+            ``slot`` ``(N,)`` and conformer position ``x0`` ``(N, 3)``; indices
+            int64, geometry float64, contiguous.
+        vjp: ``(t, g) -> (B, K)`` the gradient in differentiable torch ops
+            (double backward, batched gradients).
+    """
+    if torch.compiler.is_compiling():
+        return torch.ops.zmat.torsions(t, *plan)
+    if torch.is_grad_enabled() and t.requires_grad:
+        return _Torsions.apply(t, plan, vjp)
+    return _state["module"].torsions_forward(t, *plan, threads(t.shape[0], plan[2].shape[0]))
+
+
+class _Torsions(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, t, plan, vjp):
+        ctx.plan, ctx.vjp = plan, vjp
+        ctx.save_for_backward(t)
+        ctx.set_materialize_grads(False)
+        return _state["module"].torsions_forward(t, *plan, threads(t.shape[0], plan[2].shape[0]))
+
+    @staticmethod
+    def backward(ctx, g):
+        if g is None:
+            return None, None, None
+        (t,) = ctx.saved_tensors
+        if _differentiable_backward(g):
+            return ctx.vjp(t, g), None, None
+        n = ctx.plan[2].shape[0]
+        return _state["module"].torsions_backward(g, t, *ctx.plan, threads(t.shape[0], n)), None, None
+
+
 class KernelPlan:
     """The plan arrays the kernel reads, in depth-first order, for one table.
 
@@ -167,6 +642,17 @@ class KernelPlan:
         self.gather, self.parent, self.order = (torch.from_numpy(a) for a in (ints[:k], ints[k], ints[k + 1]))
         self.keep, self.trig = torch.from_numpy(self._flags[:k]), torch.from_numpy(self._flags[k:])
         self.placement = (self.gather, self.keep, self.trig, self.parent)  # the forward's arrays
+        # units of work for threads: runs of whole trees, for tables rooted at
+        # the origin (positions): there a tree's gathers stay in the tree, while
+        # an anchored segment (frames) may read a sibling's phi in another
+        self.chunks = torch.from_numpy(_chunks(ints[k]))
+        self.whole = torch.tensor([0, self.n])  # one unit per structure
+
+    @functools.cached_property
+    def arrays(self) -> _Arrays:
+        """The arrays as the C functions take them (made on the first eager call:
+        a plan made under ``torch.export``'s fake tensors has no data)."""
+        return _Arrays.of(*self.placement, self.order, self.chunks)
 
     def take(self, ptr: np.ndarray, index: np.ndarray) -> KernelPlan:
         """The plan of ``ConstructionTable._take(ptr, index)``'s table, by the
@@ -228,21 +714,29 @@ def positions(C: torch.Tensor, plan: KernelPlan, table: ConstructionTable) -> to
     """Positions ``(..., N, 3)`` in atom order from internal coordinates ``C``
     ``(..., N, 3)``, for tables whose segments are all rooted at the origin
     (``table.constant_anchors``)."""
+    if torch.compiler.is_compiling():
+        c = C.reshape(-1, 3 * plan.n)
+        return torch.ops.zmat.place(c, *plan.placement, plan.chunks, plan.order)[1].view(C.shape)
     if torch.is_grad_enabled() and C.requires_grad:
         return _Positions.apply(C, plan, table)[0]
-    return _place(C, plan)[1].view(C.shape)  # no graph: no Function
+    return _place(C, plan, False)[1]  # no graph: no Function, no frames
 
 
 def frames(flat: torch.Tensor, plan: KernelPlan, table: ConstructionTable):
     """Flat internal coordinates ``(3 N, B)`` -> frames relative to their
     segment anchors, component-major, dfs order: rotations ``(3, 3, N, B)``,
     positions ``(3, N, B)`` (as ``RigidForest`` in ``zmat/_analytic.py``)."""
+    if torch.compiler.is_compiling():
+        return _split(torch.ops.zmat.frames(flat.t(), *plan.placement, plan.whole))
     return _Frames.apply(flat, plan, table)
 
 
-def _place(C: torch.Tensor, plan: KernelPlan):
-    """Frames ``(B, N, 3, 4)`` in dfs order and positions ``(B, N, 3)`` in atom order."""
-    return _state["module"].forward(C.reshape(-1, 3 * plan.n), *plan.placement, plan.order)
+def _place(C: torch.Tensor, plan: KernelPlan, frames: bool = True):
+    """Frames ``(B, N, 3, 4)`` in dfs order (``None`` unless ``frames``) and
+    positions ``(..., N, 3)`` (``C``'s shape) in atom order."""
+    c = C.reshape(-1, 3 * plan.n)
+    n, chunked = split(c.shape[0], plan.n)
+    return _state["module"].forward(c, plan.arrays, C, n, frames, chunked)
 
 
 def _split(frames: torch.Tensor):
@@ -252,56 +746,61 @@ def _split(frames: torch.Tensor):
     return frames[:, :3], frames[:, 3]
 
 
-def _backward(ctx, g_rot, g_pos, g_xyz=None) -> torch.Tensor:
+def _backward(ctx, frames, g_rot, g_pos, g_x=None, saved=None) -> torch.Tensor:
     """Gradient ``(B, 3 N)`` of the flat internal coordinates from the saved
-    frames (outputs: so double backward differentiates the torch ``vjp``
-    through them, as ``RigidForest`` does) and the output gradients."""
-    rot, pos = ctx.saved_tensors
+    ``frames`` ``(B, N, 3, 4)`` and the output gradients: of the rotations
+    and positions (component-major, ``(3, 3, N, B)``, ``(3, N, B)``) and of
+    the positions in atom order ``g_x`` ``(..., N, 3)``. A backward that
+    must be differentiable takes the torch ``vjp`` (through the frames, which
+    are outputs of the Functions below: so double backward differentiates
+    it, as ``RigidForest``'s; ``saved``: the saved ``(rot, pos)`` outputs, if
+    the Function's outputs are those)."""
     plan = ctx.plan
-    rows = None
-    differentiable = _differentiable_backward(g_rot, g_pos, g_xyz)
-    if g_xyz is not None:  # (..., N, 3) in atom order
-        g_xyz = g_xyz.reshape(-1, plan.n, 3)
-        if g_pos is None and not differentiable:
-            rows = plan.order  # the kernel reads row order[j] for dfs position j
-        else:
-            g_dfs = g_xyz.index_select(1, plan.order).permute(2, 1, 0)
+    if g_x is not None:
+        g_x = g_x.reshape(-1, plan.n, 3)
+    if _differentiable_backward(g_rot, g_pos, g_x):
+        if g_x is not None:
+            g_dfs = g_x.index_select(1, plan.order).permute(2, 1, 0)
             g_pos = g_dfs if g_pos is None else g_pos + g_dfs
-    if differentiable:
-        return plan.vjp(ctx.table, rot, pos, g_rot, g_pos).t()
+        return plan.vjp(ctx.table, *(saved or _split(frames)), g_rot, g_pos).t()
     g_rot = None if g_rot is None else g_rot.permute(3, 2, 0, 1)
-    g_pos = g_xyz if rows is not None else (None if g_pos is None else g_pos.permute(2, 1, 0))
-    args = (rows, plan.gather, plan.keep, plan.parent, 3 * plan.n)
-    return _state["module"].backward(rot.permute(3, 2, 0, 1), pos.permute(2, 1, 0), g_rot, g_pos, *args)
+    g_pos = None if g_pos is None else g_pos.permute(2, 1, 0)
+    n, chunked = split(frames.shape[0], plan.n)
+    chunked = chunked and saved is None  # (trees of anchored segments may share gathers)
+    return _state["module"].backward(frames, g_rot, g_pos, g_x, plan.arrays, 3 * plan.n, n, chunked)
 
 
 class _Positions(torch.autograd.Function):
-    """``C -> (positions (..., N, 3) in atom order, rot, pos)``; the frames are
-    outputs only for the backward (``positions`` returns the first)."""
+    """``C -> (positions (..., N, 3) in atom order, frames (B, N, 3, 4))``;
+    the frames are an output only for the backward (``positions`` returns the first)."""
 
     @staticmethod
     def forward(ctx, C: torch.Tensor, plan: KernelPlan, table: ConstructionTable):
         frames, xyz = _place(C, plan)
-        rot, pos = _split(frames)
         ctx.plan, ctx.table, ctx.shape = plan, table, C.shape
-        ctx.save_for_backward(rot, pos)
+        ctx.save_for_backward(frames)
         ctx.set_materialize_grads(False)
-        return xyz.view(C.shape), rot, pos
+        return xyz, frames
 
     @staticmethod
-    def backward(ctx, g_xyz, g_rot, g_pos):
-        if g_xyz is None and g_rot is None and g_pos is None:
+    def backward(ctx, g_xyz, g_frames):
+        if g_xyz is None and g_frames is None:
             return None, None, None
-        return _backward(ctx, g_rot, g_pos, g_xyz).reshape(ctx.shape), None, None
+        (frames,) = ctx.saved_tensors
+        g_rot, g_pos = (None, None) if g_frames is None else _split(g_frames)
+        return _backward(ctx, frames, g_rot, g_pos, g_xyz).reshape(ctx.shape), None, None
 
 
 class _Frames(torch.autograd.Function):
+    """``flat (3 N, B) -> (rot (3, 3, N, B), pos (3, N, B))``, views of the kernel's frames."""
+
     @staticmethod
     def forward(ctx, flat: torch.Tensor, plan: KernelPlan, table: ConstructionTable):
-        (frames,) = _state["module"].forward(flat.t(), *plan.placement, None)
+        n = threads(flat.shape[1], plan.n)  # structures only (see KernelPlan.chunks)
+        frames, _ = _state["module"].forward(flat.t(), plan.arrays, None, n, True, False)
         rot, pos = _split(frames)
-        ctx.plan, ctx.table = plan, table
-        ctx.save_for_backward(rot, pos)
+        ctx.plan, ctx.table, ctx.frames = plan, table, frames
+        ctx.save_for_backward(rot, pos)  # outputs (double backward differentiates through them)
         ctx.set_materialize_grads(False)
         return rot, pos
 
@@ -309,4 +808,4 @@ class _Frames(torch.autograd.Function):
     def backward(ctx, g_rot, g_pos):
         if g_rot is None and g_pos is None:
             return None, None, None
-        return _backward(ctx, g_rot, g_pos).t(), None, None
+        return _backward(ctx, ctx.frames, g_rot, g_pos, saved=ctx.saved_tensors).t(), None, None

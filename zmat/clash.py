@@ -64,14 +64,35 @@ Above that it evaluates the candidates in chunks and recomputes each chunk in
 the backward pass, so a collapsed structure (thousands of atoms within an
 Angstrom, as a model may emit at initialisation) costs time in proportion to
 its clashing pairs, not memory. ``"all_pairs"`` is O(B N^2) by design; ``"auto"``
-uses it only below ``AUTO_MAX_PAIRS``.
+uses it only below ``AUTO_MAX_PAIRS``. A pair list (:func:`candidate_pairs`)
+may not exceed the budget either (it raises instead).
+
+Batches: ``xyz`` of shape ``(..., N, 3)`` is a padded batch (``mask`` marks
+padding), or, with ``ptr=`` / ``batch=`` (PyTorch Geometric's layout,
+:class:`zmat.batch.Ragged`), a ragged one: structures of different sizes back
+to back in the N rows, one loss value per structure, in one call with no host
+sync (pairs of two structures never count; on ``"all_pairs"`` they are
+masked, so its cost is that of all N rows). Exclusions may be one list entry
+per structure, each in its own atom indices, as ``TorsionSpace.batch`` users
+have them.
+
+Sums accumulate in float64 (on MPS, which has no float64, in the input
+dtype): a float32 loss over millions of pairs is exact to its own rounding.
+
+Threads: on the CPU, ``pairs=`` (the training path) evaluates the pairs in
+chunks whose every torch op stays below torch's parallel grain, so it opens
+no parallel region at any thread count; a parallel region waits for all of
+torch's threads, which costs a scheduling delay per op when another process
+holds a core. The thread setting is left alone. Other paths use plain torch
+ops (and threads).
 
 NaN policy (the same as ``to_xyz`` and ``to_internal``): non-finite
-coordinates are propagated, never checked, because a check would cost a
-host sync in every training step. The loss of a structure with a NaN or
-infinite coordinate in an unmasked atom is NaN, whatever the method; the
-other structures of the batch are unaffected; masked atoms may hold anything.
-Mixed precision: under ``torch.autocast`` the loss is computed in float32.
+coordinates and radii are propagated, never checked, because a check would
+cost a host sync in every training step. The loss of a structure with a NaN
+or infinite coordinate or radius in an unmasked atom is NaN, whatever the
+method; the other structures of the batch are unaffected; masked atoms may
+hold anything. Mixed precision: under ``torch.autocast`` the loss is computed
+in float32.
 """
 
 from __future__ import annotations
@@ -1037,13 +1058,13 @@ def _propagate_nan(out, xyz_f, radii_f, layout: _Layout):
 # ----------------------------------------------------------------------------
 # the CPU path of a given pair list that opens no parallel region
 #
-# torch runs an op over more than 32,768 elements (its grain) on every intra-op
-# thread, and each such op waits for all of them: with a second process busy on
-# one core, each op then waits for the scheduler (milliseconds), and a loss of
-# ~70 such ops took 100x longer. This path works on chunks of pairs whose every
-# tensor stays below the grain (1-D columns of ``_SERIAL_CHUNK`` elements), and
-# never touches an (M, 3) tensor with a torch op: so it opens no parallel region,
-# whatever the thread setting (which it leaves alone).
+# torch runs an op over 32,768 elements or more (its grain; 2,048 for sqrt, exp
+# and other vectorised math) on every intra-op thread, and each such op waits for
+# all of them: with a second process busy on one core, each op then waits for
+# the scheduler. This path works on chunks of pairs whose every tensor stays
+# below the grain (1-D columns of ``_SERIAL_CHUNK`` elements; square roots by
+# numpy), and prepares the per-atom arrays (padding, radii) with numpy, so it
+# opens no parallel region, whatever the thread setting (which it leaves alone).
 
 _SERIAL_CHUNK = 32767  # below the grain (32,768): a 1-D op on a chunk runs on one thread
 
@@ -1099,7 +1120,9 @@ def _chunk_terms(inp: _SerialInputs, lo: int, hi: int):
 def _distance(dx, dy, dz):
     sq = dx * dx + dy * dy + dz * dz
     ok = ~(sq <= tiny(sq.dtype))  # as safe_norm: coincident atoms, value 0 and gradient 0
-    return torch.where(ok, torch.sqrt(torch.where(ok, sq, 1.0)), 0.0), ok
+    # numpy's sqrt (no graph here): torch's sqrt kernel goes parallel from 2,048 elements
+    root = torch.from_numpy(np.sqrt(torch.where(ok, sq, 1.0).numpy()))
+    return torch.where(ok, root, 0.0), ok
 
 
 def _penalty_grad(pen: _Penalty, d, c):

@@ -31,7 +31,7 @@ from torch.distributions import Transform, constraints
 
 from ._geometry import safe_atan2, safe_norm, tiny
 from .table import ConstructionTable, as_table, index_tensor
-from .transform import to_internal, to_xyz
+from .transform import to_xyz
 
 __all__ = ["InternalCoordinateTransform", "log_det_jacobian"]
 
@@ -128,15 +128,23 @@ class InternalCoordinateTransform(Transform):
     transforms: e.g. side chains in internal coordinates on a Cartesian
     backbone) is placed by :func:`zmat.to_xyz` in the frame of its first
     atom's three fixed references, then moved rigidly onto their given
-    positions: the whole forward is one ``to_xyz`` call and one rigid motion
-    per atom, with no Python loop over atoms or levels.
+    positions; a free tree's references to fixed atoms are rebuilt in the
+    tree's own placement frame. The whole forward is one ``to_xyz`` call and
+    one rigid motion per atom, with no Python loop over atoms or levels.
+
+    Args:
+        table: a :class:`zmat.ConstructionTable` or an integer array-like ``(N, 3)``.
+        fixed_atoms: 1-D atom indices kept in Cartesian coordinates, or ``None``.
+        normalize_angles: map angles and periodic entries to ``[0, 1]`` (below).
+        cache_size: as for every ``torch.distributions.Transform`` (0 or 1).
 
     A bijection needs each of the ``3 N`` numbers to move an atom in its own
     direction, hence the rules (a ``ValueError`` naming the atom otherwise): a
     row ``(b, -1, -1)`` only on a free root (one per tree), a row
     ``(b, a, -1)`` only on a root and its bond atom (one per tree), one root
-    per connected set of free atoms, and no reference from a tree with a root
-    to a fixed atom (its orientation is free).
+    per connected set of free atoms, and a third atom in every free tree that
+    refers to fixed atoms (the fixed atoms it refers to are rebuilt in the
+    tree's placement frame from its first three atoms).
 
     ``normalize_angles=True`` maps bond angles to ``theta / pi`` in ``[0, 1]``
     and the periodic entries (dihedrals, ``alpha``, ``gamma``) to
@@ -152,7 +160,7 @@ class InternalCoordinateTransform(Transform):
             ``(-inf, inf)``.
         kind: ``(3 N,)`` int64: what each entry is, one of ``CARTESIAN``,
             ``BOND``, ``ANGLE``, ``PERIODIC``, ``COS_BETA`` (module constants).
-        n_atoms, table, fixed_atoms, normalize_angles: as given.
+        n_atoms, table, normalize_angles: as given; fixed_atoms: sorted, int64.
 
     ``T(q)`` and ``T.inv(xyz)`` take any leading batch dimensions, float32 or
     float64, on any device; ``T.log_abs_det_jacobian(q, xyz)`` is
@@ -239,15 +247,38 @@ class InternalCoordinateTransform(Transform):
         p = self._plan
         if p.n_frames == 0:  # every atom fixed
             return c
-        C = c
-        if p.n_copies:  # the fixed atoms a group refers to, rebuilt in that group's frame
-            C = torch.cat([c, to_internal(c.index_select(-2, t["copy_src"]), p.copy_table)], -2)
-        Y = _components(to_xyz(C, p.placement)[..., : self.n_atoms, :])
         R, origin = self._frames(c, t)
+        C = [c]
+        if p.n_copies:  # the fixed atoms a group refers to, rebuilt in that group's frame
+            P = _components(c.index_select(-2, t["copy_src"]))
+            P = torch.cat([P, torch.zeros_like(P[:, :1])], 1)
+            C.append(_atoms(torch.where(t["copy_present"], _internal(P, t["copy_refs"]), 0.0), shape[:-2]))
+        if p.n_tree_copies:  # the fixed atoms a free tree refers to, in the tree's frame
+            C.append(_atoms(self._tree_copies(c, R, origin, t), shape[:-2]))
+        C = torch.cat(C, -2) if len(C) > 1 else c
+        Y = _components(to_xyz(C, p.placement)[..., : self.n_atoms, :])
         if p.n_frames > 1:  # one frame per atom; a single frame broadcasts
             R, origin = R.index_select(2, t["frame_of"]), origin.index_select(1, t["frame_of"])
         X = origin + (R * Y).sum(1)  # x = o + R y per atom: R[k, j] y[j] summed over j
         return torch.where(t["cartesian"], c, _atoms(X, shape[:-2]))
+
+    def _tree_copies(self, c: torch.Tensor, R: torch.Tensor, origin: torch.Tensor, t: dict) -> torch.Tensor:
+        """Internal coordinates ``(3, M, B)`` of the fixed atoms free trees refer to, against each
+        tree's first three atoms, from their positions in the tree's placement frame
+        ``y = R^T (x - x_root)``."""
+        padded = torch.cat([c, torch.zeros_like(c[..., :1, :])], -2)
+        _, second, third = _components(padded.index_select(-2, t["tree_atoms"])).chunk(3, 1)
+        r1, r2, theta = second[0], third[0], third[1]
+        zero = torch.zeros_like(r1)
+        x3 = torch.where(t["third_on_second"][0], r1 - r2 * torch.cos(theta), r2 * torch.cos(theta))
+        y_second = torch.stack([r1, zero, zero])  # as to_xyz places them
+        y_third = torch.stack([x3, r2 * torch.sin(theta), zero])
+        k = t["tree_copy_tree"]
+        d = _components(c.index_select(-2, t["tree_copy_src"])) - origin.index_select(1, k)
+        y = (R.index_select(2, k) * d[:, None]).sum(0)  # R^T d
+        P = [torch.zeros_like(y), y_second.index_select(1, k), y_third.index_select(1, k), y]
+        P = torch.cat([*P, torch.zeros_like(y[:, :1])], 1)
+        return _internal(P, t["tree_copy_refs"])[:, 3 * y.shape[1] :]
 
     def _frames(self, c: torch.Tensor, t: dict):
         """Rotations ``(3, 3, F, B)`` and origins ``(3, F, B)`` of the free trees, then of the
@@ -429,20 +460,13 @@ class _Plan:
         refs, n = table.refs, table.n_atoms
         is_fixed = np.zeros(n, bool)
         is_fixed[fixed] = True
-        free = ~is_fixed
-        nref = (refs >= 0).sum(1)
-        from scipy.sparse import coo_matrix  # here, not at import: `import zmat` stays light
-        from scipy.sparse.csgraph import connected_components
-
-        # connected groups of free atoms (references between free atoms)
-        i, col = np.nonzero((refs >= 0) & free[:, None])
-        keep = free[refs[i, col]]
-        graph = coo_matrix((np.ones(keep.sum()), (i[keep], refs[i[keep], col[keep]])), shape=(n, n))
-        label = connected_components(graph, directed=False)[1]
+        free, nref = ~is_fixed, (refs >= 0).sum(1)
+        label = _free_groups(refs, free)
         roots = np.nonzero(free & (nref == 0))[0]
         _check_rows(refs, nref, is_fixed, label, roots)
+        on_fixed = free[:, None] & (refs >= 0) & is_fixed[np.maximum(refs, 0)]  # references to fixed atoms
 
-        # free trees: (root, bond atom, planar atom), n = "none"
+        # free trees: (root, second atom, third atom), n = "none"
         n_trees = len(roots)
         tree_of_label = np.full(n, -1, np.int64)
         tree_of_label[label[roots]] = np.arange(n_trees)
@@ -455,73 +479,31 @@ class _Plan:
         anchored = free & (tree_of_label[label] < 0)
         cand = np.nonzero(anchored & (nref == 3) & is_fixed[np.maximum(refs, 0)].all(1))[0]
         group_labels, first = np.unique(label[cand], return_index=True)
-        starts = cand[first]  # one per group, sorted by label
-        n_groups = len(starts)
         group_of_label = np.full(n, -1, np.int64)
-        group_of_label[group_labels] = np.arange(n_groups)
+        group_of_label[group_labels] = np.arange(len(group_labels))
+        anchor_atoms = refs[cand[first]][:, ::-1].copy()  # (d, a, b): origin, +x, xy-plane
         # frame of every atom: trees first, then groups (fixed atoms: frame 0, unused)
         frame_of = np.where(anchored, n_trees + group_of_label[label], tree_of_label[label])
         frame_of = np.where(free, frame_of, 0)
 
-        # copies of the fixed atoms each group refers to: (group, fixed atom) pairs; the anchor's
-        # (d, a, b) first, as the root, the bond atom and the planar atom of the group's frame
         placement = np.where(free[:, None], refs, -1)
-        copy_src = np.zeros(0, np.int64)
-        copy_refs = np.zeros((0, 3), np.int64)
-        anchor_atoms = np.zeros((0, 3), np.int64)
-        if n_groups:
-            anchor_atoms = refs[starts][:, ::-1].copy()  # (d, a, b): origin, +x, xy-plane
-            i, col = np.nonzero(anchored[:, None] & (refs >= 0) & is_fixed[np.maximum(refs, 0)])
-            g = group_of_label[label[i]]
-            pairs = [g * n + refs[i, col], (np.arange(n_groups)[:, None] * n + anchor_atoms).ravel()]
-            key = np.unique(np.concatenate(pairs))  # sorted: copy m of (group, fixed) is atom n + m
-            cg, cf = key // n, key % n
-            role = np.full(len(key), 3, np.int64)
-            for k in range(3):
-                role[cf == anchor_atoms[cg, k]] = k
+        on_group = on_fixed & anchored[:, None]
+        copy_src, copy_refs = _group_copies(refs, placement, on_group, group_of_label[label], anchor_atoms)
+        placement = np.concatenate([placement, copy_refs])
+        on_tree = on_fixed & ~anchored[:, None]
+        tree_copy_tree, tree_copy_src = _tree_copies(refs, placement, on_tree, tree_of_label[label], n)
+        placement = np.concatenate([placement, tree_atoms[tree_copy_tree][:, ::-1]])
+        self.n_copies, self.n_tree_copies = len(copy_src), len(tree_copy_src)
+        self.n_anchored, self.n_frames = len(anchor_atoms), n_trees + len(anchor_atoms)
+        self.placement = ConstructionTable(placement) if len(placement) > n or len(fixed) else table
+        # _internal's columns for the trees' copies: roots, second, third atoms, copies (+ the origin)
+        m2 = self.n_tree_copies
+        local = np.full((4 * m2, 3), 4 * m2, np.int64)
+        local[3 * m2 :] = np.arange(m2)[:, None] + np.array([2 * m2, m2, 0])
+        copy_local = np.where(copy_refs >= 0, copy_refs - n, len(copy_refs))  # missing -> the origin
 
-            def copy_index(gg, ff):
-                return n + np.searchsorted(key, gg * n + ff)
-
-            anchor_copy = np.stack([copy_index(np.arange(n_groups), anchor_atoms[:, k]) for k in range(3)], 1)
-            m = len(key)
-            copy_refs = np.full((m, 3), -1, np.int64)
-            ac = anchor_copy[cg]
-            copy_refs[role == 1, 0] = ac[role == 1, 0]
-            copy_refs[role == 2, :2] = ac[role == 2][:, [1, 0]]
-            copy_refs[role == 3] = ac[role == 3][:, [2, 1, 0]]
-            copy_src = cf
-            # free atoms of the groups: references to fixed atoms -> their group's copies
-            i, col = np.nonzero(anchored[:, None] & (refs >= 0) & is_fixed[np.maximum(refs, 0)])
-            placement[i, col] = copy_index(group_of_label[label[i]], refs[i, col])
-            placement = np.concatenate([placement, copy_refs])
-        self.n_copies = len(copy_src)
-        self.n_anchored = n_groups
-        self.n_frames = n_trees + n_groups
-        if self.n_copies == 0 and not is_fixed.any():
-            self.placement = table
-        else:
-            self.placement = ConstructionTable(placement)
-        self.copy_table = ConstructionTable(copy_refs - n * (copy_refs >= 0)) if self.n_copies else None
-
-        # what every entry of q holds
-        kind = np.full((n, 3), CARTESIAN, np.int64)
-        kind[free & (nref >= 1), 0] = BOND
-        kind[free & (nref >= 2), 1] = ANGLE
-        kind[free & (nref >= 2), 2] = PERIODIC
-        kind[free & (nref == 1), 1] = COS_BETA
-        kind[free & (nref == 1), 2] = PERIODIC
-        self.kind = kind
-        # where the orientation goes in q: the bond atom's (cos beta, alpha), the planar atom's gamma
-        euler_index = np.full((n, 3), 3 * n_trees, np.int64)  # 3 T: a zero
-        orientation = np.zeros((n, 3), bool)
-        t1 = tree_atoms[:, 1] < n
-        euler_index[tree_atoms[t1, 1], 1] = n_trees + np.nonzero(t1)[0]  # (alpha, cos beta, gamma) rows
-        euler_index[tree_atoms[t1, 1], 2] = np.nonzero(t1)[0]
-        orientation[tree_atoms[t1, 1], 1:] = True
-        t2 = tree_atoms[:, 2] < n
-        euler_index[tree_atoms[t2, 2], 2] = 2 * n_trees + np.nonzero(t2)[0]
-        orientation[tree_atoms[t2, 2], 2] = True
+        self.kind = kind = _entry_kinds(free, nref)
+        euler_index, orientation = _orientation_slots(tree_atoms, n)
         cm = lambda a: a.T[:, :, None]  # noqa: E731 (per-atom (N, 3) -> components first, (3, N, 1))
         self.arrays = {  # flat index arrays, component by component
             "tree_atoms": tree_atoms.T.ravel(),
@@ -530,16 +512,22 @@ class _Plan:
             "copy_src": copy_src,
             "euler_index": euler_index.T.ravel(),
             "refs": np.where(refs >= 0, refs, n).T.ravel(),
+            "tree_copy_src": tree_copy_src,
+            "tree_copy_tree": tree_copy_tree,
+            "tree_copy_refs": local.T.ravel(),
+            "copy_refs": copy_local.T.ravel(),
         }
         cartesian = np.repeat(~free | (nref == 0), 3).reshape(n, 3)
+        third_on_second = refs[np.minimum(tree_atoms[:, 2], n - 1), 0] == tree_atoms[:, 1]
         self.masks = {
             "cartesian": cartesian,
             "cm_cartesian": cm(cartesian),
             "orientation": cm(orientation),
             "present": cm(refs >= 0),
+            "copy_present": cm(copy_refs >= 0),
+            "third_on_second": third_on_second[None, :, None],  # row (second, root), else (root, second)
         }
-        scale = np.ones((n, 3))
-        shift = np.zeros((n, 3))
+        scale, shift = np.ones((n, 3)), np.zeros((n, 3))
         scale[kind == ANGLE] = math.pi
         scale[kind == PERIODIC] = 2 * math.pi
         shift[kind == PERIODIC] = -math.pi
@@ -554,6 +542,80 @@ class _Plan:
             {k: torch.as_tensor(np.ascontiguousarray(v), device=device) for k, v in self.floats.items()}
         )
         return out
+
+
+def _free_groups(refs: np.ndarray, free: np.ndarray) -> np.ndarray:
+    """Connected-component label of every atom in the graph of references between free atoms."""
+    from scipy.sparse import coo_matrix  # here, not at import: `import zmat` stays light
+    from scipy.sparse.csgraph import connected_components
+
+    n = len(refs)
+    i, col = np.nonzero((refs >= 0) & free[:, None])
+    keep = free[refs[i, col]]
+    graph = coo_matrix((np.ones(keep.sum()), (i[keep], refs[i[keep], col[keep]])), shape=(n, n))
+    return connected_components(graph, directed=False)[1]
+
+
+def _group_copies(refs, placement, on_group, group_of, anchor_atoms):
+    """Copies of the fixed atoms each anchored group refers to, one per (group, fixed atom), as
+    atoms ``N + m``: the anchor's ``(d, a, b)`` as the root, second and third atom of the group's
+    frame, the others on those three. Redirects ``placement`` (in place); returns the copies'
+    source atoms and rows."""
+    n, n_groups = len(refs), len(anchor_atoms)
+    if n_groups == 0:
+        return np.zeros(0, np.int64), np.zeros((0, 3), np.int64)
+    i, col = np.nonzero(on_group)
+    pairs = [group_of[i] * n + refs[i, col], (np.arange(n_groups)[:, None] * n + anchor_atoms).ravel()]
+    key = np.unique(np.concatenate(pairs))  # sorted: copy m of (group, fixed) is atom n + m
+    cg, cf = key // n, key % n
+    role = np.full(len(key), 3, np.int64)
+    for k in range(3):
+        role[cf == anchor_atoms[cg, k]] = k
+    anchor_copy = n + np.searchsorted(key, np.arange(n_groups)[:, None] * n + anchor_atoms)
+    copy_refs = np.full((len(key), 3), -1, np.int64)
+    ac = anchor_copy[cg]
+    copy_refs[role == 1, 0] = ac[role == 1, 0]
+    copy_refs[role == 2, :2] = ac[role == 2][:, [1, 0]]
+    copy_refs[role == 3] = ac[role == 3][:, [2, 1, 0]]
+    placement[i, col] = n + np.searchsorted(key, group_of[i] * n + refs[i, col])
+    return cf, copy_refs
+
+
+def _tree_copies(refs, placement, on_tree, tree_of, n):
+    """Copies of the fixed atoms free trees refer to, one per (tree, fixed atom), as atoms
+    ``len(placement) + m`` (rows: the tree's third atom, second atom, root). Redirects
+    ``placement`` (in place); returns the copies' trees and source atoms."""
+    i, col = np.nonzero(on_tree)
+    key = np.unique(tree_of[i] * n + refs[i, col])
+    placement[i, col] = len(placement) + np.searchsorted(key, tree_of[i] * n + refs[i, col])
+    return key // n, key % n
+
+
+def _entry_kinds(free: np.ndarray, nref: np.ndarray) -> np.ndarray:
+    """What every entry of ``q`` (as ``(N, 3)``) holds: the module's CARTESIAN ... COS_BETA."""
+    kind = np.full((len(free), 3), CARTESIAN, np.int64)
+    kind[free & (nref >= 1), 0] = BOND
+    kind[free & (nref >= 2), 1] = ANGLE
+    kind[free & (nref >= 1), 2] = PERIODIC
+    kind[free & (nref == 1), 1] = COS_BETA
+    return kind
+
+
+def _orientation_slots(tree_atoms: np.ndarray, n: int):
+    """Where each tree's ``(alpha, cos beta, gamma)`` (rows ``0, T, 2 T`` + tree of the inverse's
+    ``(3 T,)`` stack; ``3 T`` is a zero) go in ``q``: the second atom's ``(cos beta, alpha)``, the
+    third atom's ``gamma``; and the mask of those entries."""
+    n_trees = len(tree_atoms)
+    euler_index = np.full((n, 3), 3 * n_trees, np.int64)
+    orientation = np.zeros((n, 3), bool)
+    t1 = np.nonzero(tree_atoms[:, 1] < n)[0]
+    euler_index[tree_atoms[t1, 1], 1] = n_trees + t1
+    euler_index[tree_atoms[t1, 1], 2] = t1
+    orientation[tree_atoms[t1, 1], 1:] = True
+    t2 = np.nonzero(tree_atoms[:, 2] < n)[0]
+    euler_index[tree_atoms[t2, 2], 2] = 2 * n_trees + t2
+    orientation[tree_atoms[t2, 2], 2] = True
+    return euler_index, orientation
 
 
 def _check_rows(refs, nref, is_fixed, label, roots) -> None:
@@ -602,10 +664,10 @@ def _check_rows(refs, nref, is_fixed, label, roots) -> None:
         i = planar[label[planar] == lab[counts > 1][0]][1]
         raise ValueError(f"atom {i}: a second row (b, a, -1) in one tree: not a bijection")
     hit = free[:, None] & (refs >= 0) & is_fixed[np.maximum(refs, 0)] & (root_of >= 0)[:, None]
+    hit &= ~np.isin(label, label[planar])[:, None]
     if hit.any():
         i, c = np.argwhere(hit)[0]
         raise ValueError(
-            f"atom {i} refers to fixed atom {refs[i, c]} but belongs to the free tree of root "
-            f"{root_of[i]}, whose position and orientation are coordinates of their own; fix the "
-            "tree's first atoms too, or refer to atoms of the tree only"
+            f"atom {i} refers to fixed atom {refs[i, c]} but its free tree (root {root_of[i]}) has no "
+            "third atom (b, a, -1) to carry the tree's frame: add one, or fix the tree's first atoms"
         )

@@ -55,7 +55,10 @@ Two ways to place the atoms, same result to rounding (tested):
   vectorised step per nesting level of rotatable bonds (a handful), and every
   atom takes the motion of its innermost torsion (one GEMM). It needs no
   construction table, so :meth:`TorsionSpace.batch` of different molecules is
-  a few numpy concatenations.
+  a few numpy concatenations. On plain CPU float tensors the same math runs
+  in zmat's compiled kernel (``zmat/csrc/torsions.cpp``: one pass per
+  conformer, forward and gradient; the torch ops stay the reference and serve
+  double backward, other devices and ``ZMAT_NO_KERNEL=1``).
 * ``method="table"``: the frozen internal coordinates with the torsions
   scattered into their rows, one :func:`zmat.to_xyz` call on the table above;
   zmat places the molecule in its canonical frame (root at the origin) and a
@@ -87,6 +90,7 @@ except ImportError as err:  # pragma: no cover - exercised only without RDKit
         "zmat.rdkit needs RDKit: install it with `pip install 'zmat[rdkit]'` (or `pip install rdkit`)"
     ) from err
 
+from . import _kernel
 from ._align import kabsch_rotation, superpose
 from .batch import Ragged, concatenate_tables
 from .table import ConstructionTable, index_tensor
@@ -780,7 +784,44 @@ class TorsionSpace:
 
         return self._cached("rigid", dtype, device, build)
 
+    def _kernel_plan(self):
+        """The rigid route's arrays for the compiled kernel (``zmat._kernel.torsions``), CPU float64."""
+
+        def build():
+            k, parent, level = len(self.dof), self.bond_parent, self.level
+            perm = np.argsort(level, kind="stable")  # nesting order: parents first
+            pos = np.empty(k + 1, np.int64)  # pos[j]: where torsion j is in that order; pos[-1] = -1
+            pos[perm], pos[k] = np.arange(k), -1
+            x0 = self.positions.detach().cpu().numpy()
+            q = self.quads.numpy()[perm]
+            axis = x0[q[:, 2]] - x0[q[:, 1]]
+            arrays = (
+                perm,
+                pos[parent[perm]],
+                pos[self.owner],
+                self.torsions.detach().cpu().numpy()[perm],
+                axis / np.linalg.norm(axis, axis=-1, keepdims=True),
+                x0[q[:, 1]],  # a point on each axis
+                x0,
+            )
+            return tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in arrays)
+
+        return self._cached("kernel", torch.float64, torch.device("cpu"), build)
+
     def _rigid(self, torsions: torch.Tensor) -> torch.Tensor:
+        k, n = len(self.dof), len(self.positions)
+        if k and _kernel.usable(torsions):
+            t = torsions.reshape(-1, k)
+            x = _kernel.torsions(t, self._kernel_plan(), self._rigid_vjp)
+            return x.view(*torsions.shape[:-1], n, 3)
+        return self._rigid_torch(torsions)
+
+    def _rigid_vjp(self, t: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        """The kernel's gradient in torch ops (double backward): ``(B, K)``, ``(B, N, 3)`` -> ``(B, K)``."""
+        with torch.enable_grad():
+            return torch.autograd.grad(self._rigid_torch(t), t, g, create_graph=True)[0]
+
+    def _rigid_torch(self, torsions: torch.Tensor) -> torch.Tensor:
         x0, point, skew, skew2, t0, perm, parent_slots, atom_slot, sizes = self._rigid_plan(
             torsions.dtype, torsions.device
         )

@@ -1,14 +1,20 @@
 // Sequential placement of a rigid forest and its Abe-Go backward (see
 // zmat/_analytic.py for the math and zmat/_kernel.py for the plan arrays).
-// One pass over the atoms in depth-first order per structure, single-threaded:
-// for batch-1 calls the per-op dispatch floor of eager PyTorch dominates, and
-// a loop that never enters a parallel region is unaffected by a busy core.
-#include <torch/extension.h>
-
+// One pass over the atoms in depth-first order per structure: for batch-1
+// calls the per-op dispatch floor of eager PyTorch dominates, and a loop that
+// never enters a parallel region is unaffected by a busy core. Large batches
+// split their structures over a few threads (parallel.h).
+//
+// A plain C ABI (raw pointers, sizes and element strides; no torch headers),
+// so that it compiles in about a second; zmat/_kernel.py allocates the
+// outputs and calls it through ctypes.
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
-#include <optional>
 #include <vector>
+
+#include "parallel.h"
 
 namespace {
 
@@ -18,10 +24,12 @@ namespace {
 // whatever the input's dtype; only the stored frames are rounded.
 using A = double;
 
+// dfs positions lo..hi-1 (whole trees: parents inside the range) of one
+// structure; the frame of position j goes to f[12 * (j - lo)].
 template <typename T>
 void place_one(const T* c, int64_t sc, int64_t n, int64_t k_rows, const int64_t* gather,
-               const uint8_t* keep, const uint8_t* trig, const int64_t* parent, A* f) {
-  for (int64_t j = 0; j < n; ++j) {
+               const uint8_t* keep, const uint8_t* trig, const int64_t* parent, A* f, int64_t lo, int64_t hi) {
+  for (int64_t j = lo; j < hi; ++j) {
     A r = keep[j] ? A(c[gather[j] * sc]) : A(0);
     A phi = 0;
     for (int64_t k = 2; k < k_rows; ++k) {
@@ -40,13 +48,13 @@ void place_one(const T* c, int64_t sc, int64_t n, int64_t k_rows, const int64_t*
     const A L[12] = {-ct,      -st,      0,   -r * ct,      //
                      st * cp,  -ct * cp, -sp, r * st * cp,  //
                      st * sp,  -ct * sp, cp,  r * st * sp};
-    A* out = f + 12 * j;
+    A* out = f + 12 * (j - lo);
     const int64_t p = parent[j];
     if (p < 0) {
       for (int q = 0; q < 12; ++q) out[q] = L[q];
       continue;
     }
-    const A* a = f + 12 * p;
+    const A* a = f + 12 * (p - lo);
     for (int i = 0; i < 3; ++i) {
       const A a0 = a[4 * i], a1 = a[4 * i + 1], a2 = a[4 * i + 2];
       for (int k = 0; k < 4; ++k) out[4 * i + k] = a0 * L[k] + a1 * L[4 + k] + a2 * L[8 + k];
@@ -63,133 +71,128 @@ A* scratch(std::vector<A>& kept, std::vector<A>& local, int64_t size) {
   return v.data();
 }
 
-}  // namespace
-
-// c: (B, 3N) flat internal coordinates (any strides); gather (K, N) int64,
-// keep (K, N) uint8, trig (2, N) uint8, parent (N,) int64 (-1: none), all in dfs
-// order. Returns frames (B, N, 3, 4) in dfs order and, if `order` (N,) is given
-// (atom index of every dfs position), positions (B, N, 3) in atom order.
-std::vector<at::Tensor> forward(const at::Tensor& c, const at::Tensor& gather, const at::Tensor& keep,
-                                const at::Tensor& trig, const at::Tensor& parent,
-                                const std::optional<at::Tensor>& order) {
-  TORCH_CHECK(c.dim() == 2 && c.device().is_cpu(), "c must be a 2-D CPU tensor");
-  const int64_t b = c.size(0), n = parent.size(0), k_rows = gather.size(0);
-  auto frames = at::empty({b, n, 3, 4}, c.options());
-  at::Tensor xyz;
-  if (order) xyz = at::empty({b, n, 3}, c.options());
-  static thread_local std::vector<A> kept;
-  std::vector<A> local;
-  A* work = scratch(kept, local, 12 * n);
-  AT_DISPATCH_FLOATING_TYPES(c.scalar_type(), "zmat_forward", [&] {
-    const scalar_t* cp = c.data_ptr<scalar_t>();
-    for (int64_t s = 0; s < b; ++s) {
-      place_one<scalar_t>(cp + s * c.stride(0), c.stride(1), n, k_rows, gather.data_ptr<int64_t>(),
-                          keep.data_ptr<uint8_t>(), trig.data_ptr<uint8_t>(), parent.data_ptr<int64_t>(),
-                          work);
-      scalar_t* f = frames.data_ptr<scalar_t>() + s * n * 12;
-      for (int64_t q = 0; q < 12 * n; ++q) f[q] = static_cast<scalar_t>(work[q]);
-      if (order) {
-        const int64_t* o = order->data_ptr<int64_t>();
-        scalar_t* x = xyz.data_ptr<scalar_t>() + s * n * 3;
-        for (int64_t j = 0; j < n; ++j)
-          for (int i = 0; i < 3; ++i) x[3 * o[j] + i] = static_cast<scalar_t>(work[12 * j + 4 * i + 3]);
-      }
+// c: b structures of flat internal coordinates (element strides cs0, cs1);
+// gather (K, N), keep (K, N), trig (2, N), parent (N,) (-1: none), all in dfs
+// order; chunks (n_chunks + 1,) dfs positions where runs of whole trees start
+// (0 ... N; null: one chunk), the units of work with the structures. Writes frames (b, N, 3, 4)
+// in dfs order unless `frames` is null and, if `order` (atom index of every
+// dfs position) is given, positions xyz (b, N, 3) in atom order.
+template <typename T>
+void forward(const T* c, int64_t b, int64_t cs0, int64_t cs1, int64_t n, int64_t k_rows,
+             const int64_t* gather, const uint8_t* keep, const uint8_t* trig, const int64_t* parent,
+             const int64_t* order, const int64_t* chunks, int64_t n_chunks, T* frames, T* xyz,
+             int64_t threads) {
+  const int64_t whole[2] = {0, n};
+  if (!chunks) chunks = whole, n_chunks = 1;
+  zmat::parallel_for(b * n_chunks, threads, [&](int64_t unit) {
+    const int64_t s = unit / n_chunks, lo = chunks[unit % n_chunks], hi = chunks[unit % n_chunks + 1];
+    static thread_local std::vector<A> kept;
+    std::vector<A> local;
+    A* work = scratch(kept, local, 12 * (hi - lo));
+    place_one<T>(c + s * cs0, cs1, n, k_rows, gather, keep, trig, parent, work, lo, hi);
+    if (frames) {
+      T* f = frames + (s * n + lo) * 12;
+      for (int64_t q = 0; q < 12 * (hi - lo); ++q) f[q] = static_cast<T>(work[q]);
+    }
+    if (order) {
+      T* x = xyz + s * n * 3;
+      for (int64_t j = lo; j < hi; ++j)
+        for (int i = 0; i < 3; ++i) x[3 * order[j] + i] = static_cast<T>(work[12 * (j - lo) + 4 * i + 3]);
     }
   });
-  if (order) return {frames, xyz};
-  return {frames};
 }
 
 // Abe-Go backward: subtree sums of the position gradients and of the moments
 // in reverse dfs order, then d r, d theta, d phi_eff per atom, scattered to the
-// flat internal coordinates through the forward's gather. rot (B, N, 3, 3)
-// ([b, j, i, k]: component i of axis k), pos (B, N, 3), g_rot like rot, g_pos
-// (B, M, 3) whose row rows[j] (or j) belongs to dfs position j; any strides.
-// Returns the gradient of c, (B, n3).
-at::Tensor backward(const at::Tensor& rot, const at::Tensor& pos, const std::optional<at::Tensor>& g_rot,
-                    const std::optional<at::Tensor>& g_pos, const std::optional<at::Tensor>& rows,
-                    const at::Tensor& gather, const at::Tensor& keep, const at::Tensor& parent, int64_t n3) {
-  const int64_t b = rot.size(0), n = parent.size(0), k_rows = gather.size(0);
-  // zeroed here, not by at::zeros: its fill is parallel on large tensors, and a
-  // parallel region waits for a busy core
-  auto grad = at::empty({b, n3}, rot.options());
-  AT_DISPATCH_FLOATING_TYPES(rot.scalar_type(), "zmat_backward", [&] {
-    using T = scalar_t;
-    auto R = rot.accessor<T, 4>();
-    auto X = pos.accessor<T, 3>();
+// flat internal coordinates through the forward's gather. frames (b, N, 3, 4)
+// as the forward wrote them (rot: columns 0..2, pos: column 3); the gradients,
+// each optional (null): g_rot (b, N, 3, 3) ([s, j, i, k]: component i of axis
+// k), g_pos (b, N, 3), both in dfs order, and g_x (b, N, 3) in atom order (row
+// rows[j] belongs to dfs position j). Strides fs, grs, gps, gxs in elements.
+// chunks as in forward (a tree's entries of grad are its own atoms'). Writes
+// grad (b, n3).
+template <typename T>
+void backward(const T* fr, const int64_t* fs, const T* grp, const int64_t* grs, const T* gpp,
+              const int64_t* gps, const T* gxp, const int64_t* gxs, const int64_t* row, int64_t b, int64_t n,
+              int64_t k_rows, const int64_t* g, const uint8_t* kp, const int64_t* par, const int64_t* chunks,
+              int64_t n_chunks, int64_t n3, T* grad, int64_t threads) {
+  const int64_t whole[2] = {0, n};
+  if (!chunks) chunks = whole, n_chunks = 1;
+  // A unit zeroes the entries of its own atoms (3 order[j] + c: a tree's
+  // gathers stay in the tree) before adding to them; without order, all first.
+  const bool own = n_chunks > 1 && row && n3 == 3 * n;
+  if (n_chunks > 1 && !own) std::fill(grad, grad + b * n3, T(0));
+  zmat::parallel_for(b * n_chunks, threads, [&](int64_t unit) {
+    const int64_t t = unit / n_chunks, lo = chunks[unit % n_chunks], hi = chunks[unit % n_chunks + 1];
     static thread_local std::vector<A> kept;
     std::vector<A> local;
-    A* s = scratch(kept, local, 6 * n);  // per dfs position: S2 (3), S1 (3), summed in double
-    const int64_t* g = gather.data_ptr<int64_t>();
-    const uint8_t* kp = keep.data_ptr<uint8_t>();
-    const int64_t* par = parent.data_ptr<int64_t>();
-    const int64_t* row = rows ? rows->data_ptr<int64_t>() : nullptr;
-    // optional gradients as raw pointers and strides (an accessor per atom costs more than the math)
-    const T* gpp = g_pos ? g_pos->data_ptr<T>() : nullptr;
-    const T* grp = g_rot ? g_rot->data_ptr<T>() : nullptr;
-    const auto gps = g_pos ? g_pos->strides() : at::IntArrayRef();
-    const auto grs = g_rot ? g_rot->strides() : at::IntArrayRef();
-    for (int64_t t = 0; t < b; ++t) {
-      auto r = R[t];
-      auto x = X[t];
-      std::fill(s, s + 6 * n, A(0));
-      for (int64_t j = n - 1; j >= 0; --j) {  // children come later in dfs order
-        A gp[3] = {0, 0, 0};
-        if (gpp) {
-          const T* gx = gpp + t * gps[0] + (row ? row[j] : j) * gps[1];
-          for (int i = 0; i < 3; ++i) gp[i] = gx[i * gps[2]];
-        }
-        // moment x_j x g_j, plus the torque sum_k R[:, k] x G[:, k]
-        A m[3] = {x[j][1] * gp[2] - x[j][2] * gp[1], x[j][2] * gp[0] - x[j][0] * gp[2],
-                  x[j][0] * gp[1] - x[j][1] * gp[0]};
-        if (grp) {
-          const T* G = grp + t * grs[0] + j * grs[1];  // G[i * grs[2] + k * grs[3]]: component i of axis k
-          auto A = r[j];
-          for (int k = 0; k < 3; ++k) {
-            const T g0 = G[k * grs[3]], g1 = G[grs[2] + k * grs[3]], g2 = G[2 * grs[2] + k * grs[3]];
-            m[0] += A[1][k] * g2 - A[2][k] * g1;
-            m[1] += A[2][k] * g0 - A[0][k] * g2;
-            m[2] += A[0][k] * g1 - A[1][k] * g0;
-          }
-        }
-        A* sj = s + 6 * j;
-        for (int i = 0; i < 3; ++i) {
-          sj[i] += gp[i];
-          sj[3 + i] += m[i];
-        }
-        if (par[j] >= 0) {
-          A* sp = s + 6 * par[j];
-          for (int i = 0; i < 6; ++i) sp[i] += sj[i];
+    A* s0 = scratch(kept, local, 6 * (hi - lo));  // per dfs position: S2 (3), S1 (3), summed in double
+    A* s = s0 - 6 * lo;  // s[6 * j] for j in lo..hi-1
+    const T* f0 = fr + t * fs[0];
+    auto R = [&](int64_t j, int i, int k) { return A(f0[j * fs[1] + i * fs[2] + k * fs[3]]); };
+    auto X = [&](int64_t j, int i) { return A(f0[j * fs[1] + i * fs[2] + 3 * fs[3]]); };
+    std::fill(s0, s0 + 6 * (hi - lo), A(0));
+    for (int64_t j = hi - 1; j >= lo; --j) {  // children come later in dfs order
+      A gp[3] = {0, 0, 0};
+      if (gpp) {
+        const T* gx = gpp + t * gps[0] + j * gps[1];
+        for (int i = 0; i < 3; ++i) gp[i] = gx[i * gps[2]];
+      }
+      if (gxp) {
+        const T* gx = gxp + t * gxs[0] + (row ? row[j] : j) * gxs[1];
+        for (int i = 0; i < 3; ++i) gp[i] += gx[i * gxs[2]];
+      }
+      // moment x_j x g_j, plus the torque sum_k R[:, k] x G[:, k]
+      const A xj[3] = {X(j, 0), X(j, 1), X(j, 2)};
+      A m[3] = {xj[1] * gp[2] - xj[2] * gp[1], xj[2] * gp[0] - xj[0] * gp[2], xj[0] * gp[1] - xj[1] * gp[0]};
+      if (grp) {
+        const T* G = grp + t * grs[0] + j * grs[1];  // G[i * grs[2] + k * grs[3]]: component i of axis k
+        for (int k = 0; k < 3; ++k) {
+          const A g0 = G[k * grs[3]], g1 = G[grs[2] + k * grs[3]], g2 = G[2 * grs[2] + k * grs[3]];
+          m[0] += R(j, 1, k) * g2 - R(j, 2, k) * g1;
+          m[1] += R(j, 2, k) * g0 - R(j, 0, k) * g2;
+          m[2] += R(j, 0, k) * g1 - R(j, 1, k) * g0;
         }
       }
-      T* out = grad.data_ptr<T>() + t * n3;
-      std::fill(out, out + n3, T(0));
-      for (int64_t j = 0; j < n; ++j) {
-        const A* s2 = s + 6 * j;
-        const A* s1 = s2 + 3;
-        A xp[3] = {0, 0, 0}, up[3] = {1, 0, 0};  // anchor origin and first axis
-        const int64_t p = par[j];
-        if (p >= 0) {
-          for (int i = 0; i < 3; ++i) {
-            xp[i] = x[p][i];
-            up[i] = r[p][i][0];
-          }
-        }
-        const A tq[3] = {s1[0] - (xp[1] * s2[2] - xp[2] * s2[1]), s1[1] - (xp[2] * s2[0] - xp[0] * s2[2]),
-                         s1[2] - (xp[0] * s2[1] - xp[1] * s2[0])};
-        A d[3] = {0, 0, 0};
+      A* sj = s + 6 * j;
+      for (int i = 0; i < 3; ++i) {
+        sj[i] += gp[i];
+        sj[3 + i] += m[i];
+      }
+      if (par[j] >= 0) {
+        A* sp = s + 6 * par[j];
+        for (int i = 0; i < 6; ++i) sp[i] += sj[i];
+      }
+    }
+    T* out = grad + t * n3;
+    if (n_chunks == 1) std::fill(out, out + n3, T(0));
+    if (own)
+      for (int64_t j = lo; j < hi; ++j)
+        for (int c = 0; c < 3; ++c) out[3 * row[j] + c] = T(0);
+    for (int64_t j = lo; j < hi; ++j) {
+      const A* s2 = s + 6 * j;
+      const A* s1 = s2 + 3;
+      A xp[3] = {0, 0, 0}, up[3] = {1, 0, 0};  // anchor origin and first axis
+      const int64_t p = par[j];
+      if (p >= 0) {
         for (int i = 0; i < 3; ++i) {
-          d[0] += r[j][i][0] * s2[i];
-          d[1] -= r[j][i][2] * tq[i];
-          d[2] += up[i] * tq[i];
+          xp[i] = X(p, i);
+          up[i] = R(p, i, 0);
         }
-        for (int64_t k = 0; k < k_rows; ++k) {
-          if (kp[k * n + j]) out[g[k * n + j]] += static_cast<T>(d[k < 2 ? k : 2]);
-        }
+      }
+      const A tq[3] = {s1[0] - (xp[1] * s2[2] - xp[2] * s2[1]), s1[1] - (xp[2] * s2[0] - xp[0] * s2[2]),
+                       s1[2] - (xp[0] * s2[1] - xp[1] * s2[0])};
+      A d[3] = {0, 0, 0};
+      for (int i = 0; i < 3; ++i) {
+        d[0] += R(j, i, 0) * s2[i];
+        d[1] -= R(j, i, 2) * tq[i];
+        d[2] += up[i] * tq[i];
+      }
+      for (int64_t k = 0; k < k_rows; ++k) {
+        if (kp[k * n + j]) out[g[k * n + j]] += static_cast<T>(d[k < 2 ? k : 2]);
       }
     }
   });
-  return grad;
 }
 
 // ------------------------------------------------------------------ protein fill
@@ -199,8 +202,6 @@ at::Tensor backward(const at::Tensor& rot, const at::Tensor& pos, const std::opt
 // torsion is NaN) or the ideal value; NaN ideal values read 0 (nan_to_num).
 // In torch these are ~30 elementwise ops, each a parallel region on a batch.
 
-namespace {
-
 template <typename T>
 T finite(double v) {  // torch.nan_to_num of v cast to T
   const T x = static_cast<T>(v);
@@ -209,60 +210,84 @@ T finite(double v) {  // torch.nan_to_num of v cast to T
   return x;
 }
 
+// t (s_n, L, 7) torsions (element strides ts); ideal (N, 3) float64; slot
+// (N,), k * 7 + c or -1; defaults (7,). Writes out (s_n, N, 3).
+template <typename T>
+void fill_forward(const T* tp, const int64_t* ts, int64_t s_n, int64_t n, const double* id,
+                  const int64_t* sl, const double* df, T* o) {
+  for (int64_t s = 0; s < s_n; ++s) {
+    const T* t = tp + s * ts[0];
+    for (int64_t j = 0; j < n; ++j, o += 3) {
+      for (int c = 0; c < 3; ++c) o[c] = finite<T>(id[3 * j + c]);
+      const int64_t k = sl[j];
+      if (k < 0) continue;
+      const T x = t[(k / 7) * ts[1] + (k % 7) * ts[2]];
+      o[2] = std::isnan(x) ? static_cast<T>(df[k % 7]) : x;
+    }
+  }
+}
+
+// The gradient of fill_forward: g (s_n, N, 3) (strides gs) -> out (s_n, L, 7),
+// the phi column of every atom with a slot added to its torsion unless the
+// torsion is NaN (t: the forward's input).
+template <typename T>
+void fill_backward(const T* gp, const int64_t* gs, const T* tp, const int64_t* ts, int64_t s_n, int64_t l,
+                   int64_t n, const int64_t* sl, T* out) {
+  std::fill(out, out + s_n * l * 7, T(0));
+  for (int64_t s = 0; s < s_n; ++s) {
+    T* os = out + s * l * 7;
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t k = sl[j];
+      if (k < 0 || std::isnan(tp[s * ts[0] + (k / 7) * ts[1] + (k % 7) * ts[2]])) continue;
+      os[k] += gp[s * gs[0] + j * gs[1] + 2 * gs[2]];
+    }
+  }
+}
+
 }  // namespace
 
-// t (S, L, 7) torsions (any strides); ideal (N, 3) float64 contiguous; slot
-// (N,) int64, k * 7 + c or -1; defaults (7,) float64. Returns (S, N, 3) in t's dtype.
-at::Tensor fill_forward(const at::Tensor& t, const at::Tensor& ideal, const at::Tensor& slot,
-                        const at::Tensor& defaults) {
-  TORCH_CHECK(t.dim() == 3 && t.size(2) == 7 && t.device().is_cpu(), "t must be a (S, L, 7) CPU tensor");
-  const int64_t s_n = t.size(0), n = slot.size(0);
-  auto out = at::empty({s_n, n, 3}, t.options());
-  AT_DISPATCH_FLOATING_TYPES(t.scalar_type(), "zmat_fill_forward", [&] {
-    using T = scalar_t;
-    const T* tp = t.data_ptr<T>();
-    const int64_t s0 = t.stride(0), s1 = t.stride(1), s2 = t.stride(2);
-    const double* id = ideal.data_ptr<double>();
-    const int64_t* sl = slot.data_ptr<int64_t>();
-    const double* df = defaults.data_ptr<double>();
-    T* o = out.data_ptr<T>();
-    for (int64_t s = 0; s < s_n; ++s) {
-      const T* ts = tp + s * s0;
-      for (int64_t j = 0; j < n; ++j, o += 3) {
-        for (int c = 0; c < 3; ++c) o[c] = finite<T>(id[3 * j + c]);
-        const int64_t k = sl[j];
-        if (k < 0) continue;
-        const T x = ts[(k / 7) * s1 + (k % 7) * s2];
-        o[2] = std::isnan(x) ? static_cast<T>(df[k % 7]) : x;
-      }
-    }
-  });
-  return out;
-}
+// The plan arrays of one table (zmat/_kernel.py's _Arrays), passed by pointer
+// so that a call converts few arguments; element strides of the tensors travel
+// as plain integers (cheaper from ctypes than arrays). `chunked`: split the
+// structures' trees into plan->chunks (else one unit per structure).
+struct zmat_plan {
+  int64_t n, k_rows, n_chunks;
+  const int64_t* gather;
+  const uint8_t* keep;
+  const uint8_t* trig;
+  const int64_t* parent;
+  const int64_t* order;
+  const int64_t* chunks;
+};
 
-// The gradient of fill_forward: g (S, N, 3) (any strides) -> (S, L, 7), the
-// phi column of every atom with a slot added to its torsion unless the torsion
-// is NaN (t: the forward's input).
-at::Tensor fill_backward(const at::Tensor& g, const at::Tensor& t, const at::Tensor& slot) {
-  const int64_t s_n = t.size(0), l = t.size(1), n = slot.size(0);
-  auto grad = at::empty({s_n, l, 7}, g.options());  // zeroed below: at::zeros' fill is parallel
-  AT_DISPATCH_FLOATING_TYPES(g.scalar_type(), "zmat_fill_backward", [&] {
-    using T = scalar_t;
-    const T* gp = g.data_ptr<T>();
-    const T* tp = t.data_ptr<T>();
-    const int64_t g0 = g.stride(0), g1 = g.stride(1), g2 = g.stride(2);
-    const int64_t s0 = t.stride(0), s1 = t.stride(1), s2 = t.stride(2);
-    const int64_t* sl = slot.data_ptr<int64_t>();
-    T* out = grad.data_ptr<T>();
-    std::fill(out, out + s_n * l * 7, T(0));
-    for (int64_t s = 0; s < s_n; ++s) {
-      T* os = out + s * l * 7;
-      for (int64_t j = 0; j < n; ++j) {
-        const int64_t k = sl[j];
-        if (k < 0 || std::isnan(tp[s * s0 + (k / 7) * s1 + (k % 7) * s2])) continue;
-        os[k] += gp[s * g0 + j * g1 + 2 * g2];
-      }
-    }
-  });
-  return grad;
-}
+#define ZMAT_FOREST(T, SUFFIX)                                                                              \
+  extern "C" void zmat_forward_##SUFFIX(const T* c, int64_t b, int64_t cs0, int64_t cs1, const zmat_plan* p, \
+                                        int64_t chunked, T* frames, T* xyz, int64_t threads) {              \
+    forward<T>(c, b, cs0, cs1, p->n, p->k_rows, p->gather, p->keep, p->trig, p->parent,                     \
+               xyz ? p->order : nullptr, chunked ? p->chunks : nullptr, p->n_chunks, frames, xyz, threads); \
+  }                                                                                                         \
+  extern "C" void zmat_backward_##SUFFIX(                                                                   \
+      const T* frames, int64_t f0, int64_t f1, int64_t f2, int64_t f3, const T* g_rot, int64_t r0,          \
+      int64_t r1, int64_t r2, int64_t r3, const T* g_pos, int64_t p0, int64_t p1, int64_t p2, const T* g_x, \
+      int64_t x0, int64_t x1, int64_t x2, int64_t b, const zmat_plan* p, int64_t chunked, int64_t n3,       \
+      T* grad, int64_t threads) {                                                                           \
+    const int64_t fs[4] = {f0, f1, f2, f3}, grs[4] = {r0, r1, r2, r3}, gps[3] = {p0, p1, p2},               \
+                  gxs[3] = {x0, x1, x2};                                                                    \
+    backward<T>(frames, fs, g_rot, grs, g_pos, gps, g_x, gxs, p->order, b, p->n, p->k_rows, p->gather,      \
+                p->keep, p->parent, chunked ? p->chunks : nullptr, p->n_chunks, n3, grad, threads);         \
+  }                                                                                                         \
+  extern "C" void zmat_fill_forward_##SUFFIX(const T* t, int64_t t0, int64_t t1, int64_t t2, int64_t s_n,  \
+                                             int64_t n, const double* ideal, const int64_t* slot,           \
+                                             const double* defaults, T* out) {                              \
+    const int64_t ts[3] = {t0, t1, t2};                                                                     \
+    fill_forward<T>(t, ts, s_n, n, ideal, slot, defaults, out);                                             \
+  }                                                                                                         \
+  extern "C" void zmat_fill_backward_##SUFFIX(const T* g, int64_t g0, int64_t g1, int64_t g2, const T* t,  \
+                                              int64_t t0, int64_t t1, int64_t t2, int64_t s_n, int64_t l,   \
+                                              int64_t n, const int64_t* slot, T* out) {                     \
+    const int64_t gs[3] = {g0, g1, g2}, ts[3] = {t0, t1, t2};                                               \
+    fill_backward<T>(g, gs, t, ts, s_n, l, n, slot, out);                                                   \
+  }
+
+ZMAT_FOREST(float, f32)
+ZMAT_FOREST(double, f64)

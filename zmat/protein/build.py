@@ -170,7 +170,10 @@ def _fill(lay: Layout, torsions) -> torch.Tensor:
     t = _proline_defaults(lay, t)
     t3 = t.reshape(math.prod(t.shape[:-2]), lay.n_residues, N_TORSIONS)
     out = _kernel.fill(t3, lay.tensor("ideal"), lay.tensor("torsion_slot"), _DEFAULTS)
-    return close_proline_rings(lay, out.view(*t.shape[:-2], out.shape[-2], 3))
+    if len(lay.proline_rows):  # the ring's chi are the torsions the kernel wrote: read them from t3
+        chi = t3.flatten(-2).index_select(-1, lay.tensor("proline_chi")).unflatten(-1, (2, -1))
+        out = _CloseRingsInPlace.apply(out, lay.tensor("proline_cd_angle"), *chi.unbind(-2))
+    return out.view(*t.shape[:-2], out.shape[-2], 3)
 
 
 # ------------------------------------------------------------ proline's ring
@@ -308,6 +311,36 @@ class _IdealCDAngle(torch.autograd.Function):
         return g * d1, g * d2
 
 
+class _CloseRingsInPlace(torch.autograd.Function):
+    """The kernel path's ring closure: the CB-CG-CD angles of ``ideal_cd_angle(chi1, chi2)``
+    written into the fill's fresh ``(S, N, 3)`` output in place, in numpy. The same values
+    as :func:`close_proline_rings`, but no op over the whole output (at two threads each
+    such op enters a parallel region, which waits for a busy core)."""
+
+    @staticmethod
+    def forward(ctx, out, at, chi1, chi2):
+        ctx.mark_dirty(out)
+        ctx.save_for_backward(at, chi1, chi2)
+        c1, c2 = (x.detach().numpy().astype(np.float64) for x in (chi1, chi2))
+        out.detach().numpy().reshape(len(out), -1)[:, at.numpy()] = _ideal_angle(np, c1, c2)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        at, chi1, chi2 = ctx.saved_tensors
+        if torch.is_grad_enabled():  # double backward: differentiable torch ops
+            flat = g.flatten(-2)
+            d1, d2 = _ideal_angle(torch, chi1, chi2, grad=True)
+            g_angle = flat.index_select(-1, at)
+            return flat.index_fill(-1, at, 0).view_as(g), None, g_angle * d1, g_angle * d2
+        g_out = np.array(g.numpy(), copy=True).reshape(len(g), -1)  # one single-threaded copy
+        g_angle = torch.from_numpy(g_out[:, at.numpy()])
+        g_out[:, at.numpy()] = 0
+        c1, c2 = (x.detach().numpy().astype(np.float64) for x in (chi1, chi2))
+        d1, d2 = (torch.from_numpy(d).to(g.dtype) for d in _ideal_angle(np, c1, c2, grad=True))
+        return torch.from_numpy(g_out).view_as(g), None, g_angle * d1, g_angle * d2
+
+
 def close_proline_rings(lay, internal: torch.Tensor, cd_n=None) -> torch.Tensor:
     """``internal`` with each proline's CB-CG-CD angle set by :func:`proline_cd_angle`
     from the bond lengths, angles, chi1 and chi2 in ``internal``, so that its ring closes.
@@ -431,6 +464,8 @@ class ProteinBatch:
             a["ideal_mask"] if "ideal_mask" in a else lambda: batch_arrays(st, ("ideal_mask",))["ideal_mask"]
         )
         self._flat = _Arrays(a["ideal"], mask, a["torsion_slot"], len(self) * self.L_max, self._padded_pro())
+        if "proline_rows" in a:  # stamped per residue: no pass over the atoms
+            self._flat.proline_rows = a["proline_rows"]
 
     def _padded_pro(self) -> np.ndarray:
         """``(B * L_max,)`` bool: the padded residue is a proline."""

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..table import OFFSET, ROOT, ConstructionTable
-from .layout import N_TORSIONS, TYPES, layout_from_types
+from .layout import N_TORSIONS, TORSION_NAMES, TYPES, layout_from_types
 
 __all__ = ["Stamp", "batch_arrays", "batch_table", "stamp"]
 
@@ -60,7 +60,9 @@ BEYOND = 1 << 40  # the link delta of a row that is not OFFSET: above any atom i
 class _Pieces:
     """Pieces of every ``type * 4 + place`` (then ``PAD``), their atoms concatenated.
 
-    Per piece: ``start``, ``size`` (atoms), ``head`` (atoms before the rest of
+    ``short_chains``: no offset chain has more than one link, whatever the
+    neighbours. Per piece: ``start``, ``size`` (atoms), ``ring`` (a proline's CA, CB, CG,
+    CD as piece atoms, -1 for other types), ``head`` (atoms before the rest of
     the chain in depth-first order), ``next_depth`` (depth of the next
     residue's ``N`` below this one's). Per piece atom: ``kind``; ``delta``
     ``(atoms * S, 3)``: row ``a * S + s`` holds the references of piece atom
@@ -74,8 +76,10 @@ class _Pieces:
     torsion ``tors`` (-1: none) of the residue at ``tors_off``.
     """
 
+    short_chains: bool
     start: np.ndarray
     size: np.ndarray
+    ring: np.ndarray
     head: np.ndarray
     next_depth: np.ndarray
     kind: np.ndarray
@@ -151,8 +155,38 @@ def _piece(t: int, place: int) -> dict:
     }
 
 
+def _ring(piece: dict, t: int) -> tuple:
+    """A proline piece's CA, CB, CG, CD (CG, CD: the atoms of its own chi1, chi2;
+    CA, CB: 4 and 1 atoms before CG in template order), else -1s."""
+    if TYPES[t].name != "PRO":
+        return (-1,) * 4
+    own = piece["tors_off"] == 0
+    col = (TORSION_NAMES.index("chi1"), TORSION_NAMES.index("chi2"))
+    cg, cd = (int(np.flatnonzero(own & (piece["tors"] == c))[0]) for c in col)
+    if tuple(piece["atom_name"][[cg - 4, cg - 1, cg, cd]]) != ("CA", "CB", "CG", "CD"):
+        raise RuntimeError("PRO: the ring atoms are not CA, CB, CG, CD in template order")
+    return cg - 4, cg - 1, cg, cd
+
+
+def _short_chains(pieces: list[dict]) -> bool:
+    """Whether no OFFSET row's dihedral reference can be an OFFSET row itself
+    (then every offset chain ends after one link): the reference is in the
+    piece, or a slot of a neighbour, which may be of any piece."""
+    offset_at = {}  # slot -> whether some piece has an OFFSET row there
+    for p in pieces:
+        for slot, k in enumerate(p["kind"]):
+            offset_at[slot] = offset_at.get(slot, False) or k == OFFSET
+    for p in pieces:
+        for a in np.flatnonzero(p["kind"] == OFFSET):
+            off, slot = p["off"][a, 2], p["slot"][a, 2]
+            if p["kind"][slot] == OFFSET if off == 0 else offset_at[slot]:
+                return False
+    return True
+
+
 @functools.cache
 def _pieces() -> _Pieces:
+    types = [t for t in range(len(TYPES)) for place in range(4)]
     pieces = [_piece(t, place) for t in range(len(TYPES)) for place in range(4)] + [_PAD_PIECE]
     size = np.array([len(p["kind"]) for p in pieces], np.int64)
     S = int(size.max()) + 1
@@ -170,8 +204,10 @@ def _pieces() -> _Pieces:
     delta = np.where(slot >= 0, delta, NONE).reshape(-1, 3)
     offset = np.repeat(cat("kind") == OFFSET, S)
     return _Pieces(
+        short_chains=_short_chains(pieces[:-1]),
         start=np.cumsum(size) - size,
         size=size,
+        ring=np.array([_ring(p, t) for p, t in zip(pieces, types, strict=False)] + [(-1,) * 4], np.int64),
         head=np.array([p["head"] for p in pieces], np.int64),
         next_depth=np.array([p["next_depth"] for p in pieces], np.int64),
         kind=cat("kind"),
@@ -264,6 +300,28 @@ def stamp(types: list[np.ndarray]) -> Stamp:
     )
 
 
+def _offset_chains(link: np.ndarray, ar: np.ndarray, short: bool) -> np.ndarray:
+    """``(N, L)`` offset chains (as ``ConstructionTable._classify`` makes them:
+    every atom, then its offset reference's chain; ``N``: none) from every
+    atom's link delta (``BEYOND``: not an OFFSET row). ``short``: no chain has
+    a second link (``_Pieces.short_chains``), so none is looked for."""
+    N = len(ar)
+    chain = np.empty((N, 2), np.int64)
+    col = chain[:, 1]
+    np.add(link, ar, out=col)
+    np.minimum(col, N, out=col)
+    chain[:, 0] = ar
+    links = None if short else np.append(col, N)
+    nxt = None if short else np.take(links, col)
+    if short or nxt.min() == N:  # no link of a link
+        return chain if col.min() < N else chain[:, :1].copy()
+    out = [ar, col]
+    while nxt.min() < N:
+        out.append(nxt)
+        nxt = np.take(links, nxt)
+    return np.stack(out, 1)
+
+
 def batch_table(st: Stamp) -> ConstructionTable:
     """The table of ``ProteinBatch(sequences)`` from its :class:`Stamp`.
 
@@ -282,14 +340,8 @@ def batch_table(st: Stamp) -> ConstructionTable:
     parent = take(P.bond, rows)  # every row is a rigid child of its bond reference
     parent += ar
     np.maximum(parent, -1, out=parent)
-    link = take(P.link, rows)  # offset chains, as ConstructionTable._classify makes them
-    link += ar
-    np.minimum(link, N, out=link)
-    chain, nxt, links = [ar], link, np.append(link, N)
-    while nxt.min() < N:
-        chain.append(nxt)
-        nxt = take(links, nxt)
-    chain = np.stack(chain, 1)
+    chain = _offset_chains(take(P.link, rows), ar, P.short_chains)
+    link = chain[:, 1] if chain.shape[1] > 1 else np.full(N, N)
 
     # depth-first positions in a tree: heads in unit order, then tails in reverse
     head = P.head[piece]
@@ -298,12 +350,15 @@ def batch_table(st: Stamp) -> ConstructionTable:
     tree_start = st.atom0[tree]
     head_start = tree_start + heads - head - (heads - head)[tree]
     tail_start = tree_start + heads[st.last] - (heads - head)[tree] + tails[st.last] - tails
-    hs, ts = take(head_start, unit), take(tail_start, unit)
-    pos = np.where(take(P.in_head, pa), hs, ts)
+    pos_ = np.empty(N + 1, np.int64)  # pos_[N] = -1: where a parent -1 reads
+    pos = take(tail_start, unit, out=pos_[:N])
+    hs = take(head_start, unit)
+    np.copyto(pos, hs, where=take(P.in_head, pa))
     pos += take(P.rank, pa)
+    pos_[N] = -1
     order = np.empty(N, np.int64)
     order[pos] = ar
-    dfs_parent = take(np.append(pos, -1), take(parent, order))  # parent -1 reads the -1
+    dfs_parent = take(pos_, take(parent, order))
 
     def refs():
         out = take(P.delta, rows, 0)  # np.take: several times faster than [] on rows
@@ -311,7 +366,7 @@ def batch_table(st: Stamp) -> ConstructionTable:
         return np.maximum(out, -1, out=out)
 
     def end():
-        e = np.where(take(P.end_tail, pa), ts, hs)
+        e = np.where(take(P.end_tail, pa), take(tail_start, unit), hs)
         e += take(P.end, pa)
         return take(e, order)
 
@@ -344,7 +399,15 @@ def batch_table(st: Stamp) -> ConstructionTable:
 
 #: the arrays the compiled fill reads (``fill_internal`` also ``ideal_mask``);
 #: the others are made on first use
-FORWARD = ("ideal", "torsion_slot")
+FORWARD = ("ideal", "torsion_slot", "proline_rows")
+
+
+def _proline_rows(st: Stamp) -> np.ndarray:
+    """``(P, 4)`` atoms CA, CB, CG, CD of every proline (``Layout.proline_rows``'
+    convention), in residue order: per residue, no pass over the atoms."""
+    ring = _pieces().ring[st.piece]
+    u = np.flatnonzero(ring[:, 2] >= 0)
+    return ring[u] + st.atom0[u, None]
 
 
 def _torsion_slot(st: Stamp, code: np.ndarray) -> np.ndarray:
@@ -357,6 +420,7 @@ def _torsion_slot(st: Stamp, code: np.ndarray) -> np.ndarray:
 def batch_arrays(st: Stamp, names=None) -> dict:
     """``ProteinBatch``'s padded per-atom arrays from its :class:`Stamp`:
     ``ideal``, ``ideal_mask``, ``torsion_slot`` (flat, ``(B * n_max, ...)``),
+    ``proline_rows`` (flat atom indices),
     ``atom_mask``, ``atom_names``, ``elements``, ``residue_index``
     (``(B, n_max)``) and ``residue_mask`` (``(B, L_max)``); ``names``: only those."""
     P = _pieces()
@@ -367,6 +431,7 @@ def batch_arrays(st: Stamp, names=None) -> dict:
         "ideal": lambda: np.take(P.ideal, pa, 0),
         "ideal_mask": lambda: np.take(P.ideal_mask, pa, 0),
         "torsion_slot": lambda: _torsion_slot(st, code),
+        "proline_rows": lambda: _proline_rows(st),
         "atom_mask": lambda: (st.piece != PAD)[unit].reshape(B, -1),
         "residue_mask": lambda: (
             np.bincount(st.pad[st.piece != PAD], minlength=B * st.L_max).astype(bool).reshape(B, -1)

@@ -29,7 +29,17 @@ epsilons, so values agree with AlphaFold's on the same inputs
 
 Positions are atom37 ``(..., L, 37, 3)`` (converted to atom14 inside) with any
 leading batch dimensions; padding residues (mask 0) take no part, so ragged
-batches are padded batches.
+batches can be padded batches; or flat, ``(L, 37, 3)`` with ``ptr=`` /
+``batch=`` (PyTorch Geometric's layout): one call, per-structure values, the
+same as one call per structure, no host sync.
+
+Two published versions: the default follows AlphaFold's 2025 fix of the
+CA-C-N angle term (its tolerance is ``tolerance_factor`` times that cosine's
+own std); ``openfold_compatible=True`` reproduces OpenFold and AlphaFold <= 2.3,
+which take the C-N bond length's std there, and OpenFold's ``masked_mean``
+in the metrics (``tests/test_violations.py`` compares with OpenFold's own
+functions). OpenFold pools the clash mean (and the clash part of the loss)
+over a batch; zmat reports each structure's.
 """
 
 from __future__ import annotations
