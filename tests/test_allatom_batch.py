@@ -107,9 +107,12 @@ def test_batch_kernel_plan_is_its_pieces_plans_offset(complexes):
     assert b.table.cached(_analytic._kernel_plan, "cpu").n == b.table.n_atoms
 
 
-def test_concatenated_plan_with_offset_chains_of_different_widths(complexes):
+def test_concatenated_plan_with_offset_chains_of_different_widths(complexes, monkeypatch):
     """Pieces whose offset chains differ in width (a water: 1, a complex: 2):
     the joined plan pads the narrower one; every piece placed as alone, bit for bit."""
+    from zmat import _analytic
+
+    monkeypatch.setattr(_analytic, "PIECE_PLAN_ATOMS", 1)  # small pieces: planned from theirs too
     water = zmat.ConstructionTable([[-1, -1, -1], [0, -1, -1], [0, 1, -1]])
     c = complexes[0]
     assert water.offset_chain.shape[1] < c.table.offset_chain.shape[1]
