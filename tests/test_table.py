@@ -321,3 +321,39 @@ def test_plans_are_still_constants_for_dynamo():
     from zmat.table import _build_constant
 
     assert getattr(_build_constant, "_dynamo_marked_constant", False)
+
+
+def test_table_plan_concatenates_and_takes_as_planning_the_whole():
+    """``TablePlan``: pack/unpack round-trips, and concatenating / taking
+    components (one shift of the fields that index atoms or positions) gives
+    the arrays of the whole planned from its rows."""
+    from zmat.table import TablePlan
+
+    chain = ConstructionTable([[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0], [2, 1, 3], [2, 1, 4]])
+    water = ConstructionTable([[-1, -1, -1], [0, -1, -1], [0, 1, -1]])
+    ring = ConstructionTable([[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0], [3, 2, 0]])
+    pieces = [chain, water, ring, water]
+
+    def arrays(plan):
+        return plan.arrays() if isinstance(plan, TablePlan) else {k: getattr(plan, k) for k in plan._ARRAYS}
+
+    def same(a, b):
+        for k in ConstructionTable._ARRAYS:
+            x, y = a[k], b[k]
+            if k == "stage_atoms":
+                assert [v.tolist() for v in x] == [v.tolist() for v in y], k
+            else:
+                assert np.array_equal(x, y), k
+
+    same(arrays(TablePlan.unpack(TablePlan.of(chain).pack())), arrays(chain))
+    refs, at = [], 0
+    for t in pieces:
+        refs.append(np.where(t.refs >= 0, t.refs + at, -1))
+        at += t.n_atoms
+    whole = ConstructionTable(np.concatenate(refs))
+    packed = [TablePlan.of(t).pack() for t in pieces]
+    same(arrays(TablePlan.concatenate(packed)), arrays(whole))
+    ptr = np.append(0, np.cumsum([t.n_atoms for t in pieces]))
+    index = np.array([2, 0, 0, 1])
+    taken = TablePlan.take(TablePlan.concatenate(packed).pack(), ptr, index)
+    same(arrays(taken), arrays(ConstructionTable.concatenate([pieces[i] for i in index])))

@@ -297,11 +297,13 @@ class ConstructionTable:
         """This table's :meth:`TablePlan.pack` (cached: ``concatenate`` reads it on every batch)."""
         return TablePlan.of(self).pack()
 
-    #: the arrays a table holds besides its cached properties (see ``_classify``)
+    #: the arrays a table holds besides its cached properties (see ``_classify``):
+    #: :class:`TablePlan`'s fields (the stage of every atom as ``stage_atoms``) and
+    #: what follows from them
     _ARRAYS = (
-        "refs", "kind", "parent", "offset_of", "offset_chain", "dfs_order", "dfs_pos", "subtree_end",
-        "dfs_parent", "dfs_depth", "max_depth", "dfs_segment", "stage_atoms", "constant_anchors",
-    )  # fmt: skip
+        *(f.name for f in fields(TablePlan) if f.name != "stage"),
+        *("max_depth", "stage_atoms", "constant_anchors"),
+    )
 
     @classmethod
     def from_arrays(cls, arrays: dict, n_atoms: int | None = None) -> ConstructionTable:
