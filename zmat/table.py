@@ -103,7 +103,7 @@ class TablePlan:
         stage = np.empty(table.n_atoms, np.int64)
         for s, atoms in enumerate(table.stage_atoms):
             stage[atoms] = s
-        return cls(**{f.name: getattr(table, f.name) for f in fields(cls) if f.name != "stage"}, stage=stage)
+        return cls(**{f.name: getattr(table, f.name) for f in _FIELDS if f.name != "stage"}, stage=stage)
 
     def pack(self) -> np.ndarray:
         """``(rows, N)`` int64: the fields one after the other, a row per
@@ -111,12 +111,12 @@ class TablePlan:
         missing index (negative after any shift)."""
         n = len(self.kind)
         rows = []
-        for f in fields(self):
+        for f in _FIELDS:
             a = getattr(self, f.name)
             if f.metadata["width"] is None:  # the offset chain: n -> missing
                 a = np.where(a < n, a, -1)
             rows.append(a.T if a.ndim == 2 else a[None])
-        packed = np.concatenate(rows).astype(np.int64)
+        packed = np.concatenate(rows).astype(np.int64, order="C")  # C: rows are gathered and joined
         packed[_INDEXED:][packed[_INDEXED:] < 0] = _NONE
         return packed
 
@@ -129,7 +129,7 @@ class TablePlan:
         chain = packed[_CHAIN:]
         np.putmask(chain, chain < 0, n)
         values, at = {}, 0
-        for f in fields(cls):
+        for f in _FIELDS:
             width = f.metadata["width"]
             if width is None:
                 values[f.name] = chain.T
@@ -170,7 +170,7 @@ class TablePlan:
 
     def arrays(self) -> dict:
         """The arrays of the table (``ConstructionTable._ARRAYS``)."""
-        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "stage"}
+        values = {f.name: getattr(self, f.name) for f in _FIELDS if f.name != "stage"}
         n = len(self.kind)
         values.update(
             max_depth=int(self.dfs_depth.max()),
@@ -180,12 +180,15 @@ class TablePlan:
         return values
 
 
+_FIELDS = fields(TablePlan)  # once: ``fields`` costs a microsecond or two a call
+
+
 def _packed_rows() -> tuple[int, int]:
     """Where :meth:`TablePlan.pack` puts things: the first row of a field that
     indexes something (all such fields come last, so that one add shifts
     them), and the first row of the offset chain."""
     at, first = 0, None
-    for f in fields(TablePlan):
+    for f in _FIELDS:
         if f.metadata["index"] is not None:
             first = at if first is None else first
         elif first is not None:
@@ -301,7 +304,7 @@ class ConstructionTable:
     #: :class:`TablePlan`'s fields (the stage of every atom as ``stage_atoms``) and
     #: what follows from them
     _ARRAYS = (
-        *(f.name for f in fields(TablePlan) if f.name != "stage"),
+        *(f.name for f in _FIELDS if f.name != "stage"),
         *("max_depth", "stage_atoms", "constant_anchors"),
     )
 
