@@ -455,6 +455,8 @@ class TorsionSpace:
         (torch.Size([2, 4]), torch.Size([15, 3]))
     """
 
+    _rigid: RigidTorsions | None = None  # the "rigid" route, made on first use (old pickles lack it)
+
     def __init__(self, mols, table, atoms: Ragged, torsion_index: Ragged, **fields) -> None:
         """Use :meth:`from_mol` or :meth:`batch`; ``fields`` are the attributes below."""
         self.atoms, self.torsion_index = atoms, torsion_index
@@ -489,7 +491,7 @@ class TorsionSpace:
     def __getstate__(self) -> dict:
         """Pickled with its Mols and table made, without its per-device plans."""
         self.mols, self.table  # noqa: B018 (a batch's are made on first use)
-        return {**{k: v for k, v in self.__dict__.items() if k != "_rigid_body"}, "_cache": {}}
+        return {**self.__dict__, "_cache": {}, "_rigid": None}
 
     def __repr__(self) -> str:
         n, k = len(self.positions), len(self.quads)
@@ -672,12 +674,15 @@ class TorsionSpace:
         )
 
     # ---------------------------------------------------------- transforms
-    @functools.cached_property
+    @property
     def _rigid_body(self) -> RigidTorsions:
-        """The ``"rigid"`` route (:mod:`zmat._rigid_torsions`), planned on first use."""
-        return RigidTorsions(
-            self.positions, self.quads, self.torsions, self.owner, self.bond_parent, self.level
-        )
+        """The ``"rigid"`` route (:mod:`zmat._rigid_torsions`), made on first use
+        (a plain attribute: a cached_property's lock costs a fresh batch microseconds)."""
+        if self._rigid is None:
+            self._rigid = RigidTorsions(
+                self.positions, self.quads, self.torsions, self.owner, self.bond_parent, self.level
+            )
+        return self._rigid
 
     def _cached(self, name: str, dtype: torch.dtype, device: torch.device, build):
         key = (name, dtype, device)
