@@ -14,7 +14,8 @@ too) and flags the ops that force a device-to-host copy or have an output
 shape that depends on tensor values: on a GPU each of them stalls the host
 until the device catches up, and none of them can be captured in a CUDA graph.
 Counting ops is also the machine-independent proxy for kernel launches that
-the benchmarks report as ``ops/call``.
+the benchmarks report as ``ops/call``. :class:`GrainAudit` records the CPU ops
+large enough to open a parallel region (each waits for every intra-op thread).
 
 Example:
     >>> import torch, zmat

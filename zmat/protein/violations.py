@@ -40,6 +40,12 @@ which take the C-N bond length's std there, and OpenFold's ``masked_mean``
 in the metrics (``tests/test_violations.py`` compares with OpenFold's own
 functions). OpenFold pools the clash mean (and the clash part of the loss)
 over a batch; zmat reports each structure's.
+
+Threads: on the CPU, with a pair list (``pairs=``, the training path) and a
+padded batch, the terms are computed by numpy (forward and first backward,
+the clash sum by ``clash_loss``'s serial path), so no torch op opens a
+parallel region, which would wait for a core another process holds. The
+thread setting is left alone; double backward recomputes by torch.
 """
 
 from __future__ import annotations
