@@ -149,4 +149,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    torch.set_num_threads(1)  # a small model: on a shared machine more threads wait for each other
     main()

@@ -105,3 +105,19 @@ def test_batch_kernel_plan_is_its_pieces_plans_offset(complexes):
         assert torch.equal(getattr(joined, name), getattr(direct, name)), name
     assert torch.equal(joined.gather[joined.keep], direct.gather[direct.keep])
     assert b.table.cached(_analytic._kernel_plan, "cpu").n == b.table.n_atoms
+
+
+def test_concatenated_plan_with_offset_chains_of_different_widths(complexes, monkeypatch):
+    """Pieces whose offset chains differ in width (a water: 1, a complex: 2):
+    the joined plan pads the narrower one; every piece placed as alone, bit for bit."""
+    from zmat import _analytic
+
+    monkeypatch.setattr(_analytic, "PIECE_PLAN_ATOMS", 1)  # small pieces: planned from theirs too
+    water = zmat.ConstructionTable([[-1, -1, -1], [0, -1, -1], [0, 1, -1]])
+    c = complexes[0]
+    assert water.offset_chain.shape[1] < c.table.offset_chain.shape[1]
+    table, atoms = zmat.batch.concatenate_tables([water, c.table, water])
+    w = torch.tensor([[0.5, 0.7, 0.9], [0.96, 0.0, 0.0], [0.96, 1.8, 0.0]], dtype=torch.float64)
+    x = atoms.unbatch(zmat.to_xyz(torch.cat([w, c.internal, w]), table))
+    assert torch.equal(x[1], zmat.to_xyz(c.internal, c.table))
+    assert torch.equal(x[0], zmat.to_xyz(w, water)) and torch.equal(x[2], x[0])

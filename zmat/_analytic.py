@@ -612,18 +612,26 @@ def _place_torch(C: torch.Tensor, table: ConstructionTable) -> torch.Tensor:
     return _place(rot, pos, plan, C.shape)
 
 
+#: the mean atoms per piece from which a concatenated table's kernel plan is
+#: made from its pieces' plans
+PIECE_PLAN_ATOMS = 512
+
+
 def _kernel_plan(table: ConstructionTable, device: torch.device) -> _kernel.KernelPlan:
     """The kernel's arrays only: the torch path is planned when first used
     (a double backward, ``torch.compile``), not for every fresh batch. A
     table taken from another (``ConstructionTable._take``: a batch of a data
     set) takes its plan from the other's, planned once; one made by
-    ``ConstructionTable.concatenate``, from its pieces' plans."""
+    ``ConstructionTable.concatenate`` of large pieces, from its pieces' plans."""
     origin = table.__dict__.get("_origin")
     if origin is not None:
         source, ptr, index = origin
         return source.cached(_kernel_plan, device).take(ptr, index)
     pieces = table.__dict__.get("_pieces")
-    if pieces is not None:  # ConstructionTable.concatenate: its pieces' plans, each made once
+    # ConstructionTable.concatenate of large pieces (structures, not small
+    # molecules, whose plans cost more per piece than per atom): its pieces'
+    # plans, each made once
+    if pieces is not None and table.n_atoms >= PIECE_PLAN_ATOMS * len(pieces):
         return _kernel.KernelPlan.concatenate([t.cached(_kernel_plan, device) for t in pieces])
     order = table.dfs_order
     k = 2 + table.offset_chain.shape[1]

@@ -676,21 +676,18 @@ class KernelPlan:
         (a concatenated table keeps every piece's atoms and dfs positions in one
         range); a narrower offset chain is padded with unused entries."""
         k = max(len(p._ints) for p in plans) - 2
-        sizes = np.fromiter((p.n for p in plans), np.int64, len(plans))
-        shape = (k + 2, int(sizes.sum()))
-        ints, flags = np.zeros(shape, np.int64), np.zeros(shape, np.uint8)
+        shape = (k + 2, sum(p.n for p in plans))
+        ints, flags = np.empty(shape, np.int64), np.zeros(shape, np.uint8)
         at = 0
-        for p in plans:  # per piece, whole rows (no per-atom Python)
-            m = len(p._ints) - 2
-            ints[:m, at : at + p.n] = p._ints[:m]
-            ints[k:, at : at + p.n] = p._ints[m:]
-            flags[:m, at : at + p.n] = p._flags[:m]
-            flags[k:, at : at + p.n] = p._flags[m:]
+        for p in plans:  # per piece, whole rows shifted in one pass (no per-atom Python)
+            m, cols = len(p._ints) - 2, slice(at, at + p.n)
+            np.add(p._ints[:m], 3 * at, out=ints[:m, cols])  # flat indices into C
+            ints[m:k, cols] = 3 * at  # a narrower offset chain: unused entries, in range
+            np.add(p._ints[m:], at, out=ints[k:, cols])
+            np.putmask(ints[k, cols], p._ints[m] < 0, -1)  # parents (-1: none)
+            flags[:m, cols] = p._flags[:m]
+            flags[k:, cols] = p._flags[m:]
             at += p.n
-        shift = np.repeat(np.cumsum(sizes) - sizes, sizes)
-        ints[:k] += 3 * shift  # flat indices into C (the padding rows: unused, in range)
-        ints[k] += np.where(ints[k] >= 0, shift, 0)  # parents (-1: none)
-        ints[k + 1] += shift
         return KernelPlan(ints, flags.view(bool), plans[0].vjp)
 
 
