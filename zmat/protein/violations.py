@@ -670,33 +670,48 @@ def _host_bonds_grad(h, g_means, g_prl, gP):
     gP[:, 1:, 1] += g_v["w"]
 
 
-_IJ = np.concatenate([_I, _J])
+# pairs (_I, _J) to atoms by blocks: _I is sorted, _J sorted by _J_ORDER; every atom but
+# 13 leads a block of _I (atoms 0..12), every atom but 0 one of _J (1..13)
+_J_ORDER = np.argsort(_J, kind="stable")
+_I_BLOCKS = [slice(*np.searchsorted(_I, [a, a + 1])) for a in range(13)]
+_J_BLOCKS = [slice(*np.searchsorted(_J[_J_ORDER], [a, a + 1])) for a in range(1, 14)]
+
+
+def _to_atoms(x, ufunc, sign=1.0):
+    """``(..., 91, R)`` per pair -> ``(..., 14, R)`` per atom: ``ufunc`` over the pairs of
+    each atom as first (``_I``) and, times ``sign``, as second (``_J``) atom."""
+    out = np.zeros((*x.shape[:-2], 14, x.shape[-1]), dtype=x.dtype)
+    xj = x[..., _J_ORDER, :]
+    for a in range(13):  # block sums over contiguous rows (numpy's reduceat is slower here)
+        out[..., a, :] = ufunc.reduce(x[..., _I_BLOCKS[a], :], axis=-2)
+        second = ufunc.reduce(xj[..., _J_BLOCKS[a], :], axis=-2)
+        out[..., a + 1, :] = ufunc(out[..., a + 1, :], second if sign == 1.0 else sign * second)
+    return out
 
 
 def _host_within(h, P, E):
-    """:func:`_within` in numpy: ``(per_atom_loss_sum, per_atom_violations)``."""
+    """:func:`_within` in numpy: ``(per_atom_loss_sum, per_atom_violations)``; pair-major
+    ``(91, R)`` arrays over the R = S L residues (row gathers, reductions over rows)."""
     bounds = _pair_bounds(h["clash_tol"], h["tolerance_factor"], h["torch_dtype"], torch.device("cpu"))
-    lower, upper = (b.numpy()[h["aa"]] for b in bounds)
-    pm = E[..., _I] * E[..., _J]
-    diff = P[..., _I, :] - P[..., _J, :]
-    d = np.sqrt(1e-10 + (diff * diff).sum(-1))
+    lower, upper = (np.ascontiguousarray(b.numpy().T)[:, h["aa"].reshape(-1)] for b in bounds)
+    et = np.ascontiguousarray(E.reshape(-1, 14).T)
+    pc = np.ascontiguousarray(P.reshape(-1, 14, 3).transpose(2, 1, 0))  # (3, 14, R)
+    pm = et[_I] * et[_J]
+    diff = pc[:, _I] - pc[:, _J]
+    d = np.sqrt(1e-10 + (diff[0] * diff[0] + diff[1] * diff[1] + diff[2] * diff[2]))
     lo, hi = lower - d, d - upper
     loss = pm * (np.maximum(lo, 0.0) + np.maximum(hi, 0.0))
     bad = pm * ((d < lower) | (d > upper)).astype(P.dtype)
-    per_atom, worst = np.zeros_like(E), np.zeros_like(E)
-    for k, a in enumerate(_IJ):  # index_add's order
-        per_atom[..., a] += loss[..., k % 91]
-        worst[..., a] = np.maximum(worst[..., a], bad[..., k % 91])
     h["within"] = (diff, pm * ((hi > 0).astype(P.dtype) - (lo > 0)) / d)
-    return 2 * per_atom, worst
+    atoms = lambda t: t.T.reshape(E.shape)  # noqa: E731  (14, R) -> (S, L, 14)
+    return atoms(2 * _to_atoms(loss, np.add)), atoms(_to_atoms(bad, np.maximum))
 
 
 def _host_within_grad(h, g_pa, gP):
     diff, slope = h["within"]
-    g = (2 * (g_pa[..., _I] + g_pa[..., _J]) * slope)[..., None] * diff
-    for k in range(len(_I)):
-        gP[..., _I[k], :] += g[..., k, :]
-        gP[..., _J[k], :] -= g[..., k, :]
+    gt = g_pa.reshape(-1, 14).T
+    g = (2 * (gt[_I] + gt[_J]) * slope) * diff
+    gP.reshape(-1, 14, 3)[...] += _to_atoms(g, np.add, -1.0).transpose(2, 1, 0)
 
 
 class _HostCore(torch.autograd.Function):
