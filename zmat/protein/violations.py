@@ -684,6 +684,7 @@ def _to_atoms(x, ufunc, sign=1.0):
     xj = x[..., _J_ORDER, :]
     for a in range(13):  # block sums over contiguous rows (numpy's reduceat is slower here)
         out[..., a, :] = ufunc.reduce(x[..., _I_BLOCKS[a], :], axis=-2)
+    for a in range(13):
         second = ufunc.reduce(xj[..., _J_BLOCKS[a], :], axis=-2)
         out[..., a + 1, :] = ufunc(out[..., a + 1, :], second if sign == 1.0 else sign * second)
     return out
