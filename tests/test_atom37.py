@@ -16,7 +16,7 @@ from biotite.structure.io import pdb
 
 import zmat.protein as zp
 from zmat.protein import atom37 as a37
-from zmat.testing import DispatchAudit
+from zmat.testing import DispatchAudit, GrainAudit
 
 DATA = Path(__file__).parent / "data"
 REF = np.load(DATA / "alphafold_reference.npz")
@@ -154,3 +154,34 @@ def test_errors():
         p.to_atom37(torch.zeros(5, 3))
     with pytest.raises(TypeError, match="integer"):
         zp.atom37_to_atom14(pos, p.aatype.double())
+
+
+def test_batch_to_atom37_with_two_threads_opens_no_parallel_region():
+    # the gather by numpy on the CPU with several threads (each op over the batch was a
+    # parallel region, waiting for a busy core); the same values and gradients as the
+    # torch path (one thread), double backward by torch
+    rng = np.random.default_rng(2)
+    batch = zp.ProteinBatch(["".join(rng.choice(list(a37.RESTYPES[:20]), 40)) for _ in range(8)])
+    xyz = torch.from_numpy(rng.standard_normal((len(batch), batch.N_max, 3)))
+    g37 = torch.from_numpy(rng.standard_normal((len(batch), batch.L_max, 37, 3)))
+    old = torch.get_num_threads()
+    got = {}
+    try:
+        for threads in (2, 1):
+            torch.set_num_threads(threads)
+            x = xyz.clone().requires_grad_()
+            with GrainAudit() as big:
+                pos, mask = zp.atom37.to_atom37(batch, x)
+                (g,) = torch.autograd.grad(pos, x, g37)
+            got[threads] = (pos, g, big.ops)
+        torch.set_num_threads(2)
+        small = zp.ProteinBatch(["GP", "MK"])
+        f = lambda x: zp.atom37.to_atom37(small, x)[0]  # noqa: E731
+        x = torch.rand(2, small.N_max, 3, dtype=torch.float64, requires_grad=True)
+        assert torch.autograd.gradcheck(f, (x,)) and torch.autograd.gradgradcheck(f, (x,))
+    finally:
+        torch.set_num_threads(old)
+    assert got[2][2] == [] and len(got[1][2]) > 0, (got[2][2], got[1][2])
+    torch.testing.assert_close(got[2][0], got[1][0], rtol=0, atol=0)
+    torch.testing.assert_close(got[2][1], got[1][1], rtol=0, atol=0)
+    assert pos.numel() > GrainAudit.GRAIN and bool((got[2][1] != 0).any())

@@ -23,6 +23,7 @@ from zmat.clash import (
     exclusions_from_table,
     vdw_radii,
 )
+from zmat.testing import GrainAudit
 
 DATA = Path(__file__).parent / "data"
 METHODS = ("all_pairs", "neighbors")
@@ -660,47 +661,6 @@ def test_pair_lists_are_bounded_by_the_memory_budget():
         batch.clash_pairs(torch.zeros(1, batch.N_max, 3), memory_budget=5_000)
 
 
-class BigOps(torch.utils._python_dispatch.TorchDispatchMode):
-    """Records aten ops that work on a tensor of at least torch's parallel grain
-    (32,768 elements; in-place ops by their other arguments): each one is a parallel
-    region at two or more threads, which waits for every thread (a busy core)."""
-
-    GRAIN = 32768
-    VML = ("sqrt", "rsqrt", "pow", "exp", "log", "log1p", "expm1", "tanh", "sin", "cos")  # grain 2,048
-
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        name = func._schema.name.split("::")[-1]
-        inplace = name.endswith("_")
-        # a gather (index_select, index) loops over its index: judged by its output
-        skip = 1 if inplace or name in ("index_select", "index") else 0
-        tensors = [a for a in (*args[skip:], *(kwargs or {}).values()) if isinstance(a, torch.Tensor)]
-        if not inplace:
-            tensors += [
-                o for o in (out if isinstance(out, (tuple, list)) else [out]) if isinstance(o, torch.Tensor)
-            ]
-        views = (
-            "view",
-            "reshape",
-            "unbind",
-            "select",
-            "slice",
-            "expand",
-            "as_strided",
-            "detach",
-            "alias",
-            "t",
-        )
-        grain = 2048 if name.rstrip("_").split(".")[0] in self.VML else self.GRAIN
-        if not name.startswith((*views, "lift")) and any(t.numel() >= grain for t in tensors):
-            self.ops.append(func._schema.name)
-        return out
-
-
 def test_given_pairs_on_the_cpu_open_no_parallel_region():
     # clash_loss(pairs=) with two threads: every op below the grain, forward and backward
     # (the old path ran ~70 ops over the 65k pairs or the 45k coordinates)
@@ -712,12 +672,12 @@ def test_given_pairs_on_the_cpu_open_no_parallel_region():
         xyz = batch.to_xyz(tors)
     pairs = batch.clash_pairs(xyz)
     radii, mask = batch.radii.to(xyz), batch.atom_mask
-    assert len(pairs) > BigOps.GRAIN and xyz.numel() > BigOps.GRAIN
+    assert len(pairs) > GrainAudit.GRAIN and xyz.numel() > GrainAudit.GRAIN
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
         x = xyz.clone().requires_grad_(True)
-        with BigOps() as big:
+        with GrainAudit() as big:
             loss = clash_loss(x, radii, pairs=pairs, mask=mask)
             (g,) = torch.autograd.grad(loss.sum(), x)
     finally:

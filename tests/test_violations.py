@@ -20,7 +20,7 @@ import torch
 
 import zmat.protein as zp
 from zmat.protein import violations as V
-from zmat.testing import DispatchAudit
+from zmat.testing import DispatchAudit, GrainAudit
 
 DATA = Path(__file__).parent / "data"
 REF = np.load(DATA / "alphafold_reference.npz")
@@ -273,6 +273,85 @@ def test_ptr_batch_equals_one_by_one():
         v["loss"].sum().backward()
     assert audit.syncs == [], audit.syncs
     torch.testing.assert_close(v["loss"].detach(), vb["loss"])
+
+
+class _Threads:
+    def __init__(self, n):
+        self.n, self.old = n, torch.get_num_threads()
+
+    def __enter__(self):
+        torch.set_num_threads(self.n)
+
+    def __exit__(self, *exc):
+        torch.set_num_threads(self.old)
+
+
+_DIFFERENTIABLE = (
+    *("c_n_loss_mean", "ca_c_n_loss_mean", "c_n_ca_loss_mean", "connections_per_residue_loss_sum"),
+    *("clashes_mean_loss", "per_atom_loss_sum", "loss"),
+)
+
+
+def _noisy_batch(n, length, seed):
+    """``n`` x ``length`` residues, backbones near-helical, side chains random (all terms active)."""
+    rng = np.random.default_rng(seed)
+    batch = zp.ProteinBatch(["".join(rng.choice(list("ACDEFGHIKLMNPQRSTVWY"), length)) for _ in range(n)])
+    tors = torch.from_numpy(rng.uniform(-np.pi, np.pi, (n, batch.L_max, 7)))
+    tors[..., :3] = torch.tensor([-57.0, -47.0, 180.0], dtype=tors.dtype).deg2rad()
+    with torch.no_grad():
+        pos37, mask37 = zp.atom37.to_atom37(batch, batch.to_xyz(tors))
+    pos37 = pos37 + 0.2 * torch.from_numpy(rng.standard_normal(pos37.shape)) * mask37[..., None]
+    aatype = zp.atom37.aatype_of(batch)
+    pos14, mask14 = zp.atom37_to_atom14(pos37, aatype, mask37)
+    return pos37, aatype, mask37, zp.clash_pairs(pos14, mask14, aatype, torch.arange(batch.L_max), skin=1.0)
+
+
+def test_serial_cpu_path_opens_no_parallel_region():
+    # with two threads and a pair list, no op at or above torch's parallel grain, forward
+    # and backward (the torch path ran ~130 over 16 x 256 residues); the same values and
+    # gradients as the torch path (one thread)
+    pos, aatype, mask, pairs = _noisy_batch(4, 96, seed=3)
+    assert pos.numel() > GrainAudit.GRAIN and len(pairs) > 0
+    gen = torch.Generator().manual_seed(4)
+    results, grads = {}, None
+    for threads in (2, 1):
+        with _Threads(threads):
+            x = pos.clone().requires_grad_()
+            v = zp.structural_violations(x, aatype, mask, pairs=pairs)
+            if grads is None:
+                grads = [torch.rand(v[k].shape, generator=gen, dtype=pos.dtype) for k in _DIFFERENTIABLE]
+            x = pos.clone().requires_grad_()
+            with GrainAudit() as big:
+                v = zp.structural_violations(x, aatype, mask, pairs=pairs)
+                (g,) = torch.autograd.grad([v[k] for k in _DIFFERENTIABLE], x, grads)
+            results[threads] = (v, g, big.ops)
+    (v2, g2, ops2), (v1, g1, ops1) = results[2], results[1]
+    assert ops2 == [], sorted(set(ops2))
+    assert len(ops1) > 50  # the torch path: the audit sees its ops
+    assert all(bool((v1[k] > 0).any()) for k in _DIFFERENTIABLE), "every term active"
+    for key in v1:
+        torch.testing.assert_close(v2[key], v1[key], rtol=1e-10, atol=1e-12, msg=key)
+    assert g1.abs().max() > 0
+    torch.testing.assert_close(g2, g1, rtol=1e-10, atol=1e-10)
+
+
+def test_serial_cpu_path_float32_and_gradgradcheck():
+    pos, aatype, mask, pairs = _noisy_batch(2, 4, seed=5)
+    with _Threads(1):
+        want = zp.structural_violations(pos.float(), aatype, mask, pairs=pairs)
+    cols = torch.nonzero(mask[1, 2])[:, 0]  # residue 2 of structure 1 moves (few inputs: fast)
+
+    def f(d):
+        x = pos.index_put((torch.ones_like(cols), torch.full_like(cols, 2), cols), pos[1, 2, cols] + d)
+        return [zp.structural_violations(x, aatype, mask, pairs=pairs)[k] for k in _DIFFERENTIABLE]
+
+    with _Threads(2):
+        got = zp.structural_violations(pos.float(), aatype, mask, pairs=pairs)
+        for key in want:
+            torch.testing.assert_close(got[key], want[key], rtol=1e-5, atol=1e-5, msg=key)
+        d = torch.full((len(cols), 3), 0.01, dtype=pos.dtype, requires_grad=True)
+        assert torch.autograd.gradcheck(f, (d,))
+        assert torch.autograd.gradgradcheck(f, (d,))
 
 
 def test_benchmark_runs(tmp_path):

@@ -109,6 +109,7 @@ from ._amp import float32_under_autocast
 from ._geometry import safe_norm, tiny
 from ._neighbors import CellList, build_cell_list
 from ._segments import on_host, segments
+from ._serial import SERIAL_CHUNK, host_zeros, serial
 
 __all__ = [
     "ALPHAFOLD_RADII",
@@ -968,11 +969,11 @@ def clash_loss(
     pen = _penalty_params(kind, tolerance, temperature, tail, cap)
     if method not in CLASH_METHODS:
         raise ValueError(f"clash_loss: unknown method {method!r}; choose one of {CLASH_METHODS}")
-    serial = pairs is not None and _serial(xyz)
-    prepared = _prepare(xyz, radii, mask, pen, exclude, exclusion_depth, ptr, batch, flatten=not serial)
+    use_serial = pairs is not None and serial(xyz)
+    prepared = _prepare(xyz, radii, mask, pen, exclude, exclusion_depth, ptr, batch, flatten=not use_serial)
     if pairs is not None:
         _check_pairs(pairs, xyz)
-    if serial:
+    if use_serial:
         return _serial_pairs_loss(*prepared, pairs, pen).to(xyz.dtype).reshape(prepared[3].shape)
     xyz_f, radii_f, mask_f, layout, excl = prepared
     if pairs is not None:
@@ -1056,32 +1057,11 @@ def _propagate_nan(out, xyz_f, radii_f, layout: _Layout):
 
 
 # ----------------------------------------------------------------------------
-# the CPU path of a given pair list that opens no parallel region
+# the CPU path of a given pair list that opens no parallel region (see zmat._serial)
 #
-# torch runs an op over 32,768 elements or more (its grain; 2,048 for sqrt, exp
-# and other vectorised math) on every intra-op thread, and each such op waits for
-# all of them: with a second process busy on one core, each op then waits for
-# the scheduler. This path works on chunks of pairs whose every tensor stays
-# below the grain (1-D columns of ``_SERIAL_CHUNK`` elements; square roots by
-# numpy), and prepares the per-atom arrays (padding, radii) with numpy, so it
-# opens no parallel region, whatever the thread setting (which it leaves alone).
-
-_SERIAL_CHUNK = 32767  # below the grain (32,768): a 1-D op on a chunk runs on one thread
-
-
-def _serial(xyz) -> bool:
-    """Whether ``clash_loss(pairs=)`` takes the serial CPU path (eager CPU, several threads)."""
-    if not isinstance(xyz, torch.Tensor) or not on_host(xyz) or torch.get_num_threads() == 1:
-        return False
-    return not _is_functorch(xyz)
-
-
-def _is_functorch(t) -> bool:
-    try:  # a tensor inside torch.func transforms has no storage to read
-        t.data_ptr()
-    except RuntimeError:
-        return True
-    return False
+# It works on chunks of pairs whose every tensor stays below the grain (1-D
+# columns of ``SERIAL_CHUNK`` elements; square roots by numpy), and prepares the
+# per-atom arrays (padding, radii) with numpy.
 
 
 def _host_rows(t: torch.Tensor, full) -> np.ndarray:
@@ -1150,20 +1130,15 @@ def _penalty_grad(pen: _Penalty, d, c):
     return -s, s
 
 
-def _host_zeros(shape, dtype) -> torch.Tensor:
-    """Zeros without a torch fill (numpy's allocation: no parallel region)."""
-    return torch.from_numpy(np.zeros(shape, dtype=torch.empty(0, dtype=dtype).numpy().dtype))
-
-
 class _SerialPairSum(torch.autograd.Function):
     """Sum of penalties over a pair list, chunk by chunk, analytic per-pair backward
     (double backward: a differentiable recomputation, which may use threads)."""
 
     @staticmethod
     def forward(xyz_f, radii, inp: _SerialInputs):
-        out = _host_zeros(inp.layout.size, torch.float64)
-        for lo in range(0, len(inp.i), _SERIAL_CHUNK):
-            dx, dy, dz, c, keep, i, _ = _chunk_terms(inp, lo, lo + _SERIAL_CHUNK)
+        out = host_zeros(inp.layout.size, torch.float64)
+        for lo in range(0, len(inp.i), SERIAL_CHUNK):
+            dx, dy, dz, c, keep, i, _ = _chunk_terms(inp, lo, lo + SERIAL_CHUNK)
             p = torch.where(keep, _penalty(inp.pen, _distance(dx, dy, dz)[0], c), 0.0)
             out.index_add_(0, inp.layout.of(i), p.to(torch.float64))
         return out
@@ -1185,11 +1160,11 @@ class _SerialPairSum(torch.autograd.Function):
 
 def _serial_grad(inp: _SerialInputs, grad, xyz_f, radii, need_x: bool, need_r: bool):
     """First derivatives of :class:`_SerialPairSum`, chunk by chunk (no graph)."""
-    gx = _host_zeros(tuple(xyz_f.shape), xyz_f.dtype) if need_x else None
-    gr = _host_zeros(radii.shape[0], radii.dtype) if need_r else None
+    gx = host_zeros(tuple(xyz_f.shape), xyz_f.dtype) if need_x else None
+    gr = host_zeros(radii.shape[0], radii.dtype) if need_r else None
     cols = None if gx is None else gx.unbind(1)  # strided views: written in place
-    for lo in range(0, len(inp.i), _SERIAL_CHUNK):
-        dx, dy, dz, c, keep, i, j = _chunk_terms(inp, lo, lo + _SERIAL_CHUNK)
+    for lo in range(0, len(inp.i), SERIAL_CHUNK):
+        dx, dy, dz, c, keep, i, j = _chunk_terms(inp, lo, lo + SERIAL_CHUNK)
         d, ok = _distance(dx, dy, dz)
         g_d, g_c = _penalty_grad(inp.pen, d, c)
         w = torch.where(keep, grad.index_select(0, inp.layout.of(i)).to(d.dtype), 0.0)

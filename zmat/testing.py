@@ -14,7 +14,8 @@ too) and flags the ops that force a device-to-host copy or have an output
 shape that depends on tensor values: on a GPU each of them stalls the host
 until the device catches up, and none of them can be captured in a CUDA graph.
 Counting ops is also the machine-independent proxy for kernel launches that
-the benchmarks report as ``ops/call``.
+the benchmarks report as ``ops/call``. :class:`GrainAudit` records the CPU ops
+large enough to open a parallel region (each waits for every intra-op thread).
 
 Example:
     >>> import torch, zmat
@@ -38,7 +39,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .transform import METHODS, to_xyz
 
-__all__ = ["SYNC_OPS", "DispatchAudit", "assert_methods_agree", "assert_rigid_invariant", "default_atol"]
+__all__ = [
+    "SYNC_OPS",
+    "DispatchAudit",
+    "GrainAudit",
+    "assert_methods_agree",
+    "assert_rigid_invariant",
+    "default_atol",
+]
 
 
 def default_atol(dtype: torch.dtype) -> float:
@@ -208,3 +216,40 @@ class DispatchAudit(TorchDispatchMode):
     def histogram(self) -> Counter:
         """``Counter`` of op names, most common first with ``.most_common()``."""
         return Counter(self.ops)
+
+
+class GrainAudit(TorchDispatchMode):
+    """Record the aten ops inside the ``with`` block that work on a tensor of at least
+    torch's parallel grain (``GRAIN`` elements, ``VML_GRAIN`` for the vectorised math
+    of ``VML``; in-place ops judged by their other arguments, gathers by their output).
+
+    On the CPU each such op is a parallel region at two or more threads, which waits
+    for every thread: with another process holding a core, each waits for the
+    scheduler. Views and allocations are not counted.
+
+    Attributes:
+        ops: the schema names of the recorded ops, in dispatch order.
+    """
+
+    GRAIN = 32768
+    VML_GRAIN = 2048
+    VML = ("sqrt", "rsqrt", "pow", "exp", "log", "log1p", "expm1", "tanh", "sin", "cos")
+    VIEWS = ("view", "reshape", "unbind", "select", "slice", "expand", "as_strided", "detach", "alias", "t")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func._schema.name.split("::")[-1]
+        inplace = name.endswith("_")
+        skip = 1 if inplace or name in ("index_select", "index") else 0  # a gather loops over its index
+        tensors = [a for a in (*args[skip:], *(kwargs or {}).values()) if isinstance(a, torch.Tensor)]
+        if not inplace:
+            outs = out if isinstance(out, (tuple, list)) else [out]
+            tensors += [o for o in outs if isinstance(o, torch.Tensor)]
+        grain = self.VML_GRAIN if name.rstrip("_").split(".")[0] in self.VML else self.GRAIN
+        if not name.startswith((*self.VIEWS, "lift")) and any(t.numel() >= grain for t in tensors):
+            self.ops.append(func._schema.name)
+        return out

@@ -34,6 +34,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from .._serial import serial
+
 __all__ = [
     "ATOM14_NAMES",
     "ATOM_ORDER",
@@ -249,9 +251,44 @@ def _gather_layout(obj, xyz, width: int) -> tuple[torch.Tensor, torch.Tensor]:
         expected = f"(..., {len(obj.layouts)}, {obj.N_max}, 3)" if batch else f"(..., {n}, 3)"
         raise ValueError(f"xyz must have shape {expected}, got {tuple(getattr(xyz, 'shape', ()))}")
     src, mask = _plan(obj, width, flat.device)
+    if serial(flat):  # CPU, several threads: numpy, no parallel region (zmat._serial)
+        return _HostGather.apply(flat, src).unflatten(-2, mask.shape), mask
     padded = torch.cat([flat, flat.new_zeros(*flat.shape[:-2], 1, 3)], -2)
     out = padded.index_select(-2, src).unflatten(-2, mask.shape)
     return out, mask
+
+
+class _HostGather(torch.autograd.Function):
+    """``cat([flat, 0]).index_select(-2, src)`` by numpy; ``src`` names each layout atom
+    at most once (index ``len`` of the rows: a zero row)."""
+
+    @staticmethod
+    def forward(flat, src):
+        x, s = flat.detach().numpy(), src.numpy()
+        ok = s < x.shape[-2]
+        out = np.zeros((*x.shape[:-2], len(s), 3), dtype=x.dtype)
+        out[..., ok, :] = x[..., s[ok], :]
+        return torch.from_numpy(out)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        flat, ctx.src = inputs
+        ctx.shape = flat.shape
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def backward(ctx, g):
+        if g is None:
+            return None, None
+        shape, src = ctx.shape, ctx.src
+        if torch.is_grad_enabled():  # double backward: a differentiable scatter
+            zeros = g.new_zeros(*shape[:-2], shape[-2] + 1, 3)
+            return zeros.index_add(-2, src, g)[..., :-1, :], None
+        s = src.numpy()
+        ok = s < shape[-2]
+        gx = np.zeros(tuple(shape), dtype=g.detach().numpy().dtype)
+        gx[..., s[ok], :] = g.detach().numpy()[..., ok, :]  # each atom once: no accumulation
+        return torch.from_numpy(gx), None
 
 
 def to_atom37(protein, xyz: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

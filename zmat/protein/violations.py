@@ -40,6 +40,12 @@ which take the C-N bond length's std there, and OpenFold's ``masked_mean``
 in the metrics (``tests/test_violations.py`` compares with OpenFold's own
 functions). OpenFold pools the clash mean (and the clash part of the loss)
 over a batch; zmat reports each structure's.
+
+Threads: on the CPU, with a pair list (``pairs=``, the training path) and a
+padded batch, the terms are computed by numpy (forward and first backward,
+the clash sum by ``clash_loss``'s serial path), so no torch op opens a
+parallel region, which would wait for a core another process holds. The
+thread setting is left alone; double backward recomputes by torch.
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ import numpy as np
 import torch
 
 from .._segments import on_host, segments
+from .._serial import serial
 from ..clash import candidate_pairs, clash_loss
 from . import _stereo
 from .atom37 import (
@@ -514,6 +521,9 @@ def structural_violations(atom37, aatype, mask, residue_index=None, tolerance_fa
     """
     ragged = ptr is not None or batch is not None
     aatype, mask, residue_index = _inputs(atom37, aatype, mask, residue_index, ragged)
+    if not ragged and pairs is not None and serial(atom37):
+        args = (tolerance_factor, clash_overlap_tolerance, pairs, openfold_compatible)
+        return _host_violations(atom37, aatype, mask, residue_index, *args)
     dev, L = atom37.device, atom37.shape[-3]
     seg = segments(ptr, batch, L, dev, "structural_violations", "atom37") if ragged else None
     res, count = (None, None) if seg is None else (seg.index, seg.count)
@@ -568,5 +578,263 @@ def structural_violations(atom37, aatype, mask, residue_index=None, tolerance_fa
         "violations_between_residue_clash": metric(clash_res),
         "violations_within_residue": metric(within_res),
         "violations_per_residue": metric(per_residue),
+        "loss": loss,
+    }
+
+
+# ------------------------------------------------------------- serial CPU path
+# With several threads, each torch op over a batch (a parallel region) waits for
+# every thread, so a busy core stalls the step (zmat._serial). On the CPU, a
+# padded batch is computed in numpy instead (single-threaded), forward and
+# first backward (analytic), the clash sum by clash_loss's own serial path; the
+# torch functions above stay for traces, other devices, ragged batches and
+# double backward (a differentiable recomputation).
+
+
+def _torch_core(atom37, aatype, mask, residue_index, tolerance_factor, clash_tol, openfold_compatible):
+    """The differentiable parts of :func:`structural_violations` by torch: pos14,
+    the three bond means, the per-residue bond sum, the within-residue per-atom sum
+    and its per-structure total."""
+    pos14, exists14 = atom37_to_atom14(atom37, aatype, mask)
+    tf = tolerance_factor
+    bonds = between_residue_bond_loss(pos14, exists14, residue_index, aatype, tf, tf, openfold_compatible)
+    lower, upper = (b[aatype] for b in _pair_bounds(clash_tol, tf, atom37.dtype, atom37.device))
+    per_atom = _within(pos14, exists14, lower, upper)["per_atom_loss_sum"]
+    means = [bonds[f"{k}_loss_mean"] for k in ("c_n", "ca_c_n", "c_n_ca")]
+    return pos14, *means, bonds["per_residue_loss_sum"], per_atom, per_atom.sum(-1).sum(-1)
+
+
+def _unit(v, eps):
+    """``(u, l)``: ``l = sqrt(eps + |v|^2)``, ``u = v / l``."""
+    length = np.sqrt(eps + (v * v).sum(-1))
+    return v / length[..., None], length
+
+
+def _host_bonds(h, P, E):
+    """:func:`between_residue_bond_loss` in numpy on ``(S, L, 14, 3)`` (keeps what the
+    backward needs in ``h``)."""
+    eps, dt = 1e-6, P.dtype
+    v = {"a": P[:, :-1, 1] - P[:, :-1, 2], "b": P[:, 1:, 0] - P[:, :-1, 2], "w": P[:, 1:, 1] - P[:, 1:, 0]}
+    (u1, la), (u2, lb), (u3, lw) = (_unit(v[k], eps) for k in "abw")
+    pro = (h["aa"][:, 1:] == _PRO).astype(dt)
+    m_ca, m_c, m_n, m_ca_next = E[:, :-1, 1], E[:, :-1, 2], E[:, 1:, 0], E[:, 1:, 1]
+    ca_c_n_std = C_N_STDDEV[0] if h["openfold"] else COS_CA_C_N[1]
+    terms = [
+        (lb, C_N_LENGTH[0] + pro * (C_N_LENGTH[1] - C_N_LENGTH[0]),
+         C_N_STDDEV[0] + pro * (C_N_STDDEV[1] - C_N_STDDEV[0]), m_c * m_n),
+        ((u1 * u2).sum(-1), COS_CA_C_N[0], ca_c_n_std, m_ca * m_c * m_n),
+        ((-u2 * u3).sum(-1), COS_C_N_CA[0], COS_C_N_CA[1], m_c * m_n * m_ca_next),
+    ]  # fmt: skip
+    tol = h["tolerance_factor"]
+    means, per_pair, violation, saved = [], 0.0, np.zeros_like(lb), []
+    for x, mean, std, pm in terms:
+        pm = pm * h["no_gap"]
+        err = np.sqrt(eps + (x - mean) ** 2)
+        loss = np.maximum(err - tol * std, 0.0)
+        norm = pm.sum(-1) + eps
+        means.append((pm * loss).sum(-1) / norm)
+        per_pair = per_pair + loss
+        violation = np.maximum(violation, pm * (err > tol * std).astype(dt))
+        saved.append((pm / norm[:, None], (err - tol * std > 0) * (x - mean) / err))
+    h["bonds"] = (v, (u1, la), (u2, lb), (u3, lw), saved)
+    z = np.zeros_like(per_pair[:, :1])
+    prl = 0.5 * (np.concatenate([per_pair, z], -1) + np.concatenate([z, per_pair], -1))
+    vz = np.zeros_like(violation[:, :1])
+    viol = np.maximum(np.concatenate([violation, vz], -1), np.concatenate([vz, violation], -1))
+    return means, prl, viol
+
+
+def _host_bonds_grad(h, g_means, g_prl, gP):
+    """Adds the bond terms' gradient to ``gP`` (in place)."""
+    v, (u1, la), (u2, lb), (u3, lw), saved = h["bonds"]
+    S, L = gP.shape[:2]
+    g_pp = 0.0 if g_prl is None else 0.5 * (g_prl[:, :-1] + g_prl[:, 1:])
+    g_x = []
+    for g_m, (w_mean, d_err) in zip(g_means, saved, strict=True):
+        g_loss = g_pp if g_m is None else g_pp + g_m[:, None] * w_mean
+        g_x.append(g_loss * d_err)
+    g_u1 = g_x[1][..., None] * u2
+    g_u2 = g_x[1][..., None] * u1 - g_x[2][..., None] * u3
+    g_u3 = -g_x[2][..., None] * u2
+    g_v = {}
+    for k, length, g_u, g_l in (
+        ("a", la, g_u1, 0.0),
+        ("b", lb, g_u2, g_x[0]),
+        ("w", lw, g_u3, 0.0),
+    ):
+        g_l = g_l - (g_u * v[k]).sum(-1) / (length * length)  # u = v / l
+        g_v[k] = g_u / length[..., None] + (g_l / length)[..., None] * v[k]
+    gP[:, :-1, 1] += g_v["a"]
+    gP[:, :-1, 2] -= g_v["a"] + g_v["b"]
+    gP[:, 1:, 0] += g_v["b"] - g_v["w"]
+    gP[:, 1:, 1] += g_v["w"]
+
+
+# pairs (_I, _J) to atoms by blocks: _I is sorted, _J sorted by _J_ORDER; every atom but
+# 13 leads a block of _I (atoms 0..12), every atom but 0 one of _J (1..13)
+_J_ORDER = np.argsort(_J, kind="stable")
+_I_BLOCKS = [slice(*np.searchsorted(_I, [a, a + 1])) for a in range(13)]
+_J_BLOCKS = [slice(*np.searchsorted(_J[_J_ORDER], [a, a + 1])) for a in range(1, 14)]
+
+
+def _to_atoms(x, ufunc, sign=1.0):
+    """``(..., 91, R)`` per pair -> ``(..., 14, R)`` per atom: ``ufunc`` over the pairs of
+    each atom as first (``_I``) and, times ``sign``, as second (``_J``) atom."""
+    out = np.zeros((*x.shape[:-2], 14, x.shape[-1]), dtype=x.dtype)
+    xj = x[..., _J_ORDER, :]
+    for a in range(13):  # block sums over contiguous rows (numpy's reduceat is slower here)
+        out[..., a, :] = ufunc.reduce(x[..., _I_BLOCKS[a], :], axis=-2)
+    for a in range(13):
+        second = ufunc.reduce(xj[..., _J_BLOCKS[a], :], axis=-2)
+        out[..., a + 1, :] = ufunc(out[..., a + 1, :], second if sign == 1.0 else sign * second)
+    return out
+
+
+def _host_within(h, P, E):
+    """:func:`_within` in numpy: ``(per_atom_loss_sum, per_atom_violations)``; pair-major
+    ``(91, R)`` arrays over the R = S L residues (row gathers, reductions over rows)."""
+    bounds = _pair_bounds(h["clash_tol"], h["tolerance_factor"], h["torch_dtype"], torch.device("cpu"))
+    lower, upper = (np.ascontiguousarray(b.numpy().T)[:, h["aa"].reshape(-1)] for b in bounds)
+    et = np.ascontiguousarray(E.reshape(-1, 14).T)
+    pc = np.ascontiguousarray(P.reshape(-1, 14, 3).transpose(2, 1, 0))  # (3, 14, R)
+    pm = et[_I] * et[_J]
+    diff = pc[:, _I] - pc[:, _J]
+    d = np.sqrt(1e-10 + (diff[0] * diff[0] + diff[1] * diff[1] + diff[2] * diff[2]))
+    lo, hi = lower - d, d - upper
+    loss = pm * (np.maximum(lo, 0.0) + np.maximum(hi, 0.0))
+    bad = pm * ((d < lower) | (d > upper)).astype(P.dtype)
+    h["within"] = (diff, pm * ((hi > 0).astype(P.dtype) - (lo > 0)) / d)
+    atoms = lambda t: t.T.reshape(E.shape)  # noqa: E731  (14, R) -> (S, L, 14)
+    return atoms(2 * _to_atoms(loss, np.add)), atoms(_to_atoms(bad, np.maximum))
+
+
+def _host_within_grad(h, g_pa, gP):
+    diff, slope = h["within"]
+    gt = g_pa.reshape(-1, 14).T
+    g = (2 * (gt[_I] + gt[_J]) * slope) * diff
+    gP.reshape(-1, 14, 3)[...] += _to_atoms(g, np.add, -1.0).transpose(2, 1, 0)
+
+
+class _HostCore(torch.autograd.Function):
+    """:func:`_torch_core` in numpy, analytic first backward."""
+
+    @staticmethod
+    def forward(atom37, h):
+        X = atom37.detach().numpy().reshape(-1, *atom37.shape[-3:])
+        S, L = X.shape[:2]
+        idx, valid = h["idx"], h["valid"]
+        P = np.take_along_axis(X, np.maximum(idx, 0)[..., None], 2) * valid[..., None]
+        E = valid.astype(X.dtype)
+        h["P"], h["E"] = P, E
+        means, prl, h["bond_viol"] = _host_bonds(h, P, E)
+        per_atom, h["worst"] = _host_within(h, P, E)
+        lead = tuple(atom37.shape[:-3])
+        outs = [P.reshape(*lead, L, 14, 3), *(m.reshape(lead) for m in means), prl.reshape(*lead, L)]
+        outs += [per_atom.reshape(*lead, L, 14), per_atom.sum((-1, -2)).reshape(lead)]
+        return tuple(torch.from_numpy(np.asarray(o, order="C")) for o in outs)  # 0-d stays 0-d
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        atom37, ctx.h = inputs
+        ctx.save_for_backward(atom37)
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        (atom37,) = ctx.saved_tensors
+        h = ctx.h
+        if torch.is_grad_enabled():  # double backward: the differentiable torch path
+            with torch.enable_grad():
+                outs = _torch_core(atom37, *h["torch_args"])
+                used = [(o, g) for o, g in zip(outs, grads, strict=True) if g is not None]
+                outs, gs = zip(*used, strict=True)
+                (gx,) = torch.autograd.grad(outs, [atom37], gs, create_graph=True)
+            return gx, None
+        S, L = h["P"].shape[:2]
+        g = [None if t is None else t.detach().numpy().reshape(S, *t.shape[len(t.shape) - _NDIM[k] :])
+             for k, t in enumerate(grads)]  # fmt: skip
+        gP = np.zeros_like(h["P"]) if g[0] is None else g[0].copy()
+        _host_bonds_grad(h, g[1:4], g[4], gP)
+        g_pa = g[5]
+        if g[6] is not None:
+            g_pa = np.broadcast_to(g[6][:, None, None], gP.shape[:3]) + (0.0 if g_pa is None else g_pa)
+        if g_pa is not None:
+            _host_within_grad(h, g_pa, gP)
+        gX = np.zeros((S * L * 37, 3), dtype=gP.dtype)
+        gX[h["dst"]] = gP.reshape(-1, 3)[h["valid"].reshape(-1)]
+        return torch.from_numpy(gX.reshape(atom37.shape)), None
+
+
+_NDIM = (3, 0, 0, 0, 1, 2, 0)  # trailing dims of _HostCore's outputs after (S,)
+
+
+def _host_violations(atom37, aatype, mask, residue_index, tolerance_factor, clash_tol, pairs, openfold):
+    """:func:`structural_violations` of a padded CPU batch, serial (see above)."""
+    lead, L = tuple(atom37.shape[:-3]), atom37.shape[-3]
+    dt = atom37.detach().numpy().dtype
+    aa = aatype.numpy().reshape(-1, L)
+    S = aa.shape[0]
+    idx = RESTYPE_ATOM14_TO_ATOM37[aa]
+    m37 = np.broadcast_to(mask.numpy(), atom37.shape[:-1]).reshape(S, L, 37)
+    valid = (idx >= 0) & np.take_along_axis(m37, np.maximum(idx, 0), 2)
+    ri = np.broadcast_to(residue_index.numpy(), atom37.shape[:-2]).reshape(S, L).astype(dt)
+    no_gap = ((ri[:, 1:] - ri[:, :-1]) == 1.0).astype(dt)
+    dst = (np.arange(S * L).reshape(S, L, 1) * 37 + idx)[valid]
+    h = {"aa": aa, "idx": idx, "valid": valid, "no_gap": no_gap, "dst": dst, "openfold": openfold,
+         "tolerance_factor": tolerance_factor, "clash_tol": clash_tol, "torch_dtype": atom37.dtype,
+         "torch_args": (aatype, mask, residue_index, tolerance_factor, clash_tol, openfold)}  # fmt: skip
+    pos14, *means, prl, per_atom, within_sum = _HostCore.apply(atom37, h)
+    P, E = h["P"], h["E"]
+    # between-residue clashes: the sum by clash_loss (serial), the diagnostics in numpy
+    radii = ATOM37_RADIUS.astype(dt)[np.maximum(idx, 0)] * E
+    exists = torch.from_numpy(valid.reshape(*lead, L * 14))
+    total = clash_loss(pos14.flatten(-3, -2), torch.from_numpy(radii.reshape(*lead, L * 14)), pairs=pairs,
+                       tolerance=clash_tol, mask=exists)  # fmt: skip
+    xf, rf = P.reshape(-1, 3), radii.reshape(-1)
+    i, j = (np.ascontiguousarray(c) for c in pairs.numpy().T)
+    diff = xf[i] - xf[j]
+    d = np.sqrt(1e-10 + (diff * diff).sum(-1))
+    pen = np.maximum(rf[i] + rf[j] - clash_tol - d, 0.0)
+    hit = d < rf[i] + rf[j] - clash_tol
+    clash_atom = (np.bincount(i, pen, len(rf)) + np.bincount(j, pen, len(rf))).astype(dt).reshape(S, L, 14)
+    clash_mask = (np.bincount(np.concatenate([i[hit], j[hit]]), minlength=len(rf)) > 0).astype(dt)
+    clash_mask = clash_mask.reshape(S, L, 14)
+    e = valid.astype(np.float64)
+    per_res = e.sum(-1)
+    n = per_res.sum(-1)
+    bonds = (e[:, :-1, 2] * e[:, 1:, 0] * no_gap).sum(-1)
+    sg = e[..., _SG_SLOT].sum(-1)
+    n_pairs = 0.5 * (n * n - (per_res * per_res).sum(-1)) - bonds - 0.5 * sg * (sg - 1)
+    clash_mean = total / (1e-6 + torch.from_numpy(n_pairs.reshape(lead)).to(total.dtype))
+    # per residue and metrics
+    worst = h["worst"]
+    per_residue = np.maximum(np.maximum(h["bond_viol"], clash_mask.max(-1)), worst.max(-1))
+    n_atoms = torch.from_numpy(E.sum((-1, -2)).reshape(lead))
+    loss = means[0] + means[1] + means[2] + (2 * total + within_sum) / (1e-6 + n_atoms)
+    seq = valid.any(-1).astype(dt)
+    eps = 1e-4 if openfold else 1e-10
+    metric = lambda v: (seq * v).sum(-1) / (seq.sum(-1) + eps)  # noqa: E731
+    ca = P[:, :, 1]
+    d_ca = np.sqrt(1e-6 + ((ca[:, :-1] - ca[:, 1:]) ** 2).sum(-1))
+    pm = E[:, :-1, 1] * E[:, 1:, 1] * no_gap
+    far = (d_ca - CA_CA > 1.5).astype(dt)
+    t = lambda a, *tail: torch.from_numpy(np.ascontiguousarray(a).reshape((*lead, *tail)))  # noqa: E731
+    return {
+        "c_n_loss_mean": means[0],
+        "ca_c_n_loss_mean": means[1],
+        "c_n_ca_loss_mean": means[2],
+        "connections_per_residue_loss_sum": prl,
+        "connections_per_residue_violation_mask": t(h["bond_viol"], L),
+        "clashes_mean_loss": clash_mean,
+        "clashes_per_atom_loss_sum": t(clash_atom, L, 14),
+        "clashes_per_atom_clash_mask": t(clash_mask, L, 14),
+        "per_atom_loss_sum": per_atom,
+        "per_atom_violations": t(worst, L, 14),
+        "per_residue_violation_mask": t(per_residue, L),
+        "violations_extreme_ca_ca_distance": t((pm * far).sum(-1) / (pm.sum(-1) + eps)),
+        "violations_between_residue_bond": t(metric(h["bond_viol"])),
+        "violations_between_residue_clash": t(metric(clash_mask.max(-1))),
+        "violations_within_residue": t(metric(worst.max(-1))),
+        "violations_per_residue": t(metric(per_residue)),
         "loss": loss,
     }
