@@ -47,6 +47,7 @@ import numpy as np
 from .._segments import segment_ids, starts
 from .ccd import ccd_residue
 from .hydrogens import Protonation, extra_names, place, wanted
+from .io import chain_mask
 from .ligands import rotatable_bonds, torsion_rows
 from .nucleic import NUCLEIC_TORSIONS, NUCLEOTIDES, RING_ATOMS, nucleic_parents, torsion_atoms
 from .topology import CHI_ATOMS, RESIDUES, TORSION_NAMES
@@ -158,15 +159,7 @@ def _select(atoms, chain, hydrogens: bool, ligands: bool):
         keep &= ~np.isin(np.char.upper(atoms.element.astype(str)), ["H", "D"])
     if not ligands:
         keep &= np.isin(atoms.res_name, list(RESIDUES) + list(NUCLEOTIDES))
-    if chain is not None:
-        chains = [chain] if isinstance(chain, str) else list(chain)
-        missing = set(chains) - set(atoms.chain_id.tolist())
-        if missing:
-            raise ValueError(
-                f"chain(s) {sorted(missing)} not in the structure (it has {sorted(set(atoms.chain_id))})"
-            )
-        keep &= np.isin(atoms.chain_id, chains)
-    atoms = atoms[keep]
+    atoms = atoms[keep & chain_mask(atoms, chain)]
     if atoms.array_length() == 0:
         raise ValueError("no polymer residue or ligand left in the structure")
     return atoms

@@ -138,18 +138,22 @@ def parse_atoms(atoms, chain=None) -> ParsedAtoms:
     return ParsedAtoms(lay, xyz, atoms.res_id[starts[:-1]], atoms.ins_code[starts[:-1]], chain_ids)
 
 
+def chain_mask(atoms, chain) -> np.ndarray:
+    """``(n,)`` bool: the atoms of ``chain`` (an id or ids; ``None``: all), every id checked."""
+    if chain is None:
+        return np.ones(atoms.array_length(), bool)
+    chains = [chain] if isinstance(chain, str) else list(chain)
+    missing = set(chains) - set(atoms.chain_id.tolist())
+    if missing:
+        have = sorted(set(atoms.chain_id))
+        raise ValueError(f"chain(s) {sorted(missing)} not in the structure (it has {have})")
+    return np.isin(atoms.chain_id, chains)
+
+
 def _standard_heavy_atoms(atoms, chain):
     """The atoms of standard residues, no hydrogens, of ``chain`` (default all)."""
     keep = np.isin(atoms.res_name, list(RESIDUES)) & ~np.isin(np.char.upper(atoms.element), ["H", "D"])
-    if chain is not None:
-        chains = [chain] if isinstance(chain, str) else list(chain)
-        missing = set(chains) - set(atoms.chain_id.tolist())
-        if missing:
-            raise ValueError(
-                f"chain(s) {sorted(missing)} not in the structure (it has {sorted(set(atoms.chain_id))})"
-            )
-        keep &= np.isin(atoms.chain_id, chains)
-    atoms = atoms[keep]
+    atoms = atoms[keep & chain_mask(atoms, chain)]
     if atoms.array_length() == 0:
         raise ValueError("no standard amino-acid residue in the structure")
     return atoms
