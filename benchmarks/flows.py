@@ -33,8 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import torch
 
@@ -42,20 +40,9 @@ import zmat
 from zmat.flows import InternalCoordinateTransform
 
 from .bgflow_algorithm import BgflowAlgorithm
+from .timing import median_seconds
 
 ALANINE_DIPEPTIDE = "CC(=O)NC(C)C(=O)NC"
-
-
-def _timeit(fn, repeat: float) -> float:
-    """Median seconds of warm calls (one cold call first), at least 3 calls."""
-    fn()
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < 3 or time.perf_counter() - start < repeat:
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def _rigid(xyz: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
@@ -114,15 +101,15 @@ def run_case(name: str, table, xyz64: torch.Tensor, dtype: torch.dtype, repeat: 
         x, ld = ref.to_xyz(ig)
         return torch.autograd.grad(x.square().sum() + ld.sum(), ig)
 
-    res["zmat fwd+logdet"] = _timeit(lambda: T.call_and_ladj(q), repeat)
-    res["zmat inv+logdet"] = _timeit(lambda: T.inv.log_abs_det_jacobian(xyz, T.inv(xyz)), repeat)
-    res["zmat fwd+bwd"] = _timeit(grad_zmat, repeat)
-    res["zmat fwd"] = _timeit(lambda: T(q), repeat)
-    res["zmat logdet"] = _timeit(lambda: T.log_abs_det_jacobian(q), repeat)
+    res["zmat fwd+logdet"] = median_seconds(lambda: T.call_and_ladj(q), repeat)
+    res["zmat inv+logdet"] = median_seconds(lambda: T.inv.log_abs_det_jacobian(xyz, T.inv(xyz)), repeat)
+    res["zmat fwd+bwd"] = median_seconds(grad_zmat, repeat)
+    res["zmat fwd"] = median_seconds(lambda: T(q), repeat)
+    res["zmat logdet"] = median_seconds(lambda: T.log_abs_det_jacobian(q), repeat)
     with torch.no_grad():  # bgflow's first-atom Jacobian needs autograd: it enables it itself
-        res["bgflow-algorithm fwd+logdet"] = _timeit(lambda: ref.to_xyz(ics), repeat)
-        res["bgflow-algorithm inv+logdet"] = _timeit(lambda: ref.to_ic(xyz), repeat)
-    res["bgflow-algorithm fwd+bwd"] = _timeit(grad_ref, repeat)
+        res["bgflow-algorithm fwd+logdet"] = median_seconds(lambda: ref.to_xyz(ics), repeat)
+        res["bgflow-algorithm inv+logdet"] = median_seconds(lambda: ref.to_ic(xyz), repeat)
+    res["bgflow-algorithm fwd+bwd"] = median_seconds(grad_ref, repeat)
     res.update(_bgflow_rows(table, xyz, repeat))
 
     # agreement, in float64: log-determinants and round trips
@@ -154,8 +141,8 @@ def _bgflow_rows(table, xyz: torch.Tensor, repeat: float) -> dict:
         out = flow(x)
         return {
             "bgflow": getattr(bgflow, "__version__", "installed"),
-            "bgflow fwd+logdet": _timeit(lambda: flow(*out[:-1], inverse=True), repeat),
-            "bgflow inv+logdet": _timeit(lambda: flow(x), repeat),
+            "bgflow fwd+logdet": median_seconds(lambda: flow(*out[:-1], inverse=True), repeat),
+            "bgflow inv+logdet": median_seconds(lambda: flow(x), repeat),
         }
     except Exception as e:  # noqa: BLE001 (report, do not fail the suite)
         return {"bgflow": f"failed: {type(e).__name__}: {e}"}

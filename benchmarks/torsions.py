@@ -33,11 +33,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import numpy as np
 import torch
+
+from .timing import median_seconds
 
 SMILES = "COc1ccccc1OCC(O)CN1CCN(CC(=O)Nc2c(C)cccc2C)CC1"  # ranolazine
 MIX = [  # the ragged batch cycles through these
@@ -50,18 +50,6 @@ MIX = [  # the ragged batch cycles through these
     "CCN(CC)CC(=O)Nc1c(C)cccc1C",
     "CCOC(=O)/C=C/c1ccccc1",
 ]
-
-
-def _timeit(fn, repeat: float) -> float:
-    """Median seconds of warm calls (one cold call first), at least 3 calls."""
-    fn()
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < 3 or time.perf_counter() - start < repeat:
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def _embed(smiles: str, seed: int = 0):
@@ -140,8 +128,8 @@ def run(batch: int, dtype: torch.dtype, repeat: float, mix: int) -> dict:
     t = target.to(dtype)
     tg = t.clone().requires_grad_(True)
     for method in ("rigid", "table"):
-        res[f"zmat {method} fwd"] = _timeit(lambda m=method: ts.to_xyz(t, method=m), repeat)
-        res[f"zmat {method} fwd+bwd"] = _timeit(
+        res[f"zmat {method} fwd"] = median_seconds(lambda m=method: ts.to_xyz(t, method=m), repeat)
+        res[f"zmat {method} fwd+bwd"] = median_seconds(
             lambda m=method: torch.autograd.grad(ts.to_xyz(tg, method=m).square().sum(), tg), repeat
         )
     x_zmat = ts.to_xyz(target).numpy()
@@ -153,7 +141,7 @@ def run(batch: int, dtype: torch.dtype, repeat: float, mix: int) -> dict:
         many.AddConformer(Chem.Conformer(mol.GetConformer()), assignId=True)
     confs = list(many.GetConformers())
     quads, values = ts.quads.tolist(), target.tolist()
-    res["rdkit-loop"] = _timeit(lambda: rdkit_loop(confs, quads, values), repeat)
+    res["rdkit-loop"] = median_seconds(lambda: rdkit_loop(confs, quads, values), repeat)
     x_rdkit = np.stack([c.GetPositions() for c in confs])
 
     # torsional diffusion: torsion changes applied to the conformer's positions
@@ -161,7 +149,7 @@ def run(batch: int, dtype: torch.dtype, repeat: float, mix: int) -> dict:
     bonds, masks = ts.quads[:, 1:3].numpy(), _moving_masks(mol, ts.quads.numpy())
     # TD's axis points from the moving to the fixed atom: rotating by -delta raises the dihedral by delta
     upd = -delta.numpy()
-    res["td-loop"] = _timeit(lambda: td_loop(pos, bonds, masks, upd), repeat)
+    res["td-loop"] = median_seconds(lambda: td_loop(pos, bonds, masks, upd), repeat)
     x_td = td_loop(pos, bonds, masks, upd)
     res["max |zmat - rdkit| A"] = float(np.abs(x_zmat - x_rdkit).max())
     res["max |zmat - td| A"] = float(np.abs(x_zmat - x_td).max())
@@ -185,13 +173,13 @@ def _ragged(batch: int, dtype: torch.dtype, repeat: float, mix: int) -> dict:
     return {
         "ragged atoms": len(tb.positions),
         "ragged torsions": len(tb.quads),
-        "ragged build": _timeit(lambda: TorsionSpace.batch(items), repeat),
-        "ragged fwd+bwd (fresh batch)": _timeit(lambda: step(TorsionSpace.batch(items)), repeat),
-        "ragged fwd+bwd (warm)": _timeit(lambda: step(tb), repeat),
-        "ragged table fwd+bwd (fresh batch)": _timeit(
+        "ragged build": median_seconds(lambda: TorsionSpace.batch(items), repeat),
+        "ragged fwd+bwd (fresh batch)": median_seconds(lambda: step(TorsionSpace.batch(items)), repeat),
+        "ragged fwd+bwd (warm)": median_seconds(lambda: step(tb), repeat),
+        "ragged table fwd+bwd (fresh batch)": median_seconds(
             lambda: step(TorsionSpace.batch(items), "table"), repeat
         ),
-        "ragged table fwd+bwd (warm)": _timeit(lambda: step(tb, "table"), repeat),
+        "ragged table fwd+bwd (warm)": median_seconds(lambda: step(tb, "table"), repeat),
     }
 
 

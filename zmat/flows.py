@@ -618,6 +618,14 @@ def _orientation_slots(tree_atoms: np.ndarray, n: int):
     return euler_index, orientation
 
 
+def _second_in_a_group(atoms: np.ndarray, label: np.ndarray) -> int | None:
+    """The second of ``atoms`` whose group ``label`` an earlier one of them shares, or ``None``."""
+    lab, counts = np.unique(label[atoms], return_counts=True)
+    if not (counts > 1).any():
+        return None
+    return int(atoms[label[atoms] == lab[counts > 1][0]][1])
+
+
 def _check_rows(refs, nref, is_fixed, label, roots) -> None:
     """ValueError naming the first atom on which no bijection can be built."""
     n = len(refs)
@@ -643,9 +651,8 @@ def _check_rows(refs, nref, is_fixed, label, roots) -> None:
                 "a bijection allows a bond reference alone only on the second atom of a free tree"
             )
     bond_atoms = np.nonzero(free & (nref == 1))[0]
-    lab, counts = np.unique(label[bond_atoms], return_counts=True)
-    if (counts > 1).any():
-        i = bond_atoms[label[bond_atoms] == lab[counts > 1][0]][1]
+    i = _second_in_a_group(bond_atoms, label)
+    if i is not None:
         raise ValueError(f"atom {i}: a second row (root, -1, -1) in the tree of root {b[i]}: not a bijection")
     bond_of_root = np.full(n, -1, np.int64)
     bond_of_root[b[bond_atoms]] = bond_atoms
@@ -659,9 +666,8 @@ def _check_rows(refs, nref, is_fixed, label, roots) -> None:
                 "and its second atom"
             )
     planar = np.nonzero(free & (nref == 2))[0]
-    lab, counts = np.unique(label[planar], return_counts=True)
-    if (counts > 1).any():
-        i = planar[label[planar] == lab[counts > 1][0]][1]
+    i = _second_in_a_group(planar, label)
+    if i is not None:
         raise ValueError(f"atom {i}: a second row (b, a, -1) in one tree: not a bijection")
     hit = free[:, None] & (refs >= 0) & is_fixed[np.maximum(refs, 0)] & (root_of >= 0)[:, None]
     hit &= ~np.isin(label, label[planar])[:, None]
