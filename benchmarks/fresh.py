@@ -374,7 +374,12 @@ def run_fresh(quick: bool) -> list[dict]:
     if not quick:
         out.append(_summarise("proteins 16 x 256 res", [protein_step(16, 256, s) for s in range(batches)]))
         out.append(_summarise("proteins 64 x 128 res", [protein_step(64, 128, s) for s in range(batches)]))
-    out += run_complexes(batches)
+    import inspect
+
+    from zmat.protein import from_pdb
+
+    if "hydrogens" in inspect.signature(from_pdb).parameters:  # (--compare: a zmat before complexes has none)
+        out += run_complexes(batches)
     try:
         pool = torsion_dataset(300 if quick else 600)
     except ImportError:  # no RDKit: the tree rows only
