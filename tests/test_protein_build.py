@@ -9,7 +9,8 @@ import torch
 
 import zmat
 import zmat.protein as zp
-from zmat import rmsd
+from zmat import _kernel, rmsd
+from zmat._analytic import _kernel_plan
 from zmat.protein.layout import ring_atoms
 from zmat.table import POSITIONAL
 
@@ -148,6 +149,11 @@ def test_batch_from_pieces_equals_the_general_path(seed):
     for name in zmat.ConstructionTable._ARRAYS:
         assert _same(getattr(ref, name), getattr(fast, name)), name
     assert ref.n_levels == fast.n_levels and np.array_equal(ref.topo_order, fast.topo_order)
+    # the compiled kernel's plan, stamped without the table's arrays, as the general path plans it
+    stamped = _kernel.KernelPlan(*fast.kernel_arrays(), None)
+    planned = _kernel_plan(ref, torch.device("cpu"))
+    for name in ("gather", "keep", "trig", "parent", "order"):
+        assert torch.equal(getattr(stamped, name), getattr(planned, name)), name
     got = {**{k: getattr(batch._flat, k) for k in ("ideal", "ideal_mask", "torsion_slot")}}
     got.update({k: getattr(batch, k) for k in ("atom_mask", "residue_mask", "atom_names", "elements")})
     got["residue_index"] = batch.residue_index
