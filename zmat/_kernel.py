@@ -69,7 +69,7 @@ from ._segments import take_shift
 from .table import ConstructionTable
 
 _CSRC = Path(__file__).with_name("csrc")
-_SOURCES = ("rigid_forest.cpp", "torsions.cpp")  # compiled into one library; headers hashed too
+_SOURCES = ("rigid_forest.cpp", "torsions.cpp", "stamp.cpp")  # compiled into one library; headers hashed too
 _FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-pthread")
 _DTYPES = (torch.float32, torch.float64)
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -287,6 +287,9 @@ class _Library:
                 fn.argtypes = [ctypes.POINTER(_Arrays) if a == "plan" else a for a in args]
                 fn.restype = None
                 self.fns[name, dtype] = fn
+        self.stamp = lib.zmat_stamp_plan
+        self.stamp.argtypes = [_I, *[_P] * 11, _I, _I, _P, _P]
+        self.stamp.restype = None
 
     def forward(self, c: Tensor, arrays: _Arrays, like=None, threads: int = 1, frames=True, chunked=False):
         """``c`` ``(B, 3N)`` -> ``(frames, xyz)``: frames ``(B, N, 3, 4)`` in dfs order
@@ -360,6 +363,27 @@ class _Library:
             *g.stride(), grad.data_ptr(), threads,
         )  # fmt: skip
         return grad
+
+
+def stamp_plan(units: tuple, pieces: tuple, n: int, k: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """A protein batch's :class:`KernelPlan` ``(ints, flags)``, stamped in C
+    (``zmat/csrc/stamp.cpp``; ``zmat.protein.pieces.kernel_arrays`` is the
+    reference), or None unless the library is loaded (a kernel call loads
+    it; the torch path reading the table's depth-first order never builds it).
+
+    Args:
+        units: ``(piece, size, atom0, last)`` int64 arrays, one value per unit.
+        pieces: per piece ``head``, ``start``, ``prev_rank``; per piece atom
+            ``seq``, ``parent_where``, ``link0`` (int64) and ``flags`` (uint64).
+        n: atoms; k: gather rows (3 or 4).
+    """
+    lib = _state.get("module")
+    if lib is None or disabled():
+        return None
+    ints, flags = np.empty((k + 2, n), np.int64), np.empty((k + 2, n), np.uint8)
+    arrays = [np.ascontiguousarray(a) for a in (*units, *pieces)]
+    lib.stamp(len(arrays[0]), *(a.ctypes.data for a in arrays), n, k, ints.ctypes.data, flags.ctypes.data)
+    return ints, flags.view(bool)
 
 
 def _lib() -> _Library:

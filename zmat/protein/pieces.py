@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import _kernel
 from .._segments import per_row, segment_ids, starts
 from ..table import BOND, OFFSET, PLANAR, ROOT, ConstructionTable
 from .layout import N_TORSIONS, TORSION_NAMES, TYPES, layout_from_types
@@ -374,6 +375,18 @@ def kernel_arrays(st: Stamp) -> tuple[np.ndarray, np.ndarray]:
     unit ``u`` run ``tree + u``, its tail run ``tree + 2 last + 1 - u``."""
     P = _pieces()
     N, piece, size, tree, last = st.N, st.piece, st.size, st.tree, st.last
+    k = 4 if P.has_offset[piece].any() else 3  # the offset chain's width + 2 (the table's)
+    units = (piece, size, st.atom0, last)
+    stamped = _kernel.stamp_plan(
+        units, (P.head, P.start, P.prev_rank, P.seq, P.parent_where, P.link0, P.flags), N, k
+    )
+    return stamped if stamped is not None else _kernel_arrays(st, k)
+
+
+def _kernel_arrays(st: Stamp, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`kernel_arrays` in numpy (the reference of the compiled one)."""
+    P = _pieces()
+    N, piece, size, tree, last = st.N, st.piece, st.size, st.tree, st.last
     take, U = np.take, len(piece)
     u = np.arange(U)
     head = take(P.head, piece)
@@ -391,7 +404,6 @@ def kernel_arrays(st: Stamp) -> tuple[np.ndarray, np.ndarray]:
     base[1:, 2] = base[:-1, 0] + take(P.prev_rank, piece[:-1])
     base[0, 2] = -1
     run = per_row(np.arange(2 * U), run_len)  # the run of every position
-    k = 4 if P.has_offset[piece].any() else 3  # the offset chain's width + 2 (the table's)
     ints = np.empty((k + 2, N), np.int64)
     order, parent = ints[k + 1], ints[k]
     pa = take(run_first - run_start, run, out=order)  # piece atom of every position
