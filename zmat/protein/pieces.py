@@ -374,12 +374,10 @@ def kernel_arrays(st: Stamp) -> tuple[np.ndarray, np.ndarray]:
     reverse order: ``2 U`` runs of piece atoms (``_Pieces.seq``), head of
     unit ``u`` run ``tree + u``, its tail run ``tree + 2 last + 1 - u``."""
     P = _pieces()
-    N, piece, size, tree, last = st.N, st.piece, st.size, st.tree, st.last
-    k = 4 if P.has_offset[piece].any() else 3  # the offset chain's width + 2 (the table's)
-    units = (piece, size, st.atom0, last)
-    stamped = _kernel.stamp_plan(
-        units, (P.head, P.start, P.prev_rank, P.seq, P.parent_where, P.link0, P.flags), N, k
-    )
+    k = 4 if P.has_offset[st.piece].any() else 3  # the offset chain's width + 2 (the table's)
+    units = (st.piece, st.size, st.atom0, st.last)
+    pieces = (P.head, P.start, P.prev_rank, P.seq, P.parent_where, P.link0, P.flags)
+    stamped = _kernel.stamp_plan(units, pieces, st.N, k)
     return stamped if stamped is not None else _kernel_arrays(st, k)
 
 
