@@ -156,8 +156,11 @@ def test_batch_from_pieces_equals_the_general_path(seed):
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("ZMAT_NO_KERNEL", "" if compiled else "1")
             stamped = _kernel.KernelPlan(*zp.pieces.kernel_arrays(batch._stamp), None)
+            filled = zp.pieces.batch_arrays(batch._stamp, ("ideal", "torsion_slot"))
         for name in ("gather", "keep", "trig", "parent", "order"):
             assert torch.equal(getattr(stamped, name), getattr(planned, name)), (compiled, name)
+        for name, value in filled.items():
+            assert _same(value, arrays[name]), (compiled, name)
     got = {**{k: getattr(batch._flat, k) for k in ("ideal", "ideal_mask", "torsion_slot")}}
     got.update({k: getattr(batch, k) for k in ("atom_mask", "residue_mask", "atom_names", "elements")})
     got["residue_index"] = batch.residue_index

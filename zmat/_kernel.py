@@ -290,6 +290,9 @@ class _Library:
         self.stamp = lib.zmat_stamp_plan
         self.stamp.argtypes = [_I, *[_P] * 11, _I, _I, _P, _P]
         self.stamp.restype = None
+        self.stamp_atoms = lib.zmat_stamp_atoms
+        self.stamp_atoms.argtypes = [_I, *[_P] * 9]
+        self.stamp_atoms.restype = None
 
     def forward(self, c: Tensor, arrays: _Arrays, like=None, threads: int = 1, frames=True, chunked=False):
         """``c`` ``(B, 3N)`` -> ``(frames, xyz)``: frames ``(B, N, 3, 4)`` in dfs order
@@ -384,6 +387,25 @@ def stamp_plan(units: tuple, pieces: tuple, n: int, k: int) -> tuple[np.ndarray,
     arrays = [np.ascontiguousarray(a) for a in (*units, *pieces)]
     lib.stamp(len(arrays[0]), *(a.ctypes.data for a in arrays), n, k, ints.ctypes.data, flags.ctypes.data)
     return ints, flags.view(bool)
+
+
+def stamp_atoms(units: tuple, pieces: tuple, n: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """A protein batch's ``ideal`` ``(N, 3)`` and ``torsion_slot`` ``(N,)``
+    stamped in C (``zmat.protein.pieces.batch_arrays`` is the reference), or
+    None unless the library is loaded (as :func:`stamp_plan`).
+
+    Args:
+        units: ``(piece, size, atom0, pad7)`` int64, one value per unit.
+        pieces: ``start`` per piece; ``ideal`` float64 ``(atoms, 3)`` and the
+            torsion ``code`` int64 per piece atom.
+    """
+    lib = _state.get("module")
+    if lib is None or disabled():
+        return None
+    ideal, slot = np.empty((n, 3)), np.empty(n, np.int64)
+    arrays = [np.ascontiguousarray(a) for a in (*units, *pieces)]
+    lib.stamp_atoms(len(arrays[0]), *(a.ctypes.data for a in arrays), ideal.ctypes.data, slot.ctypes.data)
+    return ideal, slot
 
 
 def _lib() -> _Library:

@@ -82,3 +82,17 @@ extern "C" void zmat_stamp_plan(int64_t u_n, const int64_t* piece, const int64_t
     }
   }
 }
+
+// The per-atom arrays the protein fill reads, stamped in one pass: for atom
+// a = atom0[u] + i of unit u (piece atom pa = start[piece[u]] + i), ideal[a]
+// = p_ideal[pa] (3 doubles) and its torsion slot max(pad7[u] + code[pa], -1)
+// (code: far below -1 for an atom without a torsion).
+extern "C" void zmat_stamp_atoms(int64_t u_n, const int64_t* piece, const int64_t* size, const int64_t* atom0,
+                                 const int64_t* pad7, const int64_t* start, const double* p_ideal,
+                                 const int64_t* code, double* ideal, int64_t* slot) {
+  for (int64_t u = 0; u < u_n; ++u) {
+    const int64_t a0 = atom0[u], p0 = start[piece[u]], m = size[u];
+    std::memcpy(ideal + 3 * a0, p_ideal + 3 * p0, sizeof(double) * 3 * m);
+    for (int64_t i = 0; i < m; ++i) slot[a0 + i] = std::max(pad7[u] + code[p0 + i], int64_t(-1));
+  }
+}

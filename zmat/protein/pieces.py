@@ -75,7 +75,8 @@ class _Pieces:
     and ``end`` (subtree end relative to the head's or the tail's start),
     ``depth`` (below the residue's ``N``); the layout's ``atom_name``,
     ``element``, ``ideal``, ``ideal_mask``, and its torsion slot as the
-    torsion ``tors`` (-1: none) of the residue at ``tors_off``.
+    torsion ``tors`` (-1: none) of the residue at ``tors_off`` (``tors_code``
+    ``tors_off * 7 + tors``, ``NONE`` for none).
 
     In depth-first order (:func:`kernel_arrays`): ``seq``, per piece its head
     atoms then its tail atoms, each by rank (piece atoms); per piece atom
@@ -104,6 +105,7 @@ class _Pieces:
     ideal_mask: np.ndarray
     tors_off: np.ndarray
     tors: np.ndarray
+    tors_code: np.ndarray
     in_head: np.ndarray
     rank: np.ndarray
     end_tail: np.ndarray
@@ -241,6 +243,8 @@ def _pieces() -> _Pieces:
         ideal_mask=cat("ideal_mask"),
         tors_off=cat("tors_off"),
         tors=cat("tors"),
+        # beside the residue's base slot; NONE (far below -1) for no torsion
+        tors_code=np.where(cat("tors") >= 0, cat("tors_off") * N_TORSIONS + cat("tors"), NONE),
         in_head=cat("in_head"),
         rank=cat("rank"),
         end_tail=cat("end_tail"),
@@ -300,7 +304,8 @@ class Stamp:
     a padded index, with no gap). Per unit its ``piece``, ``size`` (atoms),
     ``tree`` (its tree's first unit; a padding atom is its own tree),
     ``last`` (its tree's last unit), ``pad`` (padded residue index ``b *
-    L_max + k``, residues only); per atom ``unit``, ``pa`` (piece atom)."""
+    L_max + k``, residues only); per atom ``unit``, ``pa`` (piece atom), made
+    on first use."""
 
     n_max: int
     L_max: int
@@ -312,8 +317,16 @@ class Stamp:
     tree: np.ndarray
     last: np.ndarray
     pad: np.ndarray
-    unit: np.ndarray
-    pa: np.ndarray
+
+    @functools.cached_property
+    def unit(self) -> np.ndarray:
+        return segment_ids(self.size)
+
+    @functools.cached_property
+    def pa(self) -> np.ndarray:
+        out = np.take(_pieces().start[self.piece] - self.atom0, self.unit)
+        out += np.arange(len(out))
+        return out
 
     @property
     def N(self) -> int:
@@ -344,10 +357,6 @@ def stamp(types: list[np.ndarray]) -> Stamp:
     pad = np.zeros(U, np.int64)
     pad[real] = np.arange(R) + prot * L_max - res0[prot]
     size = P.size[unit_piece]
-    atom0 = starts(size)
-    unit = segment_ids(size)
-    pa = np.take(P.start[unit_piece] - atom0, unit)  # piece atom of every atom
-    pa += np.arange(len(pa))
     return Stamp(
         n_max=n_max,
         L_max=L_max,
@@ -355,12 +364,10 @@ def stamp(types: list[np.ndarray]) -> Stamp:
         n_atoms=n_atoms,
         piece=unit_piece,
         size=size,
-        atom0=atom0,
+        atom0=starts(size),
         tree=tree,
         last=last,
         pad=pad,
-        unit=unit,
-        pa=pa,
     )
 
 
@@ -467,12 +474,12 @@ def batch_table(st: Stamp) -> ConstructionTable:
     stamped without them (:func:`kernel_arrays`, the table's
     ``kernel_arrays``): a fresh batch's training step on the CPU reads none."""
     P = _pieces()
-    N, piece, unit, pa = st.N, st.piece, st.unit, st.pa
+    N, piece = st.N, st.piece
     take = np.take  # per-atom gathers: faster than [] indexing
     ar = np.arange(N)
     kernel = functools.cache(lambda: kernel_arrays(st))
     S = P.delta.shape[0] // len(P.kind)
-    rows = functools.cache(lambda: pa * S + take(np.append(0, st.size[:-1]), unit))
+    rows = functools.cache(lambda: st.pa * S + take(np.append(0, st.size[:-1]), st.unit))
 
     def refs():
         out = take(P.delta, rows(), 0)  # np.take: several times faster than [] on rows
@@ -499,20 +506,20 @@ def batch_table(st: Stamp) -> ConstructionTable:
         before = (heads - head)[st.tree]  # heads before the tree's
         head_start = tree_start + heads - head - before
         tail_start = tree_start + heads[st.last] - before + tails[st.last] - tails
-        e = np.where(take(P.end_tail, pa), take(tail_start, unit), take(head_start, unit))
-        e += take(P.end, pa)
+        e = np.where(take(P.end_tail, st.pa), take(tail_start, st.unit), take(head_start, st.unit))
+        e += take(P.end, st.pa)
         return take(e, order())
 
     @functools.cache
     def depth():
         unit_depth = starts(P.next_depth[piece])
-        d = take(unit_depth - unit_depth[st.tree], unit)
-        d += take(P.depth, pa)
+        d = take(unit_depth - unit_depth[st.tree], st.unit)
+        d += take(P.depth, st.pa)
         return d
 
     arrays = {
         "refs": refs,
-        "kind": lambda: take(P.kind, pa),
+        "kind": lambda: take(P.kind, st.pa),
         "parent": parent,
         "offset_of": lambda: _offset_of(chain(), N),
         "offset_chain": chain,
@@ -523,7 +530,7 @@ def batch_table(st: Stamp) -> ConstructionTable:
         "dfs_depth": lambda: take(depth(), order()),
         "max_depth": lambda: int(depth().max()),
         # a tree is one segment; its dfs positions are its atoms' indices
-        "dfs_segment": lambda: take(st.atom0[st.tree], unit),
+        "dfs_segment": lambda: take(st.atom0[st.tree], st.unit),
         "stage_atoms": [ar],  # every segment root is a ROOT row: one stage
         "constant_anchors": True,
     }
@@ -540,16 +547,23 @@ FORWARD = ("ideal", "torsion_slot", "proline_rows")
 def _proline_rows(st: Stamp) -> np.ndarray:
     """``(P, 4)`` atoms CA, CB, CG, CD of every proline (``Layout.proline_rows``'
     convention), in residue order: per residue, no pass over the atoms."""
-    ring = _pieces().ring[st.piece]
-    u = np.flatnonzero(ring[:, 2] >= 0)
-    return ring[u] + st.atom0[u, None]
+    P = _pieces()
+    u = np.flatnonzero(np.take(P.ring[:, 2] >= 0, st.piece))
+    return P.ring[st.piece[u]] + st.atom0[u, None]
 
 
-def _torsion_slot(st: Stamp, code: np.ndarray) -> np.ndarray:
-    """Flat torsion index ``residue * 7 + column`` of every atom, -1: none."""
-    slot = np.take(st.pad * N_TORSIONS, st.unit)
-    slot += np.take(code, st.pa)
-    return np.maximum(slot, -1, out=slot)
+def _fill_arrays(st: Stamp) -> tuple[np.ndarray, np.ndarray]:
+    """``ideal`` ``(N, 3)`` and ``torsion_slot``, the flat torsion index
+    ``residue * 7 + column`` of every atom (-1: none): in C where the kernel
+    is loaded, else in numpy (the reference)."""
+    P = _pieces()
+    pad7 = st.pad * N_TORSIONS
+    stamped = _kernel.stamp_atoms((st.piece, st.size, st.atom0, pad7), (P.start, P.ideal, P.tors_code), st.N)
+    if stamped is not None:
+        return stamped
+    slot = np.take(pad7, st.unit)
+    slot += np.take(P.tors_code, st.pa)
+    return np.take(P.ideal, st.pa, 0), np.maximum(slot, -1, out=slot)
 
 
 def batch_arrays(st: Stamp, names=None) -> dict:
@@ -559,20 +573,19 @@ def batch_arrays(st: Stamp, names=None) -> dict:
     ``atom_mask``, ``atom_names``, ``elements``, ``residue_index``
     (``(B, n_max)``) and ``residue_mask`` (``(B, L_max)``); ``names``: only those."""
     P = _pieces()
-    B, pa, unit = len(st.n_res), st.pa, st.unit
-    # per piece atom, beside its residue's base; NONE (far below -1) for no torsion
-    code = np.where(P.tors >= 0, P.tors_off * N_TORSIONS + P.tors, NONE)
+    B = len(st.n_res)
+    fill = functools.cache(lambda: _fill_arrays(st))
     makers = {
-        "ideal": lambda: np.take(P.ideal, pa, 0),
-        "ideal_mask": lambda: np.take(P.ideal_mask, pa, 0),
-        "torsion_slot": lambda: _torsion_slot(st, code),
+        "ideal": lambda: fill()[0],
+        "ideal_mask": lambda: np.take(P.ideal_mask, st.pa, 0),
+        "torsion_slot": lambda: fill()[1],
         "proline_rows": lambda: _proline_rows(st),
-        "atom_mask": lambda: (st.piece != PAD)[unit].reshape(B, -1),
+        "atom_mask": lambda: (st.piece != PAD)[st.unit].reshape(B, -1),
         "residue_mask": lambda: (
             np.bincount(st.pad[st.piece != PAD], minlength=B * st.L_max).astype(bool).reshape(B, -1)
         ),
-        "atom_names": lambda: P.atom_name[pa].reshape(B, -1),
-        "elements": lambda: P.element[pa].reshape(B, -1),
-        "residue_index": lambda: np.where(st.piece != PAD, st.pad % st.L_max, -1)[unit].reshape(B, -1),
+        "atom_names": lambda: P.atom_name[st.pa].reshape(B, -1),
+        "elements": lambda: P.element[st.pa].reshape(B, -1),
+        "residue_index": lambda: np.where(st.piece != PAD, st.pad % st.L_max, -1)[st.unit].reshape(B, -1),
     }
     return {k: makers[k]() for k in (makers if names is None else names)}
