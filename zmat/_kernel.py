@@ -57,6 +57,7 @@ import subprocess
 import sys
 import tempfile
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -65,7 +66,8 @@ import torch.autograd.forward_ad as _forward_ad
 from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensor
 
-from ._segments import take_shift
+from . import _columns
+from ._columns import ATOMS, POSITIONS, column
 from .table import ConstructionTable
 
 _CSRC = Path(__file__).with_name("csrc")
@@ -715,49 +717,45 @@ class KernelPlan:
     def arrays_for(self, chunked: bool) -> _Arrays:
         return self.chunked_arrays if chunked else self.arrays
 
+    @functools.cached_property
+    def _packed(self) -> np.ndarray:
+        """``ints`` packed (:func:`zmat._columns.encode`), for :meth:`take` and :meth:`concatenate`."""
+        return _columns.encode(KernelArrays, self._ints)
+
     def take(self, ptr: np.ndarray, index: np.ndarray) -> KernelPlan:
-        """The plan of ``ConstructionTable.take(ptr, index)``'s table, by the
-        same gathers: component ``k`` of the table is atoms and dfs positions
-        ``ptr[k]:ptr[k + 1]``, so its columns move together, indices shifted."""
-        _, shift = take_shift(ptr, index)  # new - old position
-        cols = np.arange(len(shift)) - shift
-        ints = np.take(self._ints, cols, axis=1)
-        _increase(ints, shift)
-        k = len(ints) - 2  # unused flat indices into C (keep 0) clipped into range
-        np.clip(ints[:k], 0, 3 * len(shift) - 1, out=ints[:k])
-        return KernelPlan(ints, np.take(self._flags, cols, axis=1), self.vjp)
+        """The plan of ``ConstructionTable.take(ptr, index)``'s table: component
+        ``k`` of the table is atoms and dfs positions ``ptr[k]:ptr[k + 1]``, so
+        its columns move together (:func:`zmat._columns.taken`)."""
+        ints = _columns.decode(KernelArrays, _columns.taken(KernelArrays, self._packed, ptr, index))
+        return KernelPlan(ints, _columns.taken(KernelFlags, self._flags, ptr, index), self.vjp)
 
     @staticmethod
     def concatenate(plans: list[KernelPlan]) -> KernelPlan:
         """The plan of ``ConstructionTable.concatenate`` of the plans' tables:
         their columns side by side, indices shifted by each table's first atom
-        (a concatenated table keeps every piece's atoms and dfs positions in one
-        range); a narrower offset chain is padded with unused entries."""
-        k = max(len(p._ints) for p in plans) - 2
-        shape = (k + 2, sum(p.n for p in plans))
-        ints, flags = np.empty(shape, np.int64), np.zeros(shape, np.uint8)
-        at = 0
-        for p in plans:  # per piece, whole rows shifted in one pass (no per-atom Python)
-            m, cols = len(p._ints) - 2, slice(at, at + p.n)
-            np.add(p._ints[:m], 3 * at, out=ints[:m, cols])  # flat indices into C
-            ints[m:k, cols] = 3 * at  # a narrower offset chain: unused entries, in range
-            np.add(p._ints[m:], at, out=ints[k:, cols])
-            np.putmask(ints[k, cols], p._ints[m] < 0, -1)  # parents (-1: none)
-            flags[:m, cols] = p._flags[:m]
-            flags[k:, cols] = p._flags[m:]
-            at += p.n
-        return KernelPlan(ints, flags.view(bool), plans[0].vjp)
+        (:func:`zmat._columns.joined`; a narrower offset chain has unused entries)."""
+        ints = _columns.decode(KernelArrays, _columns.joined(KernelArrays, [p._packed for p in plans]))
+        return KernelPlan(
+            ints, _columns.joined(KernelFlags, [p._flags for p in plans]).view(bool), plans[0].vjp
+        )
 
 
-def _increase(ints: np.ndarray, shift: np.ndarray) -> None:
-    """A plan's ``ints`` shifted by ``shift`` (per dfs position), as the
-    components of a batch move: ``gather`` rows index ``C``'s entries (3 per
-    atom), the parent row dfs positions (-1: none), the last row atoms (the
-    ``KernelPlan`` analogue of ``TablePlan``'s declared indices)."""
-    k = len(ints) - 2
-    ints[:k] += 3 * shift
-    ints[k] += np.where(ints[k] >= 0, shift, 0)
-    ints[k + 1] += shift
+@dataclass(frozen=True)
+class KernelArrays:
+    """The int64 rows of a :class:`KernelPlan` (its ``ints``, packed in this
+    order), each declaring what its values index (:mod:`zmat._columns`)."""
+
+    gather: np.ndarray = column(ATOMS, None, scale=3, none="clip", rows=True)  # (K, N) flat into C
+    parent: np.ndarray = column(POSITIONS)  # (N,), -1: none
+    order: np.ndarray = column(ATOMS)  # (N,) atom of every dfs position
+
+
+@dataclass(frozen=True)
+class KernelFlags:
+    """The bool rows of a :class:`KernelPlan` (its ``flags``): they index nothing."""
+
+    keep: np.ndarray = column(None, None, rows=True)  # (K, N): entries used
+    trig: np.ndarray = column(None, 2, rows=True)  # (2, N): theta, phi used
 
 
 def _differentiable_backward(*grads) -> bool:

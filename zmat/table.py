@@ -44,58 +44,46 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import TypeVar
 
 import numpy as np
 import torch
 
-from zmat._segments import per_row, ranges, starts, take_shift
+from zmat import _columns
+from zmat._columns import ATOMS, POSITIONS, column
 from zmat._segments import ptr as segment_ptr
+from zmat._segments import ranges, take_shift
 
 __all__ = ["ConstructionTable", "as_table"]
 
 ROOT, BOND, PLANAR, PROPER, OFFSET, POSITIONAL = range(6)
 KIND_NAMES = ("root", "bond", "planar", "proper", "offset", "positional")
-_NONE = -(1 << 40)  # a missing index in a packed plan: negative after any offset
 T = TypeVar("T")
-ATOMS, POSITIONS = "atoms", "positions"
-
-
-def _plan_field(index: str | None = None, width: int | None = 1):
-    """A :class:`TablePlan` field whose values index ``index`` (atoms,
-    depth-first positions, nothing), ``width`` values per atom (None: as many
-    as the table needs, the last field)."""
-    return field(metadata={"index": index, "width": width})
 
 
 @dataclass(frozen=True)
 class TablePlan:
     """The plan arrays of a table (``ConstructionTable._classify``), ``(N,)``
-    int64 each unless said, every field declaring what its values index.
-
-    A batch table keeps each component's atoms and depth-first positions in
-    one range, so concatenating is the components' columns side by side with
-    every value that indexes atoms or positions increased by its component's
-    first atom, and taking components is a gather of whole components'
-    columns with the same shift (PyTorch Geometric's ``Batch.__inc__``, for
-    every field at once): :meth:`concatenate` and :meth:`take`, one generic
-    operation on :meth:`pack`'s matrix. A missing index is ``-1``; in the
-    offset chain, ``N`` (the zero slot).
+    int64 each unless said, every field declaring what its values index
+    (:func:`zmat._columns.column`), so that concatenating tables and taking
+    components of a batch table are :mod:`zmat._columns`' generic operations
+    on :meth:`pack`'s matrix. A missing index is ``-1``; in the offset chain,
+    ``N`` (the zero slot).
     """
 
-    kind: np.ndarray = _plan_field()
-    dfs_depth: np.ndarray = _plan_field()  # per dfs position
-    stage: np.ndarray = _plan_field()  # segment level of every atom
-    refs: np.ndarray = _plan_field(ATOMS, 3)  # (N, 3)
-    parent: np.ndarray = _plan_field(ATOMS)
-    offset_of: np.ndarray = _plan_field(ATOMS)
-    dfs_order: np.ndarray = _plan_field(ATOMS)  # per dfs position
-    dfs_pos: np.ndarray = _plan_field(POSITIONS)
-    subtree_end: np.ndarray = _plan_field(POSITIONS)  # per dfs position
-    dfs_parent: np.ndarray = _plan_field(POSITIONS)  # per dfs position
-    dfs_segment: np.ndarray = _plan_field(POSITIONS)  # per dfs position
-    offset_chain: np.ndarray = _plan_field(ATOMS, None)  # (N, L)
+    kind: np.ndarray = column()
+    dfs_depth: np.ndarray = column()  # per dfs position
+    stage: np.ndarray = column()  # segment level of every atom
+    refs: np.ndarray = column(ATOMS, 3)  # (N, 3)
+    parent: np.ndarray = column(ATOMS)
+    offset_of: np.ndarray = column(ATOMS)
+    dfs_order: np.ndarray = column(ATOMS)  # per dfs position
+    dfs_pos: np.ndarray = column(POSITIONS)
+    subtree_end: np.ndarray = column(POSITIONS)  # per dfs position
+    dfs_parent: np.ndarray = column(POSITIONS)  # per dfs position
+    dfs_segment: np.ndarray = column(POSITIONS)  # per dfs position
+    offset_chain: np.ndarray = column(ATOMS, None, none="n")  # (N, L)
 
     @classmethod
     def of(cls, table: ConstructionTable) -> TablePlan:
@@ -106,67 +94,25 @@ class TablePlan:
         return cls(**{f.name: getattr(table, f.name) for f in _FIELDS if f.name != "stage"}, stage=stage)
 
     def pack(self) -> np.ndarray:
-        """``(rows, N)`` int64: the fields one after the other, a row per
-        value of an atom (refs 3, the offset chain its width), ``_NONE`` for a
-        missing index (negative after any shift)."""
-        n = len(self.kind)
-        rows = []
-        for f in _FIELDS:
-            a = getattr(self, f.name)
-            if f.metadata["width"] is None:  # the offset chain: n -> missing
-                a = np.where(a < n, a, -1)
-            rows.append(a.T if a.ndim == 2 else a[None])
-        packed = np.concatenate(rows).astype(np.int64, order="C")  # C: rows are gathered and joined
-        packed[_INDEXED:][packed[_INDEXED:] < 0] = _NONE
-        return packed
+        """``(rows, N)`` int64 (:func:`zmat._columns.pack`)."""
+        return _columns.pack(self)
 
     @classmethod
     def unpack(cls, packed: np.ndarray) -> TablePlan:
-        """The plan of a :meth:`pack`'d matrix (indices shifted, missing ones
-        negative); ``packed`` is modified and kept."""
-        n = packed.shape[1]
-        np.maximum(packed[_INDEXED:_CHAIN], -1, out=packed[_INDEXED:_CHAIN])
-        chain = packed[_CHAIN:]
-        np.putmask(chain, chain < 0, n)
-        values, at = {}, 0
-        for f in _FIELDS:
-            width = f.metadata["width"]
-            if width is None:
-                values[f.name] = chain.T
-            elif width == 1:
-                values[f.name] = packed[at]
-            else:
-                values[f.name] = np.ascontiguousarray(packed[at : at + width].T)
-            at += width or 0
-        return cls(**values)
+        """The plan of a :meth:`pack`'d matrix (``packed`` is modified and kept)."""
+        return _columns.unpack(cls, packed)
 
     @classmethod
     def concatenate(cls, packed: Sequence[np.ndarray]) -> TablePlan:
         """The plan of the tables of ``packed`` (their :meth:`pack`), the atoms
-        of each after those before: side by side (a narrower offset chain
-        padded with "none"), indices increased by each table's first atom."""
-        size = np.fromiter((a.shape[1] for a in packed), np.int64, len(packed))
-        height = max(a.shape[0] for a in packed)
-        if all(a.shape[0] == height for a in packed):
-            out = np.concatenate(packed, 1)
-        else:
-            out = np.full((height, int(size.sum())), _NONE, np.int64)
-            at = 0
-            for a in packed:
-                out[: a.shape[0], at : at + a.shape[1]] = a
-                at += a.shape[1]
-        out[_INDEXED:] += per_row(starts(size), size)  # new index of each table's first atom
-        return cls.unpack(out)
+        of each after those before."""
+        return _columns.concatenate(cls, packed)
 
     @classmethod
     def take(cls, packed: np.ndarray, ptr: np.ndarray, index: np.ndarray) -> TablePlan:
         """Components ``index`` (in that order) of the plan ``packed`` whose
         component ``k`` is atoms and dfs positions ``ptr[k]:ptr[k + 1]``."""
-        _, shift = take_shift(ptr, index)  # new - old index of every atom and position
-        out = _take_columns(packed, np.arange(len(shift)) - shift)
-        out[_INDEXED:] += shift
-        width = int((out[_CHAIN:] >= 0).any(1).sum())  # the widest offset chain of the components taken
-        return cls.unpack(out[: _CHAIN + width])
+        return _columns.take(cls, packed, ptr, index)
 
     def arrays(self) -> dict:
         """The arrays of the table (``ConstructionTable._ARRAYS``)."""
@@ -181,23 +127,6 @@ class TablePlan:
 
 
 _FIELDS = fields(TablePlan)  # once: ``fields`` costs a microsecond or two a call
-
-
-def _packed_rows() -> tuple[int, int]:
-    """Where :meth:`TablePlan.pack` puts things: the first row of a field that
-    indexes something (all such fields come last, so that one add shifts
-    them), and the first row of the offset chain."""
-    at, first = 0, None
-    for f in _FIELDS:
-        if f.metadata["index"] is not None:
-            first = at if first is None else first
-        elif first is not None:
-            raise AssertionError("TablePlan: the fields that index nothing come first")
-        at += f.metadata["width"] or 0
-    return first, at
-
-
-_INDEXED, _CHAIN = _packed_rows()
 
 
 class ConstructionTable:
