@@ -197,10 +197,11 @@ class ConstructionTable:
         # arrays made on first use: a fresh batch's kernel call reads none of
         # them (its plan is its pieces', ``_kernel_plan``)
         pieces = tuple(pieces)
-        joined = functools.cache(lambda: TablePlan.concatenate([t._packed for t in pieces]).arrays())
-        arrays = {name: functools.partial(_item, joined, name) for name in cls._ARRAYS}
-        arrays["constant_anchors"] = all(t.constant_anchors for t in pieces)  # segment roots: the pieces'
-        table = cls.from_arrays(arrays, sum(t.n_atoms for t in pieces))
+        table = cls.from_plan(
+            lambda: TablePlan.concatenate([t._packed for t in pieces]),
+            sum(t.n_atoms for t in pieces),
+            constant_anchors=all(t.constant_anchors for t in pieces),  # segment roots: the pieces'
+        )
         table.pieces = pieces  # whose per-device plans make the batch's
         return table
 
@@ -211,11 +212,11 @@ class ConstructionTable:
         (:meth:`TablePlan.take`), trusted like :meth:`concatenate`
         (``zmat.rdkit.TorsionSpace.take``). The arrays are made on first use; a
         method's plan may be taken from this table's plan instead (``origin``)."""
-        taken = functools.cache(lambda: TablePlan.take(self._packed, ptr, index).arrays())
-        arrays = {name: functools.partial(_item, taken, name) for name in self._ARRAYS}
-        if self.constant_anchors:  # so are its components'
-            arrays["constant_anchors"] = True
-        out = type(self).from_arrays(arrays, int(take_shift(ptr, index)[0].sum()))
+        out = type(self).from_plan(
+            lambda: TablePlan.take(self._packed, ptr, index),
+            int(take_shift(ptr, index)[0].sum()),
+            constant_anchors=True if self.constant_anchors else None,  # so are its components'
+        )
         out.origin = (self, ptr, index)
         return out
 
@@ -242,43 +243,44 @@ class ConstructionTable:
     )
 
     @classmethod
-    def from_arrays(cls, arrays: dict, n_atoms: int | None = None) -> ConstructionTable:
-        """A table from its arrays (``_ARRAYS``, as ``_classify`` makes them),
-        with no validation or planning: for builders that assemble tables from
-        pieces already validated and classified (``zmat.protein.pieces``),
-        whose tests compare every array with the general path's. A value may
-        be a function of no arguments: the array is made on first access (a
-        fresh batch's transform reads only some of them)."""
-        if set(arrays) != set(cls._ARRAYS):
-            raise ValueError(f"from_arrays needs exactly the arrays {cls._ARRAYS}")
+    def from_plan(cls, plan, n_atoms: int, constant_anchors: bool | None = None) -> ConstructionTable:
+        """A table from its :class:`TablePlan`, with no validation or planning:
+        for builders that assemble tables from pieces already validated and
+        classified (:meth:`concatenate`, :meth:`take`, ``zmat.protein.pieces``),
+        whose tests compare every array with the general path's. ``plan`` may
+        be a function of no arguments making it: then the arrays are made when
+        one is first read (a fresh batch's kernel call reads none);
+        ``constant_anchors``, if known, without them."""
         out = cls.__new__(cls)
-        lazy = {k: v for k, v in arrays.items() if callable(v)}
-        out.__dict__.update({k: v for k, v in arrays.items() if k not in lazy})
-        if lazy:
-            out._lazy = lazy
-        out.n_atoms = int(arrays["refs"].shape[0] if n_atoms is None else n_atoms)
+        out.n_atoms = int(n_atoms)
+        if constant_anchors is not None:
+            out.constant_anchors = constant_anchors
+        if callable(plan):
+            out._make_plan = plan
+        else:
+            out.__dict__.update({k: v for k, v in plan.arrays().items() if k not in out.__dict__})
         return out
 
     def __getattr__(self, name: str):
-        """A lazy array of a table made by :meth:`from_arrays` (only called for
-        attributes the instance does not have)."""
-        lazy = self.__dict__.get("_lazy", {})
-        make = lazy.get(name)
-        if make is None:
+        """An array of a table made by :meth:`from_plan` from a function, made
+        on first access (only called for attributes the instance lacks)."""
+        make = self.__dict__.get("_make_plan")
+        if make is None or name not in _ARRAY_NAMES:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        # set, then forget the maker: a second thread either finds the value
-        # or makes it again (the same), never a missing attribute
-        value = self.__dict__[name] = make()
-        lazy.pop(name, None)
-        return value
+        # set, then forget the maker: a second thread either finds the arrays
+        # or makes them again (the same), never a missing attribute
+        for k, v in make().arrays().items():
+            self.__dict__.setdefault(k, v)
+        self.__dict__.pop("_make_plan", None)
+        return self.__dict__[name]
 
     # ------------------------------------------------------------------ info
     def __getstate__(self) -> dict:
         """Pickled without its per-device plans (index tensors: rebuilt on use)
         and with its lazy arrays made."""
-        for name in list(self.__dict__.get("_lazy", ())):
-            getattr(self, name)
-        skip = ("_lazy", "_packed", "origin", "pieces", "kernel_arrays")
+        if "_make_plan" in self.__dict__:
+            self.refs  # noqa: B018 (makes the arrays)
+        skip = ("_make_plan", "_packed", "origin", "pieces", "kernel_arrays")
         return {k: v for k, v in self.__dict__.items() if not k.startswith(_PLANS) and k not in skip}
 
     def __len__(self) -> int:
@@ -429,6 +431,7 @@ class ConstructionTable:
 
 
 _PLANS = "_plans "
+_ARRAY_NAMES = frozenset(ConstructionTable._ARRAYS)  # the arrays a plan gives (``from_plan``)
 
 
 @functools.lru_cache(maxsize=8)
@@ -447,10 +450,6 @@ def _take_columns(a: np.ndarray, column: np.ndarray) -> np.ndarray:
     for k in range(a.shape[0]):
         np.take(a[k], column, out=out[k])
     return out
-
-
-def _item(make, name: str):
-    return make()[name]
 
 
 def _cache_name(build) -> str:
