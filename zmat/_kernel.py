@@ -692,30 +692,17 @@ class KernelPlan:
         self.gather, self.parent, self.order = (torch.from_numpy(a) for a in (ints[:k], ints[k], ints[k + 1]))
         self.keep, self.trig = torch.from_numpy(self._flags[:k]), torch.from_numpy(self._flags[k:])
         self.placement = (self.gather, self.keep, self.trig, self.parent)  # the forward's arrays
+        # units of work for threads: runs of whole trees, for tables rooted at
+        # the origin (positions): there a tree's gathers stay in the tree, while
+        # an anchored segment (frames) may read a sibling's phi in another
+        self.chunks = torch.from_numpy(_chunks(ints[k]))
         self.whole = torch.tensor([0, self.n])  # one unit per structure
 
     @functools.cached_property
-    def chunks(self) -> Tensor:
-        """Units of work for threads (made when a call first splits): runs of
-        whole trees, for tables rooted at the origin (positions): there a
-        tree's gathers stay in the tree, while an anchored segment (frames)
-        may read a sibling's phi in another."""
-        return torch.from_numpy(_chunks(self._ints[-2]))
-
-    @functools.cached_property
     def arrays(self) -> _Arrays:
-        """The arrays as the C functions take them, one unit per structure
-        (made on the first eager call: a plan made under ``torch.export``'s
-        fake tensors has no data)."""
-        return _Arrays.of(*self.placement, self.order, self.whole)
-
-    @functools.cached_property
-    def chunked_arrays(self) -> _Arrays:
-        """:attr:`arrays` with :attr:`chunks` as units of work."""
+        """The arrays as the C functions take them (made on the first eager call:
+        a plan made under ``torch.export``'s fake tensors has no data)."""
         return _Arrays.of(*self.placement, self.order, self.chunks)
-
-    def arrays_for(self, chunked: bool) -> _Arrays:
-        return self.chunked_arrays if chunked else self.arrays
 
     @functools.cached_property
     def _packed(self) -> np.ndarray:
@@ -803,7 +790,7 @@ def _place(C: torch.Tensor, plan: KernelPlan, frames: bool = True):
     positions ``(..., N, 3)`` (``C``'s shape) in atom order."""
     c = C.reshape(-1, 3 * plan.n)
     n, chunked = split(c.shape[0], plan.n)
-    return _state["module"].forward(c, plan.arrays_for(chunked), C, n, frames, chunked)
+    return _state["module"].forward(c, plan.arrays, C, n, frames, chunked)
 
 
 def _split(frames: torch.Tensor):
@@ -834,8 +821,7 @@ def _backward(ctx, frames, g_rot, g_pos, g_x=None, saved=None) -> torch.Tensor:
     g_pos = None if g_pos is None else g_pos.permute(2, 1, 0)
     n, chunked = split(frames.shape[0], plan.n)
     chunked = chunked and saved is None  # (trees of anchored segments may share gathers)
-    arrays = plan.arrays_for(chunked)
-    return _state["module"].backward(frames, g_rot, g_pos, g_x, arrays, 3 * plan.n, n, chunked)
+    return _state["module"].backward(frames, g_rot, g_pos, g_x, plan.arrays, 3 * plan.n, n, chunked)
 
 
 class _Positions(torch.autograd.Function):
