@@ -29,6 +29,7 @@ __all__ = [
     "column",
     "concatenate",
     "decode",
+    "encode",
     "joined",
     "pack",
     "rows",
@@ -43,30 +44,31 @@ NONE = -(1 << 40)
 
 
 def column(
-    index: str | None = None, width: int | None = 1, scale: int = 1, none: str = "-1", rows: bool = False
+    index: str | None = None, width: int | None = 1, scale: int = 1, none: str = "-1", by_rows: bool = False
 ):
     """A plan field. ``index``: what its values index (``ATOMS``,
     ``POSITIONS``, None); ``width``: values per atom (None: as many as the
     plan needs, padded with missing values where plans of different widths
     are joined); ``scale``: values per indexed item; ``none``: a missing
     index (negative) reads ``"-1"``, ``"n"`` (the number of atoms: a zero
-    slot) or ``"clip"`` (0: an unused entry, in range); ``rows``: stored as
-    ``(width, N)`` (else ``(N, width)``, or ``(N,)`` for width 1)."""
-    return field(metadata={"index": index, "width": width, "scale": scale, "none": none, "rows": rows})
+    slot) or ``"clip"`` (0: an unused entry, in range); ``by_rows``: stored
+    as ``(width, N)`` (else ``(N, width)``, or ``(N,)`` for width 1)."""
+    return field(metadata={"index": index, "width": width, "scale": scale, "none": none, "by_rows": by_rows})
 
 
 def rows(cls) -> tuple:
-    """``cls``' fields as ``(name, width, scale, none, rows)``, indexing fields last, cached on ``cls``."""
-    layout = cls.__dict__.get("_columns")
+    """``cls``' fields as ``(name, width, scale, none, by_rows)``, indexing
+    fields last (a scale of 0: indexes nothing), cached on ``cls``."""
+    layout = cls.__dict__.get("_column_layout")
     if layout is None:
         spec = [(f.name, f.metadata) for f in fields(cls)]
         order = sorted(spec, key=lambda s: s[1]["index"] is not None)  # (stable)
         if [s[1]["width"] is None for s in order].count(True) > 1:
             raise TypeError(f"{cls.__name__}: at most one field of free width")
         layout = tuple(
-            (n, m["width"], m["scale"] if m["index"] else 0, m["none"], m["rows"]) for n, m in order
+            (n, m["width"], m["scale"] if m["index"] else 0, m["none"], m["by_rows"]) for n, m in order
         )
-        cls._columns = layout
+        cls._column_layout = layout
     return layout
 
 

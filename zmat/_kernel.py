@@ -732,7 +732,7 @@ class KernelArrays:
     """The int64 rows of a :class:`KernelPlan` (its ``ints``, packed in this
     order), each declaring what its values index (:mod:`zmat._columns`)."""
 
-    gather: np.ndarray = column(ATOMS, None, scale=3, none="clip", rows=True)  # (K, N) flat into C
+    gather: np.ndarray = column(ATOMS, None, scale=3, none="clip", by_rows=True)  # (K, N) flat into C
     parent: np.ndarray = column(POSITIONS)  # (N,), -1: none
     order: np.ndarray = column(ATOMS)  # (N,) atom of every dfs position
 
@@ -741,8 +741,8 @@ class KernelArrays:
 class KernelFlags:
     """The bool rows of a :class:`KernelPlan` (its ``flags``): they index nothing."""
 
-    keep: np.ndarray = column(None, None, rows=True)  # (K, N): entries used
-    trig: np.ndarray = column(None, 2, rows=True)  # (2, N): theta, phi used
+    keep: np.ndarray = column(None, None, by_rows=True)  # (K, N): entries used
+    trig: np.ndarray = column(None, 2, by_rows=True)  # (2, N): theta, phi used
 
 
 def _differentiable_backward(*grads) -> bool:
