@@ -1,0 +1,164 @@
+"""The arrays of a torsion space, and batching them: one generic concatenate and take.
+
+A torsion space (:class:`zmat.rdkit.TorsionSpace`) of ``M`` molecules with
+``N`` atoms and ``K`` rotatable bonds in all holds arrays of three kinds of
+rows: one row per atom, per torsion or per molecule, the molecules back to
+back. Every field of :class:`TorsionArrays` declares its rows and what its
+values index (atoms, torsions, nothing), so that batching is one operation
+for every field (PyTorch Geometric's ``Batch`` with ``__inc__``, declared):
+
+* :meth:`TorsionArrays.concatenate` puts the rows of several spaces one after
+  the other, and a value that indexes atoms (torsions) of space ``s`` is
+  increased by the number of atoms (torsions) of the spaces before ``s``;
+* :meth:`TorsionArrays.take` gathers the rows of molecules ``index`` of a
+  batch, and shifts every indexing value by its molecule's new minus old
+  first row of the indexed kind.
+
+``-1`` ("none") stays ``-1``. Both work on each space's fields packed once
+into one matrix per (rows, dtype) (:attr:`TorsionArrays.packed`, columns as
+the fields declare), so a batch of many spaces is a few concatenations.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+
+from ._segments import per_row, ptr, ranges, starts
+
+__all__ = ["ATOMS", "MOLECULES", "TORSIONS", "TorsionArrays"]
+
+ATOMS, TORSIONS, MOLECULES = "atoms", "torsions", "molecules"
+_F, _I = np.dtype(np.float64), np.dtype(np.int64)
+
+
+def _field(rows: str, dtype: np.dtype, shape: tuple = (), index: str | None = None):
+    """A field with one ``shape`` value of ``dtype`` per row of ``rows``,
+    whose values index ``index`` (atoms, torsions; None: nothing)."""
+    return field(metadata={"rows": rows, "dtype": dtype, "shape": shape, "index": index})
+
+
+@dataclass(frozen=True, eq=False)
+class TorsionArrays:
+    """A torsion space's plain arrays (numpy, host), rows of molecules back to back.
+
+    Indices are flat over the space (atom ``i`` of the second molecule is
+    ``n_atoms[0] + i``); ``-1`` means none.
+    """
+
+    # per atom
+    positions: np.ndarray = _field(ATOMS, _F, (3,))  # the conformers
+    internal: np.ndarray = _field(ATOMS, _F, (3,))  # frozen internal coordinates on the table
+    owner: np.ndarray = _field(ATOMS, _I, index=TORSIONS)  # innermost torsion moving the atom
+    # per torsion
+    quads: np.ndarray = _field(TORSIONS, _I, (4,), ATOMS)  # (a, b, c, d); c's side moves
+    dof: np.ndarray = _field(TORSIONS, _I, index=ATOMS)  # the table row whose dihedral it is
+    torsions: np.ndarray = _field(TORSIONS, _F)  # the conformer's dihedral of the quad
+    delta: np.ndarray = _field(TORSIONS, _F)  # torsion minus the phi of its row (constant)
+    bond_parent: np.ndarray = _field(TORSIONS, _I, index=TORSIONS)  # innermost torsion moving its bond
+    level: np.ndarray = _field(TORSIONS, _I)  # nesting depth (bond_parent ancestors)
+    # per molecule
+    rotation: np.ndarray = _field(MOLECULES, _F, (3, 3))  # canonical frame -> Mol frame: x R^T + shift
+    shift: np.ndarray = _field(MOLECULES, _F, (3,))
+    n_atoms: np.ndarray = _field(MOLECULES, _I)
+    n_torsions: np.ndarray = _field(MOLECULES, _I)
+
+    def __post_init__(self) -> None:
+        count = {ATOMS: int(self.n_atoms.sum()), TORSIONS: int(self.n_torsions.sum())}
+        count[MOLECULES] = len(self.n_atoms)
+        for f in _FIELDS:
+            a, m = getattr(self, f.name), f.metadata
+            if a.dtype != m["dtype"] or a.shape != (count[m["rows"]], *m["shape"]):
+                raise ValueError(
+                    f"TorsionArrays.{f.name}: expected {m['dtype']} of shape "
+                    f"{(count[m['rows']], *m['shape'])}, got {a.dtype} {a.shape}"
+                )
+
+    def __getstate__(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in _FIELDS}  # not the packed copy
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+    def sizes(self, rows: str) -> np.ndarray:
+        """``(M,)`` rows of kind ``rows`` of every molecule."""
+        if rows == MOLECULES:
+            return np.ones(len(self.n_atoms), np.int64)
+        return self.n_atoms if rows == ATOMS else self.n_torsions
+
+    @functools.cached_property
+    def packed(self) -> tuple[np.ndarray, ...]:
+        """One C-contiguous ``(rows, columns)`` matrix per group of :data:`_GROUPS`
+        (a kind of rows and a dtype), the fields' values side by side; made
+        once and kept, so batching many spaces is a concatenation per group."""
+        cols = [[] for _ in _GROUPS]
+        for f in _FIELDS:
+            a = getattr(self, f.name)
+            c = _COLUMNS[f.name]
+            cols[_GROUP_OF[f.name]].append(a.reshape(len(a), c.stop - c.start))
+        return tuple(np.concatenate(c, 1) for c in cols)
+
+    @classmethod
+    def concatenate(cls, items: Sequence[TorsionArrays]) -> TorsionArrays:
+        """The spaces ``items`` as one: rows one after the other, indices offset."""
+        packs = [a.packed for a in items]
+        joined = [np.concatenate([p[g] for p in packs]) for g in range(len(_GROUPS))]
+        sizes = {}  # rows of every kind in each space
+        for g, (rows, _) in enumerate(_GROUPS):
+            if rows not in sizes:
+                sizes[rows] = np.fromiter((len(p[g]) for p in packs), np.int64, len(packs))
+        return cls._unpack(joined, sizes, {rows: starts(s) for rows, s in sizes.items()})
+
+    def take(self, index: np.ndarray) -> TorsionArrays:
+        """Molecules ``index`` (``(B,)`` int64 in ``[0, M)``, in that order,
+        repeats allowed) as a new batch: gathers of whole molecules' rows."""
+        sizes, shift, picked = {}, {}, []
+        for rows in (ATOMS, TORSIONS, MOLECULES):
+            first = ptr(self.sizes(rows))[index]
+            sizes[rows] = self.sizes(rows)[index]
+            shift[rows] = starts(sizes[rows]) - first  # new - old first row of each molecule
+            picked.append(ranges(first, sizes[rows]))
+        rows_of = dict(zip((ATOMS, TORSIONS, MOLECULES), picked, strict=True))
+        taken = [m.take(rows_of[rows], axis=0) for m, (rows, _) in zip(self.packed, _GROUPS, strict=True)]
+        return self._unpack(taken, sizes, shift)
+
+    @classmethod
+    def _unpack(cls, packed: list[np.ndarray], sizes: dict, shift: dict) -> TorsionArrays:
+        """The fields of :attr:`packed`-layout matrices, every indexing value
+        shifted by ``shift[index kind]`` of its component (``sizes[rows]`` rows
+        each); -1 stays -1."""
+        values, moved = {}, {}
+        for f in _FIELDS:
+            m = f.metadata
+            a = packed[_GROUP_OF[f.name]][:, _COLUMNS[f.name]]
+            a = np.ascontiguousarray(a).reshape(len(a), *m["shape"])
+            if m["index"] is not None:
+                key = (m["index"], m["rows"])
+                if key not in moved:
+                    moved[key] = per_row(shift[m["index"]], sizes[m["rows"]])
+                by = moved[key].reshape(-1, *(1,) * len(m["shape"]))
+                a = np.where(a >= 0, a + by, a)
+            values[f.name] = a
+        return cls(**values)
+
+
+_FIELDS = fields(TorsionArrays)
+#: the packed matrices: one per kind of rows and dtype, in field order
+_GROUPS = list(dict.fromkeys((f.metadata["rows"], f.metadata["dtype"]) for f in _FIELDS))
+_GROUP_OF = {f.name: _GROUPS.index((f.metadata["rows"], f.metadata["dtype"])) for f in _FIELDS}
+
+
+def _columns() -> dict[str, slice]:
+    """Each field's columns in its group's matrix: the fields of a group side by side."""
+    at, out = [0] * len(_GROUPS), {}
+    for f in _FIELDS:
+        g, width = _GROUP_OF[f.name], int(np.prod(f.metadata["shape"], dtype=np.int64))
+        out[f.name] = slice(at[g], at[g] + width)
+        at[g] += width
+    return out
+
+
+_COLUMNS = _columns()
