@@ -13,8 +13,6 @@ no RDKit).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 import torch
 
@@ -33,11 +31,10 @@ class TableTorsions:
     Args:
         arrays: the space's arrays; this route reads ``internal``, ``dof``,
             ``delta``, ``rotation``, ``shift`` and ``n_atoms``.
-        table: a function returning the space's table (a batch makes its
-            table on first use).
+        table: the space's table.
     """
 
-    def __init__(self, arrays: TorsionArrays, table: Callable[[], ConstructionTable]) -> None:
+    def __init__(self, arrays: TorsionArrays, table: ConstructionTable) -> None:
         self.arrays, self.table = arrays, table
         self._plans = DevicePlans()
 
@@ -68,7 +65,7 @@ class TableTorsions:
     def place(self, internal: torch.Tensor) -> torch.Tensor:
         """Positions in the Mol frames of ``(..., N, 3)`` internal coordinates on the table."""
         rot, shift = self.frames(internal.dtype, internal.device)
-        return (to_xyz(internal, self.table()).unsqueeze(-2) * rot).sum(-1) + shift
+        return (to_xyz(internal, self.table).unsqueeze(-2) * rot).sum(-1) + shift
 
     def __call__(self, torsions: torch.Tensor) -> torch.Tensor:
         internal, delta, src = self.scatter(torsions.dtype, torsions.device)

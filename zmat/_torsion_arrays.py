@@ -66,7 +66,9 @@ class TorsionArrays:
     n_atoms: np.ndarray = _field(MOLECULES, _I)
     n_torsions: np.ndarray = _field(MOLECULES, _I)
 
-    def __post_init__(self) -> None:
+    def check(self) -> TorsionArrays:
+        """This, after checking every field's dtype and shape (rows as ``n_atoms``
+        and ``n_torsions`` say); batches of checked arrays need no check."""
         count = {ATOMS: int(self.n_atoms.sum()), TORSIONS: int(self.n_torsions.sum())}
         count[MOLECULES] = len(self.n_atoms)
         for f in _FIELDS:
@@ -76,6 +78,7 @@ class TorsionArrays:
                     f"TorsionArrays.{f.name}: expected {m['dtype']} of shape "
                     f"{(count[m['rows']], *m['shape'])}, got {a.dtype} {a.shape}"
                 )
+        return self
 
     def __getstate__(self) -> dict:
         return {f.name: getattr(self, f.name) for f in _FIELDS}  # not the packed copy
@@ -115,37 +118,42 @@ class TorsionArrays:
     def take(self, index: np.ndarray) -> TorsionArrays:
         """Molecules ``index`` (``(B,)`` int64 in ``[0, M)``, in that order,
         repeats allowed) as a new batch: gathers of whole molecules' rows."""
-        sizes, shift, picked = {}, {}, []
+        sizes, shift, rows_of = {}, {}, {}
         for rows in (ATOMS, TORSIONS, MOLECULES):
             first = ptr(self.sizes(rows))[index]
             sizes[rows] = self.sizes(rows)[index]
             shift[rows] = starts(sizes[rows]) - first  # new - old first row of each molecule
-            picked.append(ranges(first, sizes[rows]))
-        rows_of = dict(zip((ATOMS, TORSIONS, MOLECULES), picked, strict=True))
-        taken = [m.take(rows_of[rows], axis=0) for m, (rows, _) in zip(self.packed, _GROUPS, strict=True)]
-        return self._unpack(taken, sizes, shift)
+            rows_of[rows] = ranges(first, sizes[rows])
+        values = {f.name: getattr(self, f.name).take(rows_of[f.metadata["rows"]], axis=0) for f in _FIELDS}
+        return _shifted(values, sizes, shift)
 
     @classmethod
     def _unpack(cls, packed: list[np.ndarray], sizes: dict, shift: dict) -> TorsionArrays:
-        """The fields of :attr:`packed`-layout matrices, every indexing value
-        shifted by ``shift[index kind]`` of its component (``sizes[rows]`` rows
-        each); -1 stays -1."""
-        values, moved = {}, {}
+        """The arrays of :attr:`packed`-layout matrices, indices shifted (:func:`_shifted`)."""
+        values = {}
         for f in _FIELDS:
-            m = f.metadata
             a = packed[_GROUP_OF[f.name]][:, _COLUMNS[f.name]]
-            a = np.ascontiguousarray(a).reshape(len(a), *m["shape"])
-            if m["index"] is not None:
-                key = (m["index"], m["rows"])
-                if key not in moved:
-                    moved[key] = per_row(shift[m["index"]], sizes[m["rows"]])
-                by = moved[key].reshape(-1, *(1,) * len(m["shape"]))
-                a = np.where(a >= 0, a + by, a)
-            values[f.name] = a
-        return cls(**values)
+            values[f.name] = np.ascontiguousarray(a).reshape(len(a), *f.metadata["shape"])
+        return _shifted(values, sizes, shift)
+
+
+def _shifted(values: dict, sizes: dict, shift: dict) -> TorsionArrays:
+    """The arrays ``values`` (components' rows one after the other) with every
+    value that indexes a kind of rows increased by ``shift[kind]`` of its
+    component (``sizes[rows]`` rows of each); -1 stays -1."""
+    moved = {}
+    for f in _INDEXING:
+        m, a = f.metadata, values[f.name]
+        key = (m["index"], m["rows"])
+        if key not in moved:
+            moved[key] = per_row(shift[m["index"]], sizes[m["rows"]])
+        by = moved[key].reshape(-1, *(1,) * len(m["shape"]))
+        values[f.name] = np.where(a >= 0, a + by, a)
+    return TorsionArrays(**values)
 
 
 _FIELDS = fields(TorsionArrays)
+_INDEXING = [f for f in _FIELDS if f.metadata["index"] is not None]
 #: the packed matrices: one per kind of rows and dtype, in field order
 _GROUPS = list(dict.fromkeys((f.metadata["rows"], f.metadata["dtype"]) for f in _FIELDS))
 _GROUP_OF = {f.name: _GROUPS.index((f.metadata["rows"], f.metadata["dtype"])) for f in _FIELDS}

@@ -416,7 +416,7 @@ def _space_of(mol, conf_id: int, rotatable) -> tuple[Chem.Mol, ConstructionTable
         shift=shift.numpy()[None],
         n_atoms=np.array([len(pos)]),
         n_torsions=np.array([len(quads)]),
-    )
+    ).check()
     return Chem.Mol(mol, confId=mol.GetConformer(conf_id).GetId()), table, arrays
 
 
@@ -610,9 +610,11 @@ class TorsionSpace:
 
     @property
     def _table_route(self) -> TableTorsions:
-        """The ``"table"`` route (:mod:`zmat._table_torsions`), made on first use."""
+        """The ``"table"`` route (:mod:`zmat._table_torsions`), made on first use
+        (given the table itself, not this space: no reference cycle, so a
+        step's batch is freed as soon as it is dropped)."""
         if self._placed is None:
-            self._placed = TableTorsions(self.arrays, lambda: self.table)
+            self._placed = TableTorsions(self.arrays, self.table)
         return self._placed
 
     def place(self, internal: torch.Tensor) -> torch.Tensor:
