@@ -388,9 +388,7 @@ def zmatrix_from_mol(mol, conf_id: int = -1) -> MolZMatrix:
     return MolZMatrix(symbols, internal, table, title, Chem.GetFormalCharge(mol))
 
 
-# ------------------------------------------------------------ the space
-
-
+# ------------------------------------------------------ Mols in and out
 def _space_of(mol, conf_id: int, rotatable) -> tuple[Chem.Mol, ConstructionTable, TorsionArrays]:
     """Conformer ``conf_id`` of ``mol`` in torsion space: a copy of the Mol
     holding that conformer, the torsion-space table and the arrays."""
@@ -517,6 +515,8 @@ class TorsionSpace:
         return {"mols": self.mols, "table": self.table, "arrays": self.arrays}
 
     def __setstate__(self, state: dict) -> None:
+        if "arrays" not in state:
+            raise ValueError("this TorsionSpace was pickled by an older zmat: make it again with from_mol")
         self.__init__(state["mols"], state["table"], state["arrays"])
 
     def __repr__(self) -> str:
