@@ -19,6 +19,7 @@ import torch
 
 from . import _kernel
 from ._device_plans import DevicePlans
+from ._segments import ptr
 from ._torsion_arrays import TorsionArrays
 from .table import ConstructionTable, index_tensor
 
@@ -76,7 +77,7 @@ class RigidTorsions:
             slot = np.zeros(k + 1, np.int64)  # slot[-1] = 0: "no torsion", the identity
             slot[perm] = np.arange(1, k + 1)
             sizes = np.bincount(level, minlength=1).tolist() if k else []
-            parents = np.split(slot[parent][perm], np.cumsum(sizes)[:-1])[: len(sizes)]  # per level
+            parents = np.split(slot[parent][perm], ptr(sizes)[1:-1]) if k else []  # per level
             # the per-torsion geometry in numpy (float64, then cast): a fresh
             # batch's plan in a few vectorised calls instead of ~20 small ops
             x0, q = self.positions, self.quads[perm]
