@@ -14,9 +14,10 @@ for every field (PyTorch Geometric's ``Batch`` with ``__inc__``, declared):
   batch, and shifts every indexing value by its molecule's new minus old
   first row of the indexed kind.
 
-``-1`` ("none") stays ``-1``. Both work on each space's fields packed once
-into one matrix per (rows, dtype) (:attr:`TorsionArrays.packed`, columns as
-the fields declare), so a batch of many spaces is a few concatenations.
+``-1`` ("none") stays ``-1``. Concatenating works on each space's fields
+packed once into one flat array per dtype (:attr:`TorsionArrays.packed`,
+columns as the fields declare), so a batch of many spaces is a few
+concatenations and gathers whatever their number.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ import numpy as np
 
 from ._segments import per_row, ptr, ranges, starts
 
-__all__ = ["ATOMS", "MOLECULES", "TORSIONS", "TorsionArrays"]
+__all__ = ["ATOMS", "KINDS", "MOLECULES", "TORSIONS", "TorsionArrays"]
 
 ATOMS, TORSIONS, MOLECULES = "atoms", "torsions", "molecules"
+KINDS = (ATOMS, TORSIONS, MOLECULES)
 _F, _I = np.dtype(np.float64), np.dtype(np.int64)
 
 
@@ -93,33 +95,40 @@ class TorsionArrays:
         return self.n_atoms if rows == ATOMS else self.n_torsions
 
     @functools.cached_property
-    def packed(self) -> tuple[np.ndarray, ...]:
-        """One C-contiguous ``(rows, columns)`` matrix per group of :data:`_GROUPS`
-        (a kind of rows and a dtype), the fields' values side by side; made
-        once and kept, so batching many spaces is a concatenation per group."""
+    def packed(self) -> tuple[tuple[np.ndarray, ...], tuple[int, int, int]]:
+        """This space's values, made once and kept: one flat array per dtype of
+        :data:`_DTYPES` (its groups of :data:`_GROUPS` one after the other, each
+        a ``(rows, columns)`` matrix of the fields side by side, as
+        :data:`_COLUMNS` says) and its rows of each kind (:data:`KINDS`); so
+        batching many spaces is one concatenation per dtype."""
         cols = [[] for _ in _GROUPS]
         for f in _FIELDS:
             a = getattr(self, f.name)
-            c = _COLUMNS[f.name]
-            cols[_GROUP_OF[f.name]].append(a.reshape(len(a), c.stop - c.start))
-        return tuple(np.concatenate(c, 1) for c in cols)
+            cols[_GROUP_OF[f.name]].append(a.reshape(len(a), _WIDTH[f.name]))
+        groups = [np.concatenate(c, 1).reshape(-1) for c in cols]
+        flats = tuple(np.concatenate([groups[g] for g in in_dtype]) for in_dtype in _IN_DTYPE)
+        return flats, tuple(int(self.sizes(kind).sum()) for kind in KINDS)
 
     @classmethod
     def concatenate(cls, items: Sequence[TorsionArrays]) -> TorsionArrays:
         """The spaces ``items`` as one: rows one after the other, indices offset."""
         packs = [a.packed for a in items]
-        joined = [np.concatenate([p[g] for p in packs]) for g in range(len(_GROUPS))]
-        sizes = {}  # rows of every kind in each space
-        for g, (rows, _) in enumerate(_GROUPS):
-            if rows not in sizes:
-                sizes[rows] = np.fromiter((len(p[g]) for p in packs), np.int64, len(packs))
-        return cls._unpack(joined, sizes, {rows: starts(s) for rows, s in sizes.items()})
+        counts = np.array([p[1] for p in packs], np.int64).reshape(-1, len(KINDS))  # (S, kinds)
+        groups: list = [None] * len(_GROUPS)
+        for d, in_dtype in enumerate(_IN_DTYPE):
+            flat = np.concatenate([p[0][d] for p in packs])
+            size = np.stack([counts[:, KINDS.index(_GROUPS[g][0])] * _GROUP_WIDTH[g] for g in in_dtype], 1)
+            first = starts(size.reshape(-1)).reshape(size.shape)  # of every group of every space
+            for j, g in enumerate(in_dtype):
+                groups[g] = flat.take(ranges(first[:, j], size[:, j])).reshape(-1, _GROUP_WIDTH[g])
+        sizes = {kind: counts[:, i] for i, kind in enumerate(KINDS)}
+        return cls._unpack(groups, sizes, {kind: starts(s) for kind, s in sizes.items()})
 
     def take(self, index: np.ndarray) -> TorsionArrays:
         """Molecules ``index`` (``(B,)`` int64 in ``[0, M)``, in that order,
         repeats allowed) as a new batch: gathers of whole molecules' rows."""
         sizes, shift, rows_of = {}, {}, {}
-        for rows in (ATOMS, TORSIONS, MOLECULES):
+        for rows in KINDS:
             first = ptr(self.sizes(rows))[index]
             sizes[rows] = self.sizes(rows)[index]
             shift[rows] = starts(sizes[rows]) - first  # new - old first row of each molecule
@@ -159,13 +168,19 @@ _GROUPS = list(dict.fromkeys((f.metadata["rows"], f.metadata["dtype"]) for f in 
 _GROUP_OF = {f.name: _GROUPS.index((f.metadata["rows"], f.metadata["dtype"])) for f in _FIELDS}
 
 
+_WIDTH = {f.name: int(np.prod(f.metadata["shape"], dtype=np.int64)) for f in _FIELDS}
+_GROUP_WIDTH = [sum(_WIDTH[f.name] for f in _FIELDS if _GROUP_OF[f.name] == g) for g in range(len(_GROUPS))]
+_DTYPES = list(dict.fromkeys(dtype for _, dtype in _GROUPS))
+_IN_DTYPE = [[g for g, (_, dtype) in enumerate(_GROUPS) if dtype == d] for d in _DTYPES]
+
+
 def _columns() -> dict[str, slice]:
     """Each field's columns in its group's matrix: the fields of a group side by side."""
     at, out = [0] * len(_GROUPS), {}
     for f in _FIELDS:
-        g, width = _GROUP_OF[f.name], int(np.prod(f.metadata["shape"], dtype=np.int64))
-        out[f.name] = slice(at[g], at[g] + width)
-        at[g] += width
+        g = _GROUP_OF[f.name]
+        out[f.name] = slice(at[g], at[g] + _WIDTH[f.name])
+        at[g] += _WIDTH[f.name]
     return out
 
 
