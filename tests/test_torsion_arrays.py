@@ -63,6 +63,7 @@ def assert_arrays(a: TorsionArrays, expected: dict) -> None:
     for name, value in expected.items():
         got = getattr(a, name)
         assert got.dtype == value.dtype and np.array_equal(got, value), name
+        assert got.flags.c_contiguous, name  # (tensors made of them are plain, too)
 
 
 def test_concatenate_is_the_rule_by_hand(spaces):

@@ -142,7 +142,9 @@ class TorsionArrays:
         values = {}
         for f in _FIELDS:
             a = packed[_GROUP_OF[f.name]][:, _COLUMNS[f.name]]
-            values[f.name] = np.ascontiguousarray(a).reshape(len(a), *f.metadata["shape"])
+            if f.metadata["index"] is None:  # (an indexing field's shifted copy is made contiguous)
+                a = np.ascontiguousarray(a)
+            values[f.name] = a.reshape(len(a), *f.metadata["shape"])
         return _shifted(values, sizes, shift)
 
 
