@@ -23,6 +23,7 @@ concatenations and gathers whatever their number.
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 
@@ -113,11 +114,14 @@ class TorsionArrays:
     def concatenate(cls, items: Sequence[TorsionArrays]) -> TorsionArrays:
         """The spaces ``items`` as one: rows one after the other, indices offset."""
         packs = [a.packed for a in items]
-        counts = np.array([p[1] for p in packs], np.int64).reshape(-1, len(KINDS))  # (S, kinds)
+        counts = np.fromiter(
+            itertools.chain.from_iterable(p[1] for p in packs), np.int64, len(KINDS) * len(packs)
+        )
+        counts = counts.reshape(-1, len(KINDS))  # (S, kinds): rows of each kind in each space
         groups: list = [None] * len(_GROUPS)
         for d, in_dtype in enumerate(_IN_DTYPE):
             flat = np.concatenate([p[0][d] for p in packs])
-            size = np.stack([counts[:, KINDS.index(_GROUPS[g][0])] * _GROUP_WIDTH[g] for g in in_dtype], 1)
+            size = counts[:, _GROUP_KIND[in_dtype]] * _GROUP_WIDTH[in_dtype]  # (S, groups of the dtype)
             first = starts(size.reshape(-1)).reshape(size.shape)  # of every group of every space
             for j, g in enumerate(in_dtype):
                 groups[g] = flat.take(ranges(first[:, j], size[:, j])).reshape(-1, _GROUP_WIDTH[g])
@@ -142,7 +146,7 @@ class TorsionArrays:
         values = {}
         for f in _FIELDS:
             a = packed[_GROUP_OF[f.name]][:, _COLUMNS[f.name]]
-            if f.metadata["index"] is None:  # (an indexing field's shifted copy is made contiguous)
+            if f.metadata["index"] is None:  # (an indexing field is made contiguous as it is shifted)
                 a = np.ascontiguousarray(a)
             values[f.name] = a.reshape(len(a), *f.metadata["shape"])
         return _shifted(values, sizes, shift)
@@ -159,7 +163,9 @@ def _shifted(values: dict, sizes: dict, shift: dict) -> TorsionArrays:
         if key not in moved:
             moved[key] = per_row(shift[m["index"]], sizes[m["rows"]])
         by = moved[key].reshape(-1, *(1,) * len(m["shape"]))
-        values[f.name] = np.where(a >= 0, a + by, a)
+        a = np.ascontiguousarray(a)  # values are fresh gathers or copies: shifted in place
+        a += by * (a >= 0)
+        values[f.name] = a
     return TorsionArrays(**values)
 
 
@@ -171,9 +177,12 @@ _GROUP_OF = {f.name: _GROUPS.index((f.metadata["rows"], f.metadata["dtype"])) fo
 
 
 _WIDTH = {f.name: int(np.prod(f.metadata["shape"], dtype=np.int64)) for f in _FIELDS}
-_GROUP_WIDTH = [sum(_WIDTH[f.name] for f in _FIELDS if _GROUP_OF[f.name] == g) for g in range(len(_GROUPS))]
+_GROUP_WIDTH = np.array(
+    [sum(_WIDTH[f.name] for f in _FIELDS if _GROUP_OF[f.name] == g) for g in range(len(_GROUPS))]
+)
+_GROUP_KIND = np.array([KINDS.index(rows) for rows, _ in _GROUPS])
 _DTYPES = list(dict.fromkeys(dtype for _, dtype in _GROUPS))
-_IN_DTYPE = [[g for g, (_, dtype) in enumerate(_GROUPS) if dtype == d] for d in _DTYPES]
+_IN_DTYPE = [np.array([g for g, (_, dtype) in enumerate(_GROUPS) if dtype == d]) for d in _DTYPES]
 
 
 def _columns() -> dict[str, slice]:
