@@ -144,11 +144,11 @@ class TorsionArrays:
     def _unpack(cls, packed: list[np.ndarray], sizes: dict, shift: dict) -> TorsionArrays:
         """The arrays of :attr:`packed`-layout matrices, indices shifted (:func:`_shifted`)."""
         values = {}
-        for f in _FIELDS:
-            a = packed[_GROUP_OF[f.name]][:, _COLUMNS[f.name]]
-            if f.metadata["index"] is None:  # (an indexing field is made contiguous as it is shifted)
+        for name, group, columns, shape, indexes in _LAYOUT:
+            a = packed[group][:, columns]
+            if indexes is None:  # (an indexing field is made contiguous as it is shifted)
                 a = np.ascontiguousarray(a)
-            values[f.name] = a.reshape(len(a), *f.metadata["shape"])
+            values[name] = a.reshape(len(a), *shape)
         return _shifted(values, sizes, shift)
 
 
@@ -196,3 +196,7 @@ def _columns() -> dict[str, slice]:
 
 
 _COLUMNS = _columns()
+#: per field: its name, group, columns there, shape of a row's value, what it indexes
+_LAYOUT = [
+    (f.name, _GROUP_OF[f.name], _COLUMNS[f.name], f.metadata["shape"], f.metadata["index"]) for f in _FIELDS
+]
