@@ -15,9 +15,9 @@ for every field (PyTorch Geometric's ``Batch`` with ``__inc__``, declared):
   first row of the indexed kind.
 
 ``-1`` ("none") stays ``-1``. Concatenating works on each space's fields
-packed once into one flat array per dtype (:attr:`TorsionArrays.packed`,
-columns as the fields declare), so a batch of many spaces is a few
-concatenations and gathers whatever their number.
+packed once into one flat array per kind of rows and dtype
+(:attr:`TorsionArrays.packed`, columns as the fields declare), so a batch of
+many spaces is a few concatenations whatever their number.
 """
 
 from __future__ import annotations
@@ -97,18 +97,17 @@ class TorsionArrays:
 
     @functools.cached_property
     def packed(self) -> tuple[tuple[np.ndarray, ...], tuple[int, int, int]]:
-        """This space's values, made once and kept: one flat array per dtype of
-        :data:`_DTYPES` (its groups of :data:`_GROUPS` one after the other, each
-        a ``(rows, columns)`` matrix of the fields side by side, as
-        :data:`_COLUMNS` says) and its rows of each kind (:data:`KINDS`); so
-        batching many spaces is one concatenation per dtype."""
+        """This space's values, made once and kept: one flat array per group of
+        :data:`_GROUPS` (a kind of rows and a dtype: a ``(rows, columns)``
+        matrix of the fields side by side, as :data:`_COLUMNS` says, raveled)
+        and its rows of each kind (:data:`KINDS`); so batching many spaces is
+        one concatenation per group."""
         cols = [[] for _ in _GROUPS]
         for f in _FIELDS:
             a = getattr(self, f.name)
             cols[_GROUP_OF[f.name]].append(a.reshape(len(a), _WIDTH[f.name]))
-        groups = [np.concatenate(c, 1).reshape(-1) for c in cols]
-        flats = tuple(np.concatenate([groups[g] for g in in_dtype]) for in_dtype in _IN_DTYPE)
-        return flats, tuple(int(self.sizes(kind).sum()) for kind in KINDS)
+        groups = tuple(np.concatenate(c, 1).reshape(-1) for c in cols)
+        return groups, tuple(int(self.sizes(kind).sum()) for kind in KINDS)
 
     @classmethod
     def concatenate(cls, items: Sequence[TorsionArrays]) -> TorsionArrays:
@@ -118,13 +117,10 @@ class TorsionArrays:
             itertools.chain.from_iterable(p[1] for p in packs), np.int64, len(KINDS) * len(packs)
         )
         counts = counts.reshape(-1, len(KINDS))  # (S, kinds): rows of each kind in each space
-        groups: list = [None] * len(_GROUPS)
-        for d, in_dtype in enumerate(_IN_DTYPE):
-            flat = np.concatenate([p[0][d] for p in packs])
-            size = counts[:, _GROUP_KIND[in_dtype]] * _GROUP_WIDTH[in_dtype]  # (S, groups of the dtype)
-            first = starts(size.reshape(-1)).reshape(size.shape)  # of every group of every space
-            for j, g in enumerate(in_dtype):
-                groups[g] = flat.take(ranges(first[:, j], size[:, j])).reshape(-1, _GROUP_WIDTH[g])
+        groups = [
+            np.concatenate([p[0][g] for p in packs]).reshape(-1, width)
+            for g, width in enumerate(_GROUP_WIDTH)
+        ]
         sizes = {kind: counts[:, i] for i, kind in enumerate(KINDS)}
         return cls._unpack(groups, sizes, {kind: starts(s) for kind, s in sizes.items()})
 
@@ -177,12 +173,7 @@ _GROUP_OF = {f.name: _GROUPS.index((f.metadata["rows"], f.metadata["dtype"])) fo
 
 
 _WIDTH = {f.name: int(np.prod(f.metadata["shape"], dtype=np.int64)) for f in _FIELDS}
-_GROUP_WIDTH = np.array(
-    [sum(_WIDTH[f.name] for f in _FIELDS if _GROUP_OF[f.name] == g) for g in range(len(_GROUPS))]
-)
-_GROUP_KIND = np.array([KINDS.index(rows) for rows, _ in _GROUPS])
-_DTYPES = list(dict.fromkeys(dtype for _, dtype in _GROUPS))
-_IN_DTYPE = [np.array([g for g, (_, dtype) in enumerate(_GROUPS) if dtype == d]) for d in _DTYPES]
+_GROUP_WIDTH = [sum(_WIDTH[f.name] for f in _FIELDS if _GROUP_OF[f.name] == g) for g in range(len(_GROUPS))]
 
 
 def _columns() -> dict[str, slice]:
