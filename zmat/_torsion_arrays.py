@@ -15,9 +15,9 @@ for every field (PyTorch Geometric's ``Batch`` with ``__inc__``, declared):
   first row of the indexed kind.
 
 ``-1`` ("none") stays ``-1``. Concatenating works on each space's fields
-packed once into one flat array per kind of rows and dtype
-(:attr:`TorsionArrays.packed`, columns as the fields declare), so a batch of
-many spaces is a few concatenations whatever their number.
+packed once into one flat array (:attr:`TorsionArrays.packed`, columns as the
+fields declare), so a batch of many spaces is one concatenation and a gather
+per kind of rows and dtype, whatever their number.
 """
 
 from __future__ import annotations
@@ -96,18 +96,19 @@ class TorsionArrays:
         return self.n_atoms if rows == ATOMS else self.n_torsions
 
     @functools.cached_property
-    def packed(self) -> tuple[tuple[np.ndarray, ...], tuple[int, int, int]]:
-        """This space's values, made once and kept: one flat array per group of
-        :data:`_GROUPS` (a kind of rows and a dtype: a ``(rows, columns)``
-        matrix of the fields side by side, as :data:`_COLUMNS` says, raveled)
-        and its rows of each kind (:data:`KINDS`); so batching many spaces is
-        one concatenation per group."""
+    def packed(self) -> tuple[np.ndarray, tuple[int, int, int]]:
+        """This space's values, made once and kept: one flat int64 array of its
+        groups of :data:`_GROUPS` one after the other (each a ``(rows, columns)``
+        matrix of the fields side by side, as :data:`_COLUMNS` says; float64
+        values by their bits) and its rows of each kind (:data:`KINDS`). One
+        array per space: a batch of many spaces reads few objects (their
+        headers, not the bytes, cost most when the caches are cold)."""
         cols = [[] for _ in _GROUPS]
         for f in _FIELDS:
             a = getattr(self, f.name)
             cols[_GROUP_OF[f.name]].append(a.reshape(len(a), _WIDTH[f.name]))
-        groups = tuple(np.concatenate(c, 1).reshape(-1) for c in cols)
-        return groups, tuple(int(self.sizes(kind).sum()) for kind in KINDS)
+        flat = np.concatenate([np.concatenate(c, 1).reshape(-1).view(np.int64) for c in cols])
+        return flat, tuple(int(self.sizes(kind).sum()) for kind in KINDS)
 
     @classmethod
     def concatenate(cls, items: Sequence[TorsionArrays]) -> TorsionArrays:
@@ -117,10 +118,12 @@ class TorsionArrays:
             itertools.chain.from_iterable(p[1] for p in packs), np.int64, len(KINDS) * len(packs)
         )
         counts = counts.reshape(-1, len(KINDS))  # (S, kinds): rows of each kind in each space
-        groups = [
-            np.concatenate([p[0][g] for p in packs]).reshape(-1, width)
-            for g, width in enumerate(_GROUP_WIDTH)
-        ]
+        flat = np.concatenate([p[0] for p in packs])
+        size = counts[:, _GROUP_KIND] * _GROUP_WIDTH  # (S, groups): values of each group of each space
+        first = starts(size.reshape(-1)).reshape(size.shape)
+        groups = []
+        for g, ((_, dtype), width) in enumerate(zip(_GROUPS, _GROUP_WIDTH, strict=True)):
+            groups.append(flat.take(ranges(first[:, g], size[:, g])).view(dtype).reshape(-1, width))
         sizes = {kind: counts[:, i] for i, kind in enumerate(KINDS)}
         return cls._unpack(groups, sizes, {kind: starts(s) for kind, s in sizes.items()})
 
@@ -173,7 +176,10 @@ _GROUP_OF = {f.name: _GROUPS.index((f.metadata["rows"], f.metadata["dtype"])) fo
 
 
 _WIDTH = {f.name: int(np.prod(f.metadata["shape"], dtype=np.int64)) for f in _FIELDS}
-_GROUP_WIDTH = [sum(_WIDTH[f.name] for f in _FIELDS if _GROUP_OF[f.name] == g) for g in range(len(_GROUPS))]
+_GROUP_WIDTH = np.array(
+    [sum(_WIDTH[f.name] for f in _FIELDS if _GROUP_OF[f.name] == g) for g in range(len(_GROUPS))]
+)
+_GROUP_KIND = np.array([KINDS.index(rows) for rows, _ in _GROUPS])
 
 
 def _columns() -> dict[str, slice]:
