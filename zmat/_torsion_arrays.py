@@ -15,9 +15,8 @@ for every field (PyTorch Geometric's ``Batch`` with ``__inc__``, declared):
   first row of the indexed kind.
 
 ``-1`` ("none") stays ``-1``. Concatenating works on each space's fields
-packed once into one flat array (:attr:`TorsionArrays.packed`, columns as the
-fields declare), so a batch of many spaces is one concatenation and a gather
-per kind of rows and dtype, whatever their number.
+packed once into one flat array (:attr:`TorsionArrays.packed`), so a batch of
+many spaces is one concatenation and one gather whatever their number.
 """
 
 from __future__ import annotations
@@ -97,35 +96,37 @@ class TorsionArrays:
 
     @functools.cached_property
     def packed(self) -> tuple[np.ndarray, tuple[int, int, int]]:
-        """This space's values, made once and kept: one flat int64 array of its
-        groups of :data:`_GROUPS` one after the other (each a ``(rows, columns)``
-        matrix of the fields side by side, as :data:`_COLUMNS` says; float64
-        values by their bits) and its rows of each kind (:data:`KINDS`). One
-        array per space: a batch of many spaces reads few objects (their
-        headers, not the bytes, cost most when the caches are cold)."""
-        cols = [[] for _ in _GROUPS]
-        for f in _FIELDS:
-            a = getattr(self, f.name)
-            cols[_GROUP_OF[f.name]].append(a.reshape(len(a), _WIDTH[f.name]))
-        flat = np.concatenate([np.concatenate(c, 1).reshape(-1).view(np.int64) for c in cols])
+        """This space's values, made once and kept: one flat int64 array of the
+        fields one after the other (float64 values by their bits), and its
+        rows of each kind (:data:`KINDS`). One array per space: a batch of many
+        spaces reads few objects (their headers cost most when the caches are
+        cold)."""
+        flat = np.concatenate([getattr(self, f.name).reshape(-1).view(np.int64) for f in _FIELDS])
         return flat, tuple(int(self.sizes(kind).sum()) for kind in KINDS)
 
     @classmethod
     def concatenate(cls, items: Sequence[TorsionArrays]) -> TorsionArrays:
-        """The spaces ``items`` as one: rows one after the other, indices offset."""
+        """The spaces ``items`` as one: rows one after the other, indices offset.
+
+        One concatenation of their :attr:`packed` arrays and one gather that
+        puts every field's values of all spaces together, so each field is a
+        contiguous slice of it."""
         packs = [a.packed for a in items]
         counts = np.fromiter(
             itertools.chain.from_iterable(p[1] for p in packs), np.int64, len(KINDS) * len(packs)
         )
         counts = counts.reshape(-1, len(KINDS))  # (S, kinds): rows of each kind in each space
-        flat = np.concatenate([p[0] for p in packs])
-        size = counts[:, _GROUP_KIND] * _GROUP_WIDTH  # (S, groups): values of each group of each space
+        size = counts[:, _ROWS] * _WIDTHS  # (S, fields): values of each field of each space
         first = starts(size.reshape(-1)).reshape(size.shape)
-        groups = []
-        for g, ((_, dtype), width) in enumerate(zip(_GROUPS, _GROUP_WIDTH, strict=True)):
-            groups.append(flat.take(ranges(first[:, g], size[:, g])).view(dtype).reshape(-1, width))
+        flat = np.concatenate([p[0] for p in packs])
+        by_field = flat.take(ranges(first.T.reshape(-1), size.T.reshape(-1)))
+        bounds = ptr(size.sum(0))
+        values = {}
+        for j, f in enumerate(_FIELDS):
+            part = by_field[bounds[j] : bounds[j + 1]].view(f.metadata["dtype"])
+            values[f.name] = part.reshape(-1, *f.metadata["shape"])
         sizes = {kind: counts[:, i] for i, kind in enumerate(KINDS)}
-        return cls._unpack(groups, sizes, {kind: starts(s) for kind, s in sizes.items()})
+        return _shifted(values, sizes, {kind: starts(s) for kind, s in sizes.items()})
 
     def take(self, index: np.ndarray) -> TorsionArrays:
         """Molecules ``index`` (``(B,)`` int64 in ``[0, M)``, in that order,
@@ -137,17 +138,6 @@ class TorsionArrays:
             shift[rows] = starts(sizes[rows]) - first  # new - old first row of each molecule
             rows_of[rows] = ranges(first, sizes[rows])
         values = {f.name: getattr(self, f.name).take(rows_of[f.metadata["rows"]], axis=0) for f in _FIELDS}
-        return _shifted(values, sizes, shift)
-
-    @classmethod
-    def _unpack(cls, packed: list[np.ndarray], sizes: dict, shift: dict) -> TorsionArrays:
-        """The arrays of :attr:`packed`-layout matrices, indices shifted (:func:`_shifted`)."""
-        values = {}
-        for name, group, columns, shape, indexes in _LAYOUT:
-            a = packed[group][:, columns]
-            if indexes is None:  # (an indexing field is made contiguous as it is shifted)
-                a = np.ascontiguousarray(a)
-            values[name] = a.reshape(len(a), *shape)
         return _shifted(values, sizes, shift)
 
 
@@ -162,7 +152,7 @@ def _shifted(values: dict, sizes: dict, shift: dict) -> TorsionArrays:
         if key not in moved:
             moved[key] = per_row(shift[m["index"]], sizes[m["rows"]])
         by = moved[key].reshape(-1, *(1,) * len(m["shape"]))
-        a = np.ascontiguousarray(a)  # values are fresh gathers or copies: shifted in place
+        a = np.ascontiguousarray(a)  # (fresh gathers: shifted in place)
         a += by * (a >= 0)
         values[f.name] = a
     return TorsionArrays(**values)
@@ -170,30 +160,6 @@ def _shifted(values: dict, sizes: dict, shift: dict) -> TorsionArrays:
 
 _FIELDS = fields(TorsionArrays)
 _INDEXING = [f for f in _FIELDS if f.metadata["index"] is not None]
-#: the packed matrices: one per kind of rows and dtype, in field order
-_GROUPS = list(dict.fromkeys((f.metadata["rows"], f.metadata["dtype"]) for f in _FIELDS))
-_GROUP_OF = {f.name: _GROUPS.index((f.metadata["rows"], f.metadata["dtype"])) for f in _FIELDS}
-
-
-_WIDTH = {f.name: int(np.prod(f.metadata["shape"], dtype=np.int64)) for f in _FIELDS}
-_GROUP_WIDTH = np.array(
-    [sum(_WIDTH[f.name] for f in _FIELDS if _GROUP_OF[f.name] == g) for g in range(len(_GROUPS))]
-)
-_GROUP_KIND = np.array([KINDS.index(rows) for rows, _ in _GROUPS])
-
-
-def _columns() -> dict[str, slice]:
-    """Each field's columns in its group's matrix: the fields of a group side by side."""
-    at, out = [0] * len(_GROUPS), {}
-    for f in _FIELDS:
-        g = _GROUP_OF[f.name]
-        out[f.name] = slice(at[g], at[g] + _WIDTH[f.name])
-        at[g] += _WIDTH[f.name]
-    return out
-
-
-_COLUMNS = _columns()
-#: per field: its name, group, columns there, shape of a row's value, what it indexes
-_LAYOUT = [
-    (f.name, _GROUP_OF[f.name], _COLUMNS[f.name], f.metadata["shape"], f.metadata["index"]) for f in _FIELDS
-]
+#: per field: the kind of its rows (an index into KINDS) and its values per row
+_ROWS = np.array([KINDS.index(f.metadata["rows"]) for f in _FIELDS])
+_WIDTHS = np.array([int(np.prod(f.metadata["shape"], dtype=np.int64)) for f in _FIELDS])
