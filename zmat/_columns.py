@@ -1,16 +1,21 @@
-"""Plans whose columns are atoms: one generic concatenate and take.
+"""Plans and batches: one field declaration, one concatenate and one take.
 
-A plan of a table (:class:`zmat.table.TablePlan`, the compiled kernel's
-``zmat._kernel.KernelArrays``) is a frozen dataclass of int64 arrays with one
-column per atom (or depth-first position: a batch table keeps each
-component's atoms and positions in one range). Each field declares, with
-:func:`column`, what its values index (atoms, positions, nothing), how many
-values per indexed item (``scale``: 3 for flat indices into ``C``), and what a
-missing index becomes. Packed as one ``(rows, N)`` matrix (:func:`pack`),
-concatenating plans is their columns side by side with every indexing row
-increased by ``scale`` times its component's first atom, and taking
-components is a gather of whole components' columns with the same shift: as
-PyTorch Geometric's ``Batch.__inc__``, for every field at once.
+A plan (:class:`zmat.table.TablePlan`, the compiled kernel's
+``zmat._kernel.KernelArrays``, a torsion space's
+``zmat._torsion_arrays.TorsionArrays``) is a frozen dataclass of arrays whose
+first axis runs over rows of some kind: atoms (depth-first positions: a batch
+table keeps each component's atoms and positions in one range, so they share
+the atoms' counts), torsions, molecules, the components back to back. Each
+field declares, with :func:`column`, its kind of rows, its values per row
+(a fixed shape, or one free-width field as wide as the plan needs), its
+dtype, what its values index (a kind of rows, or nothing), how many values
+per indexed item (``scale``: 3 for flat indices into ``C``) and what a
+missing index reads. Packed (:func:`pack`) as one ``(values, rows)`` matrix
+per kind of rows (int64, floats by their bits; missing indices ``NONE``),
+concatenating plans is their columns side by side with every indexing value
+increased by ``scale`` times the number of indexed rows of the components
+before, and taking components is a gather of whole components' columns with
+the same shift: PyTorch Geometric's ``Batch.__inc__``, for every field at once.
 """
 
 from __future__ import annotations
@@ -21,196 +26,289 @@ from dataclasses import field, fields
 
 import numpy as np
 
-from ._segments import per_row, starts, take_shift
+from ._segments import per_row, starts
 
 __all__ = [
     "ATOMS",
+    "MOLECULES",
     "POSITIONS",
+    "TORSIONS",
     "column",
     "concatenate",
     "decode",
     "encode",
     "joined",
+    "kinds",
     "pack",
-    "rows",
     "take",
     "taken",
     "unpack",
 ]
 
-ATOMS, POSITIONS = "atoms", "positions"
+ATOMS, POSITIONS, TORSIONS, MOLECULES = "atoms", "positions", "torsions", "molecules"
+#: kinds of rows counted as another (a batch table's positions are its atoms' ranges)
+_SAME = {POSITIONS: ATOMS}
 #: a missing index while packed: negative after any shift
 NONE = -(1 << 40)
 
 
 def column(
-    index: str | None = None, width: int | None = 1, scale: int = 1, none: str = "-1", by_rows: bool = False
+    index: str | None = None,
+    width: int | tuple | None = 1,
+    scale: int = 1,
+    none: str = "-1",
+    by_rows: bool = False,
+    rows: str = ATOMS,
+    dtype=np.int64,
 ):
-    """A plan field. ``index``: what its values index (``ATOMS``,
-    ``POSITIONS``, None); ``width``: values per atom (None: as many as the
-    plan needs, padded with missing values where plans of different widths
-    are joined); ``scale``: values per indexed item; ``none``: a missing
-    index (negative) reads ``"-1"``, ``"n"`` (the number of atoms: a zero
-    slot) or ``"clip"`` (0: an unused entry, in range); ``by_rows``: stored
-    as ``(width, N)`` (else ``(N, width)``, or ``(N,)`` for width 1)."""
-    return field(metadata={"index": index, "width": width, "scale": scale, "none": none, "by_rows": by_rows})
+    """A plan field of one value per row of kind ``rows`` (``width`` 1),
+    ``(n, width)`` (an int), ``(n, *width)`` (a tuple) or ``(n, L)`` (None:
+    as wide as the plan needs, padded with missing values where plans of
+    different widths are joined; one such field per plan), of ``dtype``.
+    ``index``: what its values index (a kind of rows, ``POSITIONS``, None);
+    ``scale``: values per indexed item; ``none``: a missing index (negative)
+    reads ``"-1"``, ``"n"`` (the number of indexed rows: a zero slot) or
+    ``"clip"`` (0: an unused entry, in range); ``by_rows``: stored as
+    ``(width, n)`` instead."""
+    shape = () if width == 1 else (width,) if isinstance(width, int) or width is None else tuple(width)
+    meta = {"index": index, "width": width, "shape": shape, "scale": scale, "none": none, "by_rows": by_rows}
+    return field(metadata={**meta, "rows": rows, "dtype": np.dtype(dtype)})
 
 
-def rows(cls) -> tuple:
-    """``cls``' fields as ``(name, width, scale, none, by_rows)``, indexing
-    fields last (a scale of 0: indexes nothing), cached on ``cls``."""
-    layout = cls.__dict__.get("_column_layout")
-    if layout is None:
-        spec = [(f.name, f.metadata) for f in fields(cls)]
-        order = sorted(spec, key=lambda s: s[1]["index"] is not None)  # (stable)
-        if [s[1]["width"] is None for s in order].count(True) > 1:
-            raise TypeError(f"{cls.__name__}: at most one field of free width")
-        layout = tuple(
-            (n, m["width"], m["scale"] if m["index"] else 0, m["none"], m["by_rows"]) for n, m in order
-        )
-        cls._column_layout = layout
-    return layout
+@functools.cache
+def _spec(cls) -> dict:
+    """Per kind of rows (in order of first declaration): its fields as
+    ``(name, values per row or None, shape, dtype, scale, indexed kind, none,
+    by_rows)``, indexing fields last."""
+    out = {}
+    for f in fields(cls):
+        m = f.metadata
+        shape = m["shape"]
+        size = None if m["width"] is None else int(np.prod(shape, dtype=np.int64))
+        index = _SAME.get(m["index"], m["index"])
+        row = (f.name, size, shape, m["dtype"], m["scale"] if index else 0, index, m["none"], m["by_rows"])
+        out.setdefault(_SAME.get(m["rows"], m["rows"]), []).append(row)
+    if sum(s[1] is None for rows in out.values() for s in rows) > 1:
+        raise TypeError(f"{cls.__name__}: at most one field of free width")
+    return {kind: tuple(sorted(rows, key=lambda s: s[5] is not None)) for kind, rows in out.items()}
 
 
-def pack(plan, dtype=np.int64) -> np.ndarray:
-    """``(rows, N)`` (int64, or ``dtype`` for a plan that indexes nothing),
-    C-ordered: the fields one after the other (a row per value of an atom),
-    missing indices ``NONE``."""
+def kinds(cls) -> tuple[str, ...]:
+    """The kinds of rows of ``cls``, in the order of :func:`pack`'s matrices."""
+    return tuple(_spec(cls))
+
+
+def _dtype(specs) -> np.dtype:
+    """A kind's matrix dtype: int64, or the one dtype of fields that index nothing (flags)."""
+    dtypes = {s[3] for s in specs}
+    one = dtypes.pop() if len(dtypes) == 1 else None
+    return (
+        one if one is not None and one.itemsize != 8 and not any(s[4] for s in specs) else np.dtype(np.int64)
+    )
+
+
+def _many(cls, packed):
+    """``packed`` as a tuple of one matrix per kind (a plan of one kind packs to the matrix)."""
+    return (packed,) if len(_spec(cls)) == 1 else tuple(packed)
+
+
+def _one(cls, out: tuple):
+    return out[0] if len(_spec(cls)) == 1 else out
+
+
+def pack(plan):
+    """One C-ordered ``(values, rows)`` matrix per kind of rows (:func:`kinds`;
+    the matrix itself for a plan of one kind): the fields one after the other
+    (a matrix row per value of a row), floats by their bits, missing indices ``NONE``."""
+    spec = _spec(type(plan))
+    count = {k: _rows_of(getattr(plan, s[0][0]), s[0]) for k, s in spec.items()}
     out = []
-    for name, _, scale, none, by_rows in rows(type(plan)):
-        a = np.asarray(getattr(plan, name))
-        a = a[None] if a.ndim == 1 else a if by_rows else a.T
-        if scale:
-            missing = (a < 0) | (a >= a.shape[1]) if none == "n" else a < 0
-            a = np.where(missing, NONE, a)
-        out.append(a)
-    return np.concatenate(out).astype(dtype, order="C")
+    for specs in spec.values():
+        dtype, parts = _dtype(specs), []
+        for name, _, _, _, scale, index, none, by_rows in specs:
+            a = np.asarray(getattr(plan, name))
+            a = a[None] if a.ndim == 1 else a if by_rows else a.reshape(len(a), int(np.prod(a.shape[1:]))).T
+            if a.dtype != dtype and a.dtype.itemsize == dtype.itemsize:
+                a = a.view(dtype)  # floats by their bits
+            if scale:
+                missing = (a < 0) | (a >= count[index]) if none == "n" else a < 0
+                a = np.where(missing, NONE, a)
+            parts.append(a)
+        out.append(np.concatenate(parts).astype(dtype, order="C", copy=False))
+    return _one(type(plan), tuple(out))
 
 
-def unpack(cls, packed: np.ndarray):
-    """The plan of a packed (and shifted) matrix; ``packed`` is modified
-    (:func:`decode`) and kept (the fields are views of it)."""
-    decode(cls, packed)
+def _rows_of(a, spec) -> int:
+    a = np.asarray(a)
+    return a.shape[-1] if spec[7] and a.ndim > 1 else len(a)
+
+
+def unpack(cls, packed):
+    """The plan of packed (and shifted) matrices; they are modified
+    (:func:`decode`) and kept (fields of one value per row are views of them)."""
+    packed = _many(cls, decode(cls, packed))
     values = {}
-    for name, first, end, declared, by_rows in _layout(cls, packed.shape[0])[0]:
-        a = packed[first:end]
-        if not by_rows:  # atom-major: the free-width field a view (it is read per atom)
-            a = a[0] if declared == 1 else a.T if declared is None else np.ascontiguousarray(a.T)
-        values[name] = a
+    for matrix, kind in zip(packed, _spec(cls), strict=True):
+        for name, first, end, shape, dtype, by_rows in _layout(cls, kind, matrix.shape[0])[0]:
+            a = matrix[first:end]
+            if not by_rows:  # row-major: the free-width field a view (it is read per row)
+                a = a[0] if shape == () else a.T if shape == (None,) else np.ascontiguousarray(a.T)
+                a = a.reshape(len(a), *shape) if len(shape) > 1 else a
+            values[name] = a.view(dtype) if a.dtype != dtype and a.dtype.itemsize == dtype.itemsize else a
     return cls(**values)
 
 
-def encode(cls, matrix: np.ndarray) -> np.ndarray:
-    """A copy of a decoded matrix (as :func:`unpack` leaves it) packed again:
-    its missing indices ``NONE``."""
-    out = matrix.astype(np.int64, copy=True)
-    n = out.shape[1]
-    for first, end, none, _ in _layout(cls, out.shape[0])[2]:
-        block = out[first:end]
-        if none != "clip":
-            np.putmask(block, (block < 0) | (block >= n) if none == "n" else block < 0, NONE)
-    return out
+def encode(cls, packed):
+    """A copy of decoded matrices (as :func:`unpack` leaves them) packed again:
+    their missing indices ``NONE``."""
+    out = tuple(m.astype(np.int64, copy=True) for m in _many(cls, packed))
+    count = _counts(cls, out)
+    for matrix, kind in zip(out, _spec(cls), strict=True):
+        for first, end, none, _, index in _layout(cls, kind, matrix.shape[0])[2]:
+            block, n = matrix[first:end], count[index]
+            if none != "clip":
+                np.putmask(block, (block < 0) | (block >= n) if none == "n" else block < 0, NONE)
+    return _one(cls, out)
 
 
-def decode(cls, packed: np.ndarray) -> np.ndarray:
+def decode(cls, packed):
     """``packed`` with its missing indices (negative) as the fields declare, in place."""
-    n = packed.shape[1]
-    for first, end, none, scale in _layout(cls, packed.shape[0])[2]:
-        block = packed[first:end]
-        if none == "-1":
-            np.maximum(block, -1, out=block)
-        else:
-            np.putmask(block, block < 0, n if none == "n" else 0)
-            if none == "clip":
-                np.minimum(block, scale * n - 1, out=block)
+    count = _counts(cls, _many(cls, packed))
+    for matrix, kind in zip(_many(cls, packed), _spec(cls), strict=True):
+        for first, end, none, scale, index in _layout(cls, kind, matrix.shape[0])[2]:
+            block, n = matrix[first:end], count[index]
+            if none == "-1":
+                np.maximum(block, -1, out=block)
+            else:
+                np.putmask(block, block < 0, n if none == "n" else 0)
+                if none == "clip":
+                    np.minimum(block, scale * n - 1, out=block)
     return packed
 
 
+def _counts(cls, packed: tuple) -> dict:
+    return {kind: m.shape[1] for kind, m in zip(_spec(cls), packed, strict=True)}
+
+
 @functools.lru_cache(maxsize=64)
-def _layout(cls, height: int) -> tuple:
-    """Where the fields of ``cls`` lie in a packed matrix of ``height`` rows:
-    ``(name, first, end, declared width, by rows)`` per field, then runs of
-    indexing rows ``(first, end, scale)`` (one shift each), then runs
-    ``(first, end, none, scale)`` (one decoding of missing values each)."""
-    free = height - sum(w or 0 for _, w, *_ in rows(cls))
+def _layout(cls, kind: str, height: int) -> tuple:
+    """Where the fields of rows ``kind`` lie in its packed matrix of ``height``
+    rows: ``(name, first, end, shape, dtype, by rows)`` per field, then runs of
+    indexing rows ``(first, end, scale, indexed kind)`` (one shift each), then
+    runs ``(first, end, none, scale, indexed kind)`` (one decoding each)."""
+    specs = _spec(cls)[kind]
+    free = height - sum(s[1] or 0 for s in specs)
     slices, shift, missing, at = [], [], [], 0
-    for name, declared, scale, none, by_rows in rows(cls):
-        end = at + (free if declared is None else declared)
-        slices.append((name, at, end, declared, by_rows))
+    for name, size, shape, dtype, scale, index, none, by_rows in specs:
+        end = at + (free if size is None else size)
+        slices.append((name, at, end, (None,) if size is None else shape, dtype, by_rows))
         if scale and end > at:
-            if shift and shift[-1][1] == at and shift[-1][2] == scale:
-                shift[-1] = (shift[-1][0], end, scale)
+            if shift and shift[-1][1] == at and shift[-1][2:] == (scale, index):
+                shift[-1] = (shift[-1][0], end, scale, index)
             else:
-                shift.append((at, end, scale))
-            if missing and missing[-1][1] == at and missing[-1][2:] == (none, scale):
-                missing[-1] = (missing[-1][0], end, none, scale)
+                shift.append((at, end, scale, index))
+            if missing and missing[-1][1] == at and missing[-1][2:] == (none, scale, index):
+                missing[-1] = (missing[-1][0], end, none, scale, index)
             else:
-                missing.append((at, end, none, scale))
+                missing.append((at, end, none, scale, index))
         at = end
     return tuple(slices), tuple(shift), tuple(missing)
 
 
-def concatenate(cls, packed: Sequence[np.ndarray]):
-    """The plan of the plans ``packed`` (their :func:`pack`), the atoms of
+def concatenate(cls, packed: Sequence):
+    """The plan of the plans ``packed`` (their :func:`pack`), the rows of
     each after those before (:func:`joined`)."""
     return unpack(cls, joined(cls, packed))
 
 
-def take(cls, packed: np.ndarray, ptr: np.ndarray, index: np.ndarray):
+def take(cls, packed, ptr, index: np.ndarray):
     """Components ``index`` (in that order) of the plan ``packed`` whose
-    component ``k`` is atoms and positions ``ptr[k]:ptr[k + 1]`` (:func:`taken`)."""
+    component ``k`` is rows ``ptr[kind][k]:ptr[kind][k + 1]`` of every kind
+    (``ptr`` an array: the atoms' and positions' bounds, for a plan of one kind)."""
     return unpack(cls, taken(cls, packed, ptr, index))
 
 
-def joined(cls, packed: Sequence[np.ndarray]) -> np.ndarray:
-    """The packed plans ``packed`` side by side (a narrower free-width field
-    padded with missing values, or zeros in a plan that indexes nothing),
-    indices shifted by each plan's first atom."""
-    size = np.fromiter((a.shape[1] for a in packed), np.int64, len(packed))
-    height = max(a.shape[0] for a in packed)
-    if all(a.shape[0] == height for a in packed):
-        out = np.concatenate(packed, 1)
-    else:  # the free-width field: missing values below a narrower plan's rows
-        top, bottom = _around_free(cls)
-        dtype = packed[0].dtype
-        out = np.full((height, int(size.sum())), NONE if dtype == np.int64 else 0, dtype)
-        at = 0
-        for a in packed:
-            cols, free = slice(at, at + a.shape[1]), a.shape[0] - bottom
-            out[:free, cols] = a[:free]
-            if bottom:
-                out[-bottom:, cols] = a[free:]
-            at += a.shape[1]
-    _add(cls, out, per_row(starts(size), size))
+def joined(cls, packed: Sequence):
+    """The packed plans ``packed`` side by side, kind by kind (a narrower
+    free-width field padded with missing values, or zeros in a plan that
+    indexes nothing), indices shifted by the rows before of the kind they index."""
+    per_kind = list(zip(*(_many(cls, p) for p in packed), strict=True))
+    size = {
+        kind: np.fromiter((a.shape[1] for a in mats), np.int64, len(mats))
+        for kind, mats in zip(_spec(cls), per_kind, strict=True)
+    }
+    first = {kind: starts(s) for kind, s in size.items()}
+    out = []
+    for kind, mats in zip(_spec(cls), per_kind, strict=True):
+        height = max(a.shape[0] for a in mats)
+        if all(a.shape[0] == height for a in mats):
+            matrix = np.concatenate(mats, 1)
+        else:  # the free-width field: missing values below a narrower plan's rows
+            matrix = _padded(cls, kind, mats, height, int(size[kind].sum()))
+        _add(cls, kind, matrix, lambda index, k=kind: per_row(first[index], size[k]))
+        out.append(matrix)
+    return _one(cls, tuple(out))
+
+
+def _padded(cls, kind: str, mats, height: int, width: int) -> np.ndarray:
+    bottom = _around_free(cls, kind)[1]
+    dtype = mats[0].dtype
+    out = np.full((height, width), NONE if dtype == np.int64 else 0, dtype)
+    at = 0
+    for a in mats:
+        cols, free = slice(at, at + a.shape[1]), a.shape[0] - bottom
+        out[:free, cols] = a[:free]
+        if bottom:
+            out[-bottom:, cols] = a[free:]
+        at += a.shape[1]
     return out
 
 
-def taken(cls, packed: np.ndarray, ptr: np.ndarray, index: np.ndarray) -> np.ndarray:
-    """Components ``index`` of the packed plan ``packed``: their columns,
-    indices shifted, the free-width field as wide as they need."""
-    _, shift = take_shift(ptr, index)  # new - old index of every atom and position
-    cols = np.arange(len(shift)) - shift
-    out = np.empty((packed.shape[0], len(cols)), packed.dtype)
-    for k in range(packed.shape[0]):  # a row at a time: numpy's gather along axis 1 is slower
-        np.take(packed[k], cols, out=out[k])
-    _add(cls, out, shift)
-    top, bottom = _around_free(cls)
+def taken(cls, packed, ptr, index: np.ndarray):
+    """Components ``index`` of the packed plan ``packed``: their columns of
+    every kind, indices shifted, the free-width field as wide as they need."""
+    mats = _many(cls, packed)
+    bounds = ptr if isinstance(ptr, dict) else {ATOMS: ptr}
+    sizes, moved = {}, {}
+    for kind in _spec(cls):
+        b = bounds[kind]
+        sizes[kind] = (b[1:] - b[:-1])[index]
+        moved[kind] = starts(sizes[kind]) - b[index]  # new - old first row of each component
+    out = []
+    for kind, matrix in zip(_spec(cls), mats, strict=True):
+        shift = per_row(moved[kind], sizes[kind])
+        cols = np.arange(len(shift)) - shift
+        rows = np.empty((matrix.shape[0], len(cols)), matrix.dtype)
+        for k in range(matrix.shape[0]):  # a row at a time: numpy's gather along axis 1 is slower
+            np.take(matrix[k], cols, out=rows[k])
+        _add(cls, kind, rows, lambda i, k=kind, s=shift: s if i == k else per_row(moved[i], sizes[k]))
+        out.append(_trimmed(cls, kind, rows))
+    return _one(cls, tuple(out))
+
+
+def _trimmed(cls, kind: str, out: np.ndarray) -> np.ndarray:
+    """``out`` with its free-width field as wide as its columns need."""
+    top, bottom = _around_free(cls, kind)
     free = out.shape[0] - top - bottom
-    if free > 1:  # the free-width field as wide as the components taken need
+    if free > 1:
         used = 1 + int(np.flatnonzero((out[top + 1 : top + free] >= 0).any(1)).max(initial=-1)) + 1
         out = np.concatenate([out[: top + used], out[top + free :]]) if used < free else out
     return out
 
 
-def _add(cls, out: np.ndarray, shift: np.ndarray) -> None:
-    """Indexing rows of ``out`` increased by ``scale * shift`` (missing ones stay negative)."""
-    for first, end, scale in _layout(cls, out.shape[0])[1]:
-        out[first:end] += shift if scale == 1 else scale * shift
+def _add(cls, kind: str, out: np.ndarray, shift_of) -> None:
+    """Indexing rows of ``out`` (rows ``kind``) increased by ``scale *
+    shift_of(indexed kind)`` (missing ones stay negative)."""
+    cache = {}
+    for first, end, scale, index in _layout(cls, kind, out.shape[0])[1]:
+        if index not in cache:
+            cache[index] = shift_of(index)
+        out[first:end] += cache[index] if scale == 1 else scale * cache[index]
 
 
-def _around_free(cls) -> tuple[int, int]:
-    """Packed rows before and after the free-width field."""
-    widths = [w for _, w, *_ in rows(cls)]
+def _around_free(cls, kind: str) -> tuple[int, int]:
+    """Packed rows of ``kind`` before and after the free-width field (all, 0: none)."""
+    widths = [s[1] for s in _spec(cls)[kind]]
     if None not in widths:
         return sum(widths), 0
     k = widths.index(None)

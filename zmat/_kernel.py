@@ -741,8 +741,8 @@ class KernelArrays:
 class KernelFlags:
     """The bool rows of a :class:`KernelPlan` (its ``flags``): they index nothing."""
 
-    keep: np.ndarray = column(None, None, by_rows=True)  # (K, N): entries used
-    trig: np.ndarray = column(None, 2, by_rows=True)  # (2, N): theta, phi used
+    keep: np.ndarray = column(None, None, by_rows=True, dtype=bool)  # (K, N): entries used
+    trig: np.ndarray = column(None, 2, by_rows=True, dtype=bool)  # (2, N): theta, phi used
 
 
 def _differentiable_backward(*grads) -> bool:
