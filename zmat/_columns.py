@@ -232,7 +232,7 @@ def joined(cls, packed: Sequence):
     """The packed plans ``packed`` side by side, kind by kind (a narrower
     free-width field padded with missing values, or zeros in a plan that
     indexes nothing), indices shifted by the rows before of the kind they index."""
-    per_kind = list(zip(*(_many(cls, p) for p in packed), strict=True))
+    per_kind = [packed] if len(_spec(cls)) == 1 else list(zip(*packed, strict=True))
     size = {
         kind: np.fromiter((a.shape[1] for a in mats), np.int64, len(mats))
         for kind, mats in zip(_spec(cls), per_kind, strict=True)
