@@ -10,8 +10,11 @@ field declares, with :func:`column`, its kind of rows, its values per row
 (a fixed shape, or one free-width field as wide as the plan needs), its
 dtype, what its values index (a kind of rows, or nothing), how many values
 per indexed item (``scale``: 3 for flat indices into ``C``) and what a
-missing index reads. Packed (:func:`pack`) as one ``(values, rows)`` matrix
-per kind of rows (int64, floats by their bits; missing indices ``NONE``),
+missing index reads. Packed (:func:`pack`; int64, floats by their bits,
+missing indices ``NONE``) as one ``(values, rows)`` matrix (a plan of one
+kind: fields joined and trimmed along values), or one flat array of every
+kind's ``(rows, values)`` block (a plan of several kinds, of fixed widths: a
+batch of many is one concatenation and one gather whatever their number),
 concatenating plans is their columns side by side with every indexing value
 increased by ``scale`` times the number of indexed rows of the components
 before, and taking components is a gather of whole components' columns with
@@ -21,12 +24,13 @@ the same shift: PyTorch Geometric's ``Batch.__inc__``, for every field at once.
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Sequence
 from dataclasses import field, fields
 
 import numpy as np
 
-from ._segments import per_row, starts
+from ._segments import per_row, ranges, starts, take_shift
 
 __all__ = [
     "ATOMS",
@@ -90,6 +94,8 @@ def _spec(cls) -> dict:
         out.setdefault(_SAME.get(m["rows"], m["rows"]), []).append(row)
     if sum(s[1] is None for rows in out.values() for s in rows) > 1:
         raise TypeError(f"{cls.__name__}: at most one field of free width")
+    if len(out) > 1 and any(s[1] is None or s[7] or s[3].itemsize != 8 for r in out.values() for s in r):
+        raise TypeError(f"{cls.__name__}: a plan of several kinds of rows has fixed-width 8-byte fields")
     return {kind: tuple(sorted(rows, key=lambda s: s[5] is not None)) for kind, rows in out.items()}
 
 
@@ -107,13 +113,22 @@ def _dtype(specs) -> np.dtype:
     )
 
 
-def _many(cls, packed):
-    """``packed`` as a tuple of one matrix per kind (a plan of one kind packs to the matrix)."""
-    return (packed,) if len(_spec(cls)) == 1 else tuple(packed)
+def _widths(cls) -> tuple:
+    """Values per row of every kind (a plan of several kinds)."""
+    return tuple(sum(s[1] for s in specs) for specs in _spec(cls).values())
 
 
-def _one(cls, out: tuple):
-    return out[0] if len(_spec(cls)) == 1 else out
+def _many(cls, packed) -> tuple:
+    """``packed`` as one ``(values, rows)`` matrix per kind: the matrix of a
+    plan of one kind; views of the flat array ``(flat, rows of each kind)`` of several."""
+    if len(_spec(cls)) == 1:
+        return (packed,)
+    flat, counts = packed
+    out, at = [], 0
+    for n, width in zip(counts, _widths(cls), strict=True):
+        out.append(flat[at : at + n * width].reshape(n, width).T)
+        at += n * width
+    return tuple(out)
 
 
 def pack(plan):
@@ -135,7 +150,10 @@ def pack(plan):
                 a = np.where(missing, NONE, a)
             parts.append(a)
         out.append(np.concatenate(parts).astype(dtype, order="C", copy=False))
-    return _one(type(plan), tuple(out))
+    if len(out) == 1:
+        return out[0]
+    flat = np.concatenate([np.ascontiguousarray(m.T).reshape(-1) for m in out])
+    return flat, tuple(count.values())
 
 
 def _rows_of(a, spec) -> int:
@@ -152,7 +170,7 @@ def unpack(cls, packed):
         for name, first, end, shape, dtype, by_rows in _layout(cls, kind, matrix.shape[0])[0]:
             a = matrix[first:end]
             if not by_rows:  # row-major: the free-width field a view (it is read per row)
-                a = a[0] if shape == () else a.T if shape == (None,) else np.ascontiguousarray(a.T)
+                a = a.T if shape == (None,) else np.ascontiguousarray(a[0] if shape == () else a.T)
                 a = a.reshape(len(a), *shape) if len(shape) > 1 else a
             values[name] = a.view(dtype) if a.dtype != dtype and a.dtype.itemsize == dtype.itemsize else a
     return cls(**values)
@@ -161,14 +179,18 @@ def unpack(cls, packed):
 def encode(cls, packed):
     """A copy of decoded matrices (as :func:`unpack` leaves them) packed again:
     their missing indices ``NONE``."""
-    out = tuple(m.astype(np.int64, copy=True) for m in _many(cls, packed))
+    if len(_spec(cls)) == 1:
+        packed = packed.astype(np.int64, copy=True)
+    else:
+        packed = (packed[0].copy(), packed[1])
+    out = _many(cls, packed)
     count = _counts(cls, out)
     for matrix, kind in zip(out, _spec(cls), strict=True):
         for first, end, none, _, index in _layout(cls, kind, matrix.shape[0])[2]:
             block, n = matrix[first:end], count[index]
             if none != "clip":
-                np.putmask(block, (block < 0) | (block >= n) if none == "n" else block < 0, NONE)
-    return _one(cls, out)
+                np.copyto(block, NONE, where=(block < 0) | (block >= n) if none == "n" else block < 0)
+    return packed
 
 
 def decode(cls, packed):
@@ -180,7 +202,7 @@ def decode(cls, packed):
             if none == "-1":
                 np.maximum(block, -1, out=block)
             else:
-                np.putmask(block, block < 0, n if none == "n" else 0)
+                np.copyto(block, n if none == "n" else 0, where=block < 0)
                 if none == "clip":
                     np.minimum(block, scale * n - 1, out=block)
     return packed
@@ -232,26 +254,37 @@ def joined(cls, packed: Sequence):
     """The packed plans ``packed`` side by side, kind by kind (a narrower
     free-width field padded with missing values, or zeros in a plan that
     indexes nothing), indices shifted by the rows before of the kind they index."""
-    per_kind = [packed] if len(_spec(cls)) == 1 else list(zip(*packed, strict=True))
-    size = {
-        kind: np.fromiter((a.shape[1] for a in mats), np.int64, len(mats))
-        for kind, mats in zip(_spec(cls), per_kind, strict=True)
-    }
-    first = {kind: starts(s) for kind, s in size.items()}
-    out = []
-    for kind, mats in zip(_spec(cls), per_kind, strict=True):
-        height = max(a.shape[0] for a in mats)
-        if all(a.shape[0] == height for a in mats):
-            matrix = np.concatenate(mats, 1)
-        else:  # the free-width field: missing values below a narrower plan's rows
-            matrix = _padded(cls, kind, mats, height, int(size[kind].sum()))
-        _add(cls, kind, matrix, lambda index, k=kind: per_row(first[index], size[k]))
-        out.append(matrix)
-    return _one(cls, tuple(out))
+    if len(_spec(cls)) > 1:
+        return _joined_kinds(cls, packed)
+    size = np.fromiter((a.shape[1] for a in packed), np.int64, len(packed))
+    height = max(a.shape[0] for a in packed)
+    if all(a.shape[0] == height for a in packed):
+        out = np.concatenate(packed, 1)
+    else:  # the free-width field: missing values below a narrower plan's rows
+        out = _padded(cls, packed, height, int(size.sum()))
+    (kind,) = _spec(cls)
+    _add(cls, kind, out, lambda index: per_row(starts(size), size))
+    return out
 
 
-def _padded(cls, kind: str, mats, height: int, width: int) -> np.ndarray:
-    bottom = _around_free(cls, kind)[1]
+def _joined_kinds(cls, packed: Sequence) -> tuple:
+    """:func:`joined` of plans of several kinds: one concatenation of their
+    flat arrays and one gather that puts every kind's rows together."""
+    k = len(_spec(cls))
+    counts = np.fromiter(itertools.chain.from_iterable(p[1] for p in packed), np.int64, k * len(packed))
+    counts = counts.reshape(-1, k)  # (plans, kinds): rows of each kind of each plan
+    size = counts * np.array(_widths(cls))  # values of each kind of each plan
+    first = starts(size.reshape(-1)).reshape(size.shape)
+    flat = np.concatenate([p[0] for p in packed]).take(ranges(first.T.reshape(-1), size.T.reshape(-1)))
+    out = (flat, tuple(int(c) for c in counts.sum(0)))
+    before = {kind: starts(counts[:, j]) for j, kind in enumerate(_spec(cls))}
+    for j, (kind, matrix) in enumerate(zip(_spec(cls), _many(cls, out), strict=True)):
+        _add(cls, kind, matrix, lambda index, j=j: per_row(before[index], counts[:, j]))
+    return out
+
+
+def _padded(cls, mats, height: int, width: int) -> np.ndarray:
+    bottom = _around_free(cls, ATOMS)[1]
     dtype = mats[0].dtype
     out = np.full((height, width), NONE if dtype == np.int64 else 0, dtype)
     at = 0
@@ -267,23 +300,33 @@ def _padded(cls, kind: str, mats, height: int, width: int) -> np.ndarray:
 def taken(cls, packed, ptr, index: np.ndarray):
     """Components ``index`` of the packed plan ``packed``: their columns of
     every kind, indices shifted, the free-width field as wide as they need."""
-    mats = _many(cls, packed)
-    bounds = ptr if isinstance(ptr, dict) else {ATOMS: ptr}
+    if len(_spec(cls)) > 1:
+        return _taken_kinds(cls, packed, ptr, index)
+    _, shift = take_shift(ptr, index)  # new - old index of every atom and position
+    cols = np.arange(len(shift)) - shift
+    out = np.empty((packed.shape[0], len(cols)), packed.dtype)
+    for k in range(packed.shape[0]):  # a row at a time: numpy's gather along axis 1 is slower
+        np.take(packed[k], cols, out=out[k])
+    (kind,) = _spec(cls)
+    _add(cls, kind, out, lambda index: shift)
+    return _trimmed(cls, kind, out)
+
+
+def _taken_kinds(cls, packed, ptr: dict, index: np.ndarray) -> tuple:
+    """:func:`taken` of a plan of several kinds: a gather of whole rows per kind."""
     sizes, moved = {}, {}
     for kind in _spec(cls):
-        b = bounds[kind]
+        b = ptr[kind]
         sizes[kind] = (b[1:] - b[:-1])[index]
         moved[kind] = starts(sizes[kind]) - b[index]  # new - old first row of each component
-    out = []
-    for kind, matrix in zip(_spec(cls), mats, strict=True):
-        shift = per_row(moved[kind], sizes[kind])
-        cols = np.arange(len(shift)) - shift
-        rows = np.empty((matrix.shape[0], len(cols)), matrix.dtype)
-        for k in range(matrix.shape[0]):  # a row at a time: numpy's gather along axis 1 is slower
-            np.take(matrix[k], cols, out=rows[k])
-        _add(cls, kind, rows, lambda i, k=kind, s=shift: s if i == k else per_row(moved[i], sizes[k]))
-        out.append(_trimmed(cls, kind, rows))
-    return _one(cls, tuple(out))
+    rows = [
+        m.T.take(ranges(ptr[k][index], sizes[k]), axis=0)
+        for k, m in zip(sizes, _many(cls, packed), strict=True)
+    ]
+    out = (np.concatenate([r.reshape(-1) for r in rows]), tuple(len(r) for r in rows))
+    for kind, matrix in zip(_spec(cls), _many(cls, out), strict=True):
+        _add(cls, kind, matrix, lambda i, k=kind: per_row(moved[i], sizes[k]))
+    return out
 
 
 def _trimmed(cls, kind: str, out: np.ndarray) -> np.ndarray:
