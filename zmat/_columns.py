@@ -113,22 +113,24 @@ def _dtype(specs) -> np.dtype:
     )
 
 
-def _widths(cls) -> tuple:
-    """Values per row of every kind (a plan of several kinds)."""
-    return tuple(sum(s[1] for s in specs) for specs in _spec(cls).values())
-
-
 def _many(cls, packed) -> tuple:
-    """``packed`` as one ``(values, rows)`` matrix per kind: the matrix of a
-    plan of one kind; views of the flat array ``(flat, rows of each kind)`` of several."""
-    if len(_spec(cls)) == 1:
-        return (packed,)
+    """The matrix of a plan of one kind, as a tuple."""
+    return (packed,)
+
+
+def _fields_of(cls, packed) -> dict:
+    """A plan of several kinds: its fields' int64 ``(rows, *shape)`` views of
+    the flat array ``(flat, rows of each kind)``, fields one after the other
+    (or ``flat`` a dict of them already: as :func:`taken` leaves them)."""
     flat, counts = packed
-    out, at = [], 0
-    for n, width in zip(counts, _widths(cls), strict=True):
-        out.append(flat[at : at + n * width].reshape(n, width).T)
-        at += n * width
-    return tuple(out)
+    if isinstance(flat, dict):
+        return flat
+    out, at = {}, 0
+    for n, specs in zip(counts, _spec(cls).values(), strict=True):
+        for s in specs:
+            out[s[0]] = flat[at : at + n * s[1]].reshape(n, *s[2])
+            at += n * s[1]
+    return out
 
 
 def pack(plan):
@@ -152,8 +154,12 @@ def pack(plan):
         out.append(np.concatenate(parts).astype(dtype, order="C", copy=False))
     if len(out) == 1:
         return out[0]
-    flat = np.concatenate([np.ascontiguousarray(m.T).reshape(-1) for m in out])
-    return flat, tuple(count.values())
+    values = [
+        np.ascontiguousarray(m[f:e].T).reshape(-1)
+        for m, (k, specs) in zip(out, spec.items(), strict=True)
+        for _, f, e, *_ in _layout(type(plan), k, m.shape[0])[0]
+    ]
+    return np.concatenate(values), tuple(count.values())
 
 
 def _rows_of(a, spec) -> int:
@@ -164,6 +170,9 @@ def _rows_of(a, spec) -> int:
 def unpack(cls, packed):
     """The plan of packed (and shifted) matrices; they are modified
     (:func:`decode`) and kept (fields of one value per row are views of them)."""
+    if len(_spec(cls)) > 1:
+        values = _fields_of(cls, decode(cls, packed))
+        return cls(**{s[0]: values[s[0]].view(s[3]) for specs in _spec(cls).values() for s in specs})
     packed = _many(cls, decode(cls, packed))
     values = {}
     for matrix, kind in zip(packed, _spec(cls), strict=True):
@@ -195,16 +204,25 @@ def encode(cls, packed):
 
 def decode(cls, packed):
     """``packed`` with its missing indices (negative) as the fields declare, in place."""
-    count = _counts(cls, _many(cls, packed))
-    for matrix, kind in zip(_many(cls, packed), _spec(cls), strict=True):
-        for first, end, none, scale, index in _layout(cls, kind, matrix.shape[0])[2]:
-            block, n = matrix[first:end], count[index]
-            if none == "-1":
-                np.maximum(block, -1, out=block)
-            else:
-                np.copyto(block, n if none == "n" else 0, where=block < 0)
-                if none == "clip":
-                    np.minimum(block, scale * n - 1, out=block)
+    if len(_spec(cls)) > 1:
+        count = dict(zip(_spec(cls), packed[1], strict=True))
+        values = _fields_of(cls, packed)
+        blocks = [(values[s[0]], s[6], s[4], s[5]) for specs in _spec(cls).values() for s in specs if s[4]]
+    else:
+        count = _counts(cls, (packed,))
+        (kind,) = _spec(cls)
+        blocks = [
+            (packed[f:e], none, scale, index)
+            for f, e, none, scale, index in _layout(cls, kind, len(packed))[2]
+        ]
+    for block, none, scale, index in blocks:
+        n = count[index]
+        if none == "-1":
+            np.maximum(block, -1, out=block)
+        else:
+            np.copyto(block, n if none == "n" else 0, where=block < 0)
+            if none == "clip":
+                np.minimum(block, scale * n - 1, out=block)
     return packed
 
 
@@ -269,18 +287,31 @@ def joined(cls, packed: Sequence):
 
 def _joined_kinds(cls, packed: Sequence) -> tuple:
     """:func:`joined` of plans of several kinds: one concatenation of their
-    flat arrays and one gather that puts every kind's rows together."""
-    k = len(_spec(cls))
+    flat arrays and one gather that puts every field's values together."""
+    spec, k = _spec(cls), len(_spec(cls))
     counts = np.fromiter(itertools.chain.from_iterable(p[1] for p in packed), np.int64, k * len(packed))
     counts = counts.reshape(-1, k)  # (plans, kinds): rows of each kind of each plan
-    size = counts * np.array(_widths(cls))  # values of each kind of each plan
+    kind_of, width = zip(*((j, s[1]) for j, specs in enumerate(spec.values()) for s in specs), strict=True)
+    size = counts[:, list(kind_of)] * np.array(width)  # (plans, fields): values of each field
     first = starts(size.reshape(-1)).reshape(size.shape)
     flat = np.concatenate([p[0] for p in packed]).take(ranges(first.T.reshape(-1), size.T.reshape(-1)))
     out = (flat, tuple(int(c) for c in counts.sum(0)))
-    before = {kind: starts(counts[:, j]) for j, kind in enumerate(_spec(cls))}
-    for j, (kind, matrix) in enumerate(zip(_spec(cls), _many(cls, out), strict=True)):
-        _add(cls, kind, matrix, lambda index, j=j: per_row(before[index], counts[:, j]))
+    before = {kind: starts(counts[:, j]) for j, kind in enumerate(spec)}
+    _shift_fields(cls, out, lambda index, rows: per_row(before[index], counts[:, list(spec).index(rows)]))
     return out
+
+
+def _shift_fields(cls, packed, shift_of) -> None:
+    """Indexing fields of a plan of several kinds increased by ``scale *
+    shift_of(indexed kind, kind of rows)`` (missing ones stay negative)."""
+    values, cache = _fields_of(cls, packed), {}
+    for rows, specs in _spec(cls).items():
+        for name, _, shape, _, scale, index, *_ in specs:
+            if scale:
+                if (index, rows) not in cache:
+                    cache[index, rows] = shift_of(index, rows)
+                by = cache[index, rows] if scale == 1 else scale * cache[index, rows]
+                values[name] += by.reshape(-1, *(1,) * len(shape))
 
 
 def _padded(cls, mats, height: int, width: int) -> np.ndarray:
@@ -313,19 +344,17 @@ def taken(cls, packed, ptr, index: np.ndarray):
 
 
 def _taken_kinds(cls, packed, ptr: dict, index: np.ndarray) -> tuple:
-    """:func:`taken` of a plan of several kinds: a gather of whole rows per kind."""
-    sizes, moved = {}, {}
+    """:func:`taken` of a plan of several kinds: a gather of whole rows per field."""
+    sizes, moved, rows_of = {}, {}, {}
     for kind in _spec(cls):
         b = ptr[kind]
         sizes[kind] = (b[1:] - b[:-1])[index]
         moved[kind] = starts(sizes[kind]) - b[index]  # new - old first row of each component
-    rows = [
-        m.T.take(ranges(ptr[k][index], sizes[k]), axis=0)
-        for k, m in zip(sizes, _many(cls, packed), strict=True)
-    ]
-    out = (np.concatenate([r.reshape(-1) for r in rows]), tuple(len(r) for r in rows))
-    for kind, matrix in zip(_spec(cls), _many(cls, out), strict=True):
-        _add(cls, kind, matrix, lambda i, k=kind: per_row(moved[i], sizes[k]))
+        rows_of[kind] = ranges(b[index], sizes[kind])
+    values = _fields_of(cls, packed)
+    parts = {s[0]: values[s[0]].take(rows_of[k], axis=0) for k, specs in _spec(cls).items() for s in specs}
+    out = (parts, tuple(int(s.sum()) for s in sizes.values()))
+    _shift_fields(cls, out, lambda index, rows: per_row(moved[index], sizes[rows]))
     return out
 
 
