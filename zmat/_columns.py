@@ -12,8 +12,8 @@ dtype, what its values index (a kind of rows, or nothing), how many values
 per indexed item (``scale``: 3 for flat indices into ``C``) and what a
 missing index reads. Packed (:func:`pack`; int64, floats by their bits,
 missing indices ``NONE``) as one ``(values, rows)`` matrix (a plan of one
-kind: fields joined and trimmed along values), or one flat array of every
-kind's ``(rows, values)`` block (a plan of several kinds, of fixed widths: a
+kind: fields joined and trimmed along values), or one flat array of the
+fields one after the other (a plan of several kinds, of fixed widths: a
 batch of many is one concatenation and one gather whatever their number),
 concatenating plans is their columns side by side with every indexing value
 increased by ``scale`` times the number of indexed rows of the components
@@ -100,7 +100,7 @@ def _spec(cls) -> dict:
 
 
 def kinds(cls) -> tuple[str, ...]:
-    """The kinds of rows of ``cls``, in the order of :func:`pack`'s matrices."""
+    """The kinds of rows of ``cls``, in the order of :func:`pack`'s counts."""
     return tuple(_spec(cls))
 
 
@@ -111,11 +111,6 @@ def _dtype(specs) -> np.dtype:
     return (
         one if one is not None and one.itemsize != 8 and not any(s[4] for s in specs) else np.dtype(np.int64)
     )
-
-
-def _many(cls, packed) -> tuple:
-    """The matrix of a plan of one kind, as a tuple."""
-    return (packed,)
 
 
 def _fields_of(cls, packed) -> dict:
@@ -134,9 +129,10 @@ def _fields_of(cls, packed) -> dict:
 
 
 def pack(plan):
-    """One C-ordered ``(values, rows)`` matrix per kind of rows (:func:`kinds`;
-    the matrix itself for a plan of one kind): the fields one after the other
-    (a matrix row per value of a row), floats by their bits, missing indices ``NONE``."""
+    """A plan of one kind: one C-ordered ``(values, rows)`` matrix, the fields
+    one after the other (a matrix row per value of a row); of several:
+    ``(flat, rows of each kind)``, the fields' values one after the other.
+    Floats by their bits, missing indices ``NONE``."""
     spec = _spec(type(plan))
     count = {k: _rows_of(getattr(plan, s[0][0]), s[0]) for k, s in spec.items()}
     out = []
@@ -173,7 +169,7 @@ def unpack(cls, packed):
     if len(_spec(cls)) > 1:
         values = _fields_of(cls, decode(cls, packed))
         return cls(**{s[0]: values[s[0]].view(s[3]) for specs in _spec(cls).values() for s in specs})
-    packed = _many(cls, decode(cls, packed))
+    packed = (decode(cls, packed),)
     values = {}
     for matrix, kind in zip(packed, _spec(cls), strict=True):
         for name, first, end, shape, dtype, by_rows in _layout(cls, kind, matrix.shape[0])[0]:
@@ -185,21 +181,17 @@ def unpack(cls, packed):
     return cls(**values)
 
 
-def encode(cls, packed):
-    """A copy of decoded matrices (as :func:`unpack` leaves them) packed again:
-    their missing indices ``NONE``."""
-    if len(_spec(cls)) == 1:
-        packed = packed.astype(np.int64, copy=True)
-    else:
-        packed = (packed[0].copy(), packed[1])
-    out = _many(cls, packed)
-    count = _counts(cls, out)
-    for matrix, kind in zip(out, _spec(cls), strict=True):
-        for first, end, none, _, index in _layout(cls, kind, matrix.shape[0])[2]:
-            block, n = matrix[first:end], count[index]
-            if none != "clip":
-                np.copyto(block, NONE, where=(block < 0) | (block >= n) if none == "n" else block < 0)
-    return packed
+def encode(cls, matrix: np.ndarray) -> np.ndarray:
+    """A copy of a decoded matrix of a plan of one kind (as :func:`unpack`
+    leaves it) packed again: its missing indices ``NONE``."""
+    out = matrix.astype(np.int64, copy=True)
+    (kind,) = _spec(cls)
+    n = out.shape[1]
+    for first, end, none, _, _ in _layout(cls, kind, out.shape[0])[2]:
+        block = out[first:end]
+        if none != "clip":
+            np.putmask(block, (block < 0) | (block >= n) if none == "n" else block < 0, NONE)
+    return out
 
 
 def decode(cls, packed):

@@ -16,8 +16,8 @@ every field (PyTorch Geometric's ``Batch`` with ``__inc__``, declared):
   first row of the indexed kind.
 
 ``-1`` ("none") stays ``-1``. Each space packs its fields once
-(:attr:`TorsionArrays.packed`: one matrix per kind of rows), so a batch of
-many spaces is a concatenation per kind whatever their number.
+(:attr:`TorsionArrays.packed`: one flat array), so a batch of many spaces is
+one concatenation and one gather whatever their number.
 """
 
 from __future__ import annotations
@@ -96,9 +96,9 @@ class TorsionArrays:
         return self.n_atoms if rows == ATOMS else self.n_torsions
 
     @functools.cached_property
-    def packed(self) -> tuple[np.ndarray, ...]:
+    def packed(self) -> tuple[np.ndarray, tuple[int, ...]]:
         """This space's values packed once and kept (:func:`zmat._columns.pack`:
-        one int64 matrix per kind of rows, in the order of :data:`KINDS`)."""
+        one flat int64 array of the fields, and the rows of each of :data:`KINDS`)."""
         return _columns.pack(self)
 
     @classmethod
