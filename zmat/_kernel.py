@@ -246,8 +246,8 @@ _SIGNATURES = {  # pointers and integers (sizes, element strides), see the C sou
     "forward": [_P, _I, _I, _I, "plan", _I, _P, _P, _I],
     "backward": [_P, _I, _I, _I, _I, _P, _I, _I, _I, _I, _P, _I, _I, _I, _P, _I, _I, _I]
     + [_I, "plan", _I, _I, _P, _I],
-    "fill_forward": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P],
-    "fill_backward": [_P, _I, _I, _I, _P, _I, _I, _I, _I, _I, _I, _P, _P],
+    "fill_forward": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _I],
+    "fill_backward": [_P, _I, _I, _I, _P, _I, _I, _I, _I, _I, _I, _P, _P, _I],
     "torsions_forward": [_I, _I, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _P, _I],
     "torsions_backward": [_I, _I, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _P, _I, _I, _I, _P, _I],
 }
@@ -323,20 +323,25 @@ class _Library:
         return grad
 
     def fill_forward(self, t: Tensor, ideal, slot, defaults):
-        """Torsions ``(S, L, 7)`` -> internal coordinates ``(S, N, 3)`` (see :func:`fill`)."""
-        out = t.new_empty((t.shape[0], slot.shape[0], 3))
+        """Torsions ``(S, L, 7)`` -> internal coordinates ``(S, N, 3)`` (see :func:`fill`);
+        ranges of atoms over :func:`threads`."""
+        s, n = t.shape[0], slot.shape[0]
+        out = t.new_empty((s, n, 3))
         self.fns["fill_forward", t.dtype](
-            t.data_ptr(), *t.stride(), t.shape[0], slot.shape[0], ideal.data_ptr(), slot.data_ptr(),
-            defaults.data_ptr(), out.data_ptr(),
+            t.data_ptr(), *t.stride(), s, n, ideal.data_ptr(), slot.data_ptr(), defaults.data_ptr(),
+            out.data_ptr(), threads(s, n),
         )  # fmt: skip
         return out
 
     def fill_backward(self, g: Tensor, t: Tensor, slot):
-        """``g`` ``(S, N, 3)`` -> ``(S, L, 7)``, the gradient of :meth:`fill_forward`."""
+        """``g`` ``(S, N, 3)`` -> ``(S, L, 7)``, the gradient of :meth:`fill_forward`;
+        ranges of torsions over :func:`threads` (each a sum in atom order: the
+        same bits on any number of threads)."""
+        s, n = t.shape[0], slot.shape[0]
         grad = g.new_empty(t.shape)
         self.fns["fill_backward", g.dtype](
-            g.data_ptr(), *g.stride(), t.data_ptr(), *t.stride(), t.shape[0], t.shape[1], slot.shape[0],
-            slot.data_ptr(), grad.data_ptr(),
+            g.data_ptr(), *g.stride(), t.data_ptr(), *t.stride(), s, t.shape[1], n, slot.data_ptr(),
+            grad.data_ptr(), threads(s, n),
         )  # fmt: skip
         return grad
 
@@ -531,8 +536,11 @@ _op_torsions.register_autograd(_torsions_bwd, setup_context=_torsions_setup)
 def fill(t: torch.Tensor, ideal: torch.Tensor, slot: torch.Tensor, defaults: torch.Tensor) -> torch.Tensor:
     """Torsions ``(S, L, 7)`` -> internal coordinates ``(S, N, 3)`` of a
     protein layout: ``zmat.protein.build.fill_internal`` without ``base`` in
-    one single-threaded loop (its ~30 elementwise ops each enter a parallel
-    region on a batch, and wait there for a busy core).
+    one loop (its ~30 elementwise ops each enter a parallel region on a batch,
+    and wait there for a busy core). Calls of :data:`PARALLEL_ATOMS` atoms or
+    more split it over :func:`threads`: ranges of atoms forward, ranges of
+    torsions backward (each gradient entry summed in atom order by one
+    thread: the same bits on any number of threads).
 
     Args:
         t: ``(S, L, 7)`` float32/float64 CPU torsions (any strides).
