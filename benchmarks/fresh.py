@@ -180,8 +180,8 @@ def molecule_dataset(n: int, seed: int = 0) -> list:
     rng = np.random.default_rng(seed)
     refs = [molecule_table(int(rng.integers(45, 66)), rng) for _ in range(n)]
     out = [(r, zmat.ConstructionTable(r)) for r in refs]
-    if hasattr(zmat.ConstructionTable, "_pack"):  # kept on each table for concatenate
-        zmat.ConstructionTable.concatenate([t for _, t in out])
+    if hasattr(zmat.ConstructionTable, "concatenate"):  # what each table keeps for concatenate
+        zmat.ConstructionTable.concatenate([t for _, t in out]).kind  # (arrays made on first use)
     return out
 
 

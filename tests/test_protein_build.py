@@ -9,7 +9,8 @@ import torch
 
 import zmat
 import zmat.protein as zp
-from zmat import rmsd
+from zmat import _kernel, rmsd
+from zmat._analytic import _kernel_plan
 from zmat.protein.layout import ring_atoms
 from zmat.table import POSITIONAL
 
@@ -148,6 +149,18 @@ def test_batch_from_pieces_equals_the_general_path(seed):
     for name in zmat.ConstructionTable._ARRAYS:
         assert _same(getattr(ref, name), getattr(fast, name)), name
     assert ref.n_levels == fast.n_levels and np.array_equal(ref.topo_order, fast.topo_order)
+    # the compiled kernel's plan, stamped without the table's arrays (in C
+    # where the kernel is loaded, else in numpy), as the general path plans it
+    planned = _kernel_plan(ref, torch.device("cpu"))
+    for compiled in (True, False) if _kernel.load() is not None else (False,):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("ZMAT_NO_KERNEL", "" if compiled else "1")
+            stamped = _kernel.KernelPlan(*zp.pieces.kernel_arrays(batch._stamp), None)
+            filled = zp.pieces.batch_arrays(batch._stamp, ("ideal", "torsion_slot"))
+        for name in ("gather", "keep", "trig", "parent", "order"):
+            assert torch.equal(getattr(stamped, name), getattr(planned, name)), (compiled, name)
+        for name, value in filled.items():
+            assert _same(value, arrays[name]), (compiled, name)
     got = {**{k: getattr(batch._flat, k) for k in ("ideal", "ideal_mask", "torsion_slot")}}
     got.update({k: getattr(batch, k) for k in ("atom_mask", "residue_mask", "atom_names", "elements")})
     got["residue_index"] = batch.residue_index

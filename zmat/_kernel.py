@@ -69,7 +69,7 @@ from ._segments import take_shift
 from .table import ConstructionTable
 
 _CSRC = Path(__file__).with_name("csrc")
-_SOURCES = ("rigid_forest.cpp", "torsions.cpp")  # compiled into one library; headers hashed too
+_SOURCES = ("rigid_forest.cpp", "torsions.cpp", "stamp.cpp")  # compiled into one library; headers hashed too
 _FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-pthread")
 _DTYPES = (torch.float32, torch.float64)
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -287,6 +287,12 @@ class _Library:
                 fn.argtypes = [ctypes.POINTER(_Arrays) if a == "plan" else a for a in args]
                 fn.restype = None
                 self.fns[name, dtype] = fn
+        self.stamp = lib.zmat_stamp_plan
+        self.stamp.argtypes = [_I, *[_P] * 11, _I, _I, _P, _P]
+        self.stamp.restype = None
+        self.stamp_atoms = lib.zmat_stamp_atoms
+        self.stamp_atoms.argtypes = [_I, *[_P] * 9]
+        self.stamp_atoms.restype = None
 
     def forward(self, c: Tensor, arrays: _Arrays, like=None, threads: int = 1, frames=True, chunked=False):
         """``c`` ``(B, 3N)`` -> ``(frames, xyz)``: frames ``(B, N, 3, 4)`` in dfs order
@@ -365,6 +371,46 @@ class _Library:
             *g.stride(), grad.data_ptr(), threads,
         )  # fmt: skip
         return grad
+
+
+def stamp_plan(units: tuple, pieces: tuple, n: int, k: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """A protein batch's :class:`KernelPlan` ``(ints, flags)``, stamped in C
+    (``zmat/csrc/stamp.cpp``; ``zmat.protein.pieces.kernel_arrays`` is the
+    reference), or None unless the library is loaded (a kernel call loads
+    it; the torch path reading the table's depth-first order never builds it).
+
+    Args:
+        units: ``(piece, size, atom0, last)`` int64 arrays, one value per unit.
+        pieces: per piece ``head``, ``start``, ``prev_rank``; per piece atom
+            ``seq``, ``parent_where``, ``link0`` (int64) and ``flags`` (uint64).
+        n: atoms; k: gather rows (3 or 4).
+    """
+    lib = _state.get("module")
+    if lib is None or disabled():
+        return None
+    ints, flags = np.empty((k + 2, n), np.int64), np.empty((k + 2, n), np.uint8)
+    arrays = [np.ascontiguousarray(a) for a in (*units, *pieces)]
+    lib.stamp(len(arrays[0]), *(a.ctypes.data for a in arrays), n, k, ints.ctypes.data, flags.ctypes.data)
+    return ints, flags.view(bool)
+
+
+def stamp_atoms(units: tuple, pieces: tuple, n: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """A protein batch's ``ideal`` ``(N, 3)`` and ``torsion_slot`` ``(N,)``
+    stamped in C (``zmat.protein.pieces.batch_arrays`` is the reference), or
+    None unless the library is loaded (as :func:`stamp_plan`).
+
+    Args:
+        units: ``(piece, size, atom0, pad7)`` int64, one value per unit.
+        pieces: ``start`` per piece; ``ideal`` float64 ``(atoms, 3)`` and the
+            torsion ``code`` int64 per piece atom.
+    """
+    lib = _state.get("module")
+    if lib is None or disabled():
+        return None
+    ideal, slot = np.empty((n, 3)), np.empty(n, np.int64)
+    arrays = [np.ascontiguousarray(a) for a in (*units, *pieces)]
+    lib.stamp_atoms(len(arrays[0]), *(a.ctypes.data for a in arrays), ideal.ctypes.data, slot.ctypes.data)
+    return ideal, slot
 
 
 def _lib() -> _Library:
@@ -652,17 +698,30 @@ class KernelPlan:
         self.gather, self.parent, self.order = (torch.from_numpy(a) for a in (ints[:k], ints[k], ints[k + 1]))
         self.keep, self.trig = torch.from_numpy(self._flags[:k]), torch.from_numpy(self._flags[k:])
         self.placement = (self.gather, self.keep, self.trig, self.parent)  # the forward's arrays
-        # units of work for threads: runs of whole trees, for tables rooted at
-        # the origin (positions): there a tree's gathers stay in the tree, while
-        # an anchored segment (frames) may read a sibling's phi in another
-        self.chunks = torch.from_numpy(_chunks(ints[k]))
         self.whole = torch.tensor([0, self.n])  # one unit per structure
 
     @functools.cached_property
+    def chunks(self) -> Tensor:
+        """Units of work for threads (made when a call first splits): runs of
+        whole trees, for tables rooted at the origin (positions): there a
+        tree's gathers stay in the tree, while an anchored segment (frames)
+        may read a sibling's phi in another."""
+        return torch.from_numpy(_chunks(self._ints[-2]))
+
+    @functools.cached_property
     def arrays(self) -> _Arrays:
-        """The arrays as the C functions take them (made on the first eager call:
-        a plan made under ``torch.export``'s fake tensors has no data)."""
+        """The arrays as the C functions take them, one unit per structure
+        (made on the first eager call: a plan made under ``torch.export``'s
+        fake tensors has no data)."""
+        return _Arrays.of(*self.placement, self.order, self.whole)
+
+    @functools.cached_property
+    def chunked_arrays(self) -> _Arrays:
+        """:attr:`arrays` with :attr:`chunks` as units of work."""
         return _Arrays.of(*self.placement, self.order, self.chunks)
+
+    def arrays_for(self, chunked: bool) -> _Arrays:
+        return self.chunked_arrays if chunked else self.arrays
 
     def take(self, ptr: np.ndarray, index: np.ndarray) -> KernelPlan:
         """The plan of ``ConstructionTable.take(ptr, index)``'s table, by the
@@ -754,7 +813,7 @@ def _place(C: torch.Tensor, plan: KernelPlan, frames: bool = True):
     positions ``(..., N, 3)`` (``C``'s shape) in atom order."""
     c = C.reshape(-1, 3 * plan.n)
     n, chunked = split(c.shape[0], plan.n)
-    return _state["module"].forward(c, plan.arrays, C, n, frames, chunked)
+    return _state["module"].forward(c, plan.arrays_for(chunked), C, n, frames, chunked)
 
 
 def _split(frames: torch.Tensor):
@@ -785,7 +844,8 @@ def _backward(ctx, frames, g_rot, g_pos, g_x=None, saved=None) -> torch.Tensor:
     g_pos = None if g_pos is None else g_pos.permute(2, 1, 0)
     n, chunked = split(frames.shape[0], plan.n)
     chunked = chunked and saved is None  # (trees of anchored segments may share gathers)
-    return _state["module"].backward(frames, g_rot, g_pos, g_x, plan.arrays, 3 * plan.n, n, chunked)
+    arrays = plan.arrays_for(chunked)
+    return _state["module"].backward(frames, g_rot, g_pos, g_x, arrays, 3 * plan.n, n, chunked)
 
 
 class _Positions(torch.autograd.Function):

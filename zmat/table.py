@@ -294,6 +294,10 @@ class ConstructionTable:
     #: ``(source, ptr, index)`` of :meth:`take`, the tables of :meth:`concatenate`
     origin: tuple | None = None
     pieces: tuple | None = None
+    #: a builder that stamps the compiled kernel's plan arrays itself
+    #: (``zmat.protein.pieces.kernel_arrays``): a function of no arguments
+    #: returning ``zmat._kernel.KernelPlan``'s ``(ints, flags)``
+    kernel_arrays: Callable | None = None
 
     @functools.cached_property
     def _packed(self) -> np.ndarray:
@@ -345,7 +349,7 @@ class ConstructionTable:
         and with its lazy arrays made."""
         for name in list(self.__dict__.get("_lazy", ())):
             getattr(self, name)
-        skip = ("_lazy", "_packed", "origin", "pieces")
+        skip = ("_lazy", "_packed", "origin", "pieces", "kernel_arrays")
         return {k: v for k, v in self.__dict__.items() if not k.startswith(_PLANS) and k not in skip}
 
     def __len__(self) -> int:

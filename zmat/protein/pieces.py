@@ -26,8 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import _kernel
 from .._segments import per_row, segment_ids, starts
-from ..table import OFFSET, ROOT, ConstructionTable
+from ..table import BOND, OFFSET, PLANAR, ROOT, ConstructionTable
 from .layout import N_TORSIONS, TORSION_NAMES, TYPES, layout_from_types
 
 __all__ = ["Stamp", "batch_arrays", "batch_table", "stamp"]
@@ -74,7 +75,18 @@ class _Pieces:
     and ``end`` (subtree end relative to the head's or the tail's start),
     ``depth`` (below the residue's ``N``); the layout's ``atom_name``,
     ``element``, ``ideal``, ``ideal_mask``, and its torsion slot as the
-    torsion ``tors`` (-1: none) of the residue at ``tors_off``.
+    torsion ``tors`` (-1: none) of the residue at ``tors_off`` (``tors_code``
+    ``tors_off * 7 + tors``, ``NONE`` for none).
+
+    In depth-first order (:func:`kernel_arrays`): ``seq``, per piece its head
+    atoms then its tail atoms, each by rank (piece atoms); per piece atom
+    ``parent_where``: ``rank * 4 + code``, its parent is in its residue's head
+    (code 0), tail (1), the previous residue's head (2: see ``prev_rank``,
+    per piece the rank in its head of the one atom the next residue's root
+    hangs on; rank 0), none (3), at ``rank`` there; ``link0`` (the link delta,
+    which never depends on the previous residue), ``flags`` (8 bytes as one
+    uint64: the kernel's keep rows, then its trig rows); per piece
+    ``has_offset``.
     """
 
     short_chains: bool
@@ -93,11 +105,18 @@ class _Pieces:
     ideal_mask: np.ndarray
     tors_off: np.ndarray
     tors: np.ndarray
+    tors_code: np.ndarray
     in_head: np.ndarray
     rank: np.ndarray
     end_tail: np.ndarray
     end: np.ndarray
     depth: np.ndarray
+    seq: np.ndarray
+    parent_where: np.ndarray
+    prev_rank: np.ndarray
+    link0: np.ndarray
+    flags: np.ndarray
+    has_offset: np.ndarray
 
 
 def _piece(t: int, place: int) -> dict:
@@ -204,6 +223,9 @@ def _pieces() -> _Pieces:
     delta = slot - j + np.where(off == 1, own, 0) - np.where(off == -1, prev, 0)
     delta = np.where(slot >= 0, delta, NONE).reshape(-1, 3)
     offset = np.repeat(cat("kind") == OFFSET, S)
+    link = np.where(offset, delta[:, 2], BEYOND).reshape(-1, S)
+    if (link != link[:, :1]).any():
+        raise RuntimeError("an offset row whose dihedral reference is in the previous residue")
     return _Pieces(
         short_chains=_short_chains(pieces[:-1]),
         start=starts(size),
@@ -221,12 +243,57 @@ def _pieces() -> _Pieces:
         ideal_mask=cat("ideal_mask"),
         tors_off=cat("tors_off"),
         tors=cat("tors"),
+        # beside the residue's base slot; NONE (far below -1) for no torsion
+        tors_code=np.where(cat("tors") >= 0, cat("tors_off") * N_TORSIONS + cat("tors"), NONE),
         in_head=cat("in_head"),
         rank=cat("rank"),
         end_tail=cat("end_tail"),
         end=cat("end"),
         depth=cat("depth"),
+        link0=np.ascontiguousarray(link[:, 0]),
+        has_offset=np.array([(p["kind"] == OFFSET).any() for p in pieces]),
+        **_dfs_fields(pieces, size),
     )
+
+
+def _dfs_fields(pieces: list[dict], size: np.ndarray) -> dict:
+    """``_Pieces``' depth-first fields (see there) of ``pieces``."""
+    seq, code, rank, flags, prev_rank = [], [], [], [], []
+    hang = set()  # slots of the previous residue that a root hangs on
+    # the kinds of each slot in the pieces that can follow another (middle, last)
+    follow = [p for i, p in enumerate(pieces[:-1]) if i % 4 in (MIDDLE, LAST)]
+    for p, a0 in zip(pieces, starts(size), strict=True):
+        in_head, kind, off, slot = p["in_head"], p["kind"], p["off"], p["slot"]
+        seq.append(a0 + np.lexsort((p["rank"], ~in_head)))
+        b_off, b = off[:, 0], np.maximum(slot[:, 0], 0)
+        if (b_off == 1).any():
+            raise RuntimeError("an atom whose parent is in the next residue")
+        hang.update(slot[b_off == -1, 0].tolist())
+        code.append(np.select([kind == ROOT, b_off == -1, ~in_head[b]], [3, 2, 1], 0))
+        rank.append(np.where((b_off == 0) & (kind != ROOT), p["rank"][b], 0))
+        d_off, d = off[:, 2], np.maximum(slot[:, 2], 0)
+        link_kind = np.where(kind == OFFSET, kind[np.minimum(d, len(kind) - 1)], ROOT)
+        for a in np.flatnonzero((kind == OFFSET) & (d_off != 0)):
+            kinds = {int(q["kind"][d[a]]) for q in follow} if d_off[a] == 1 else {-1}
+            if len(kinds) != 1 or -1 in kinds:
+                raise RuntimeError("an offset row whose dihedral reference's kind varies with the neighbour")
+            link_kind[a] = kinds.pop()
+        f = np.zeros((len(kind), 8), np.uint8)
+        f[:, :6] = np.stack(
+            [kind != ROOT, kind > BOND, kind > PLANAR, link_kind > PLANAR, kind > BOND, kind > PLANAR], 1
+        )
+        flags.append(f)
+    if len(hang) != 1:
+        raise RuntimeError(f"roots hang on several slots of the previous residue: {sorted(hang)}")
+    (hang,) = hang
+    for p in pieces:
+        prev_rank.append(p["rank"][hang] if len(p["kind"]) > hang and p["in_head"][hang] else -1)
+    return {
+        "seq": np.concatenate(seq),
+        "parent_where": np.concatenate(rank).astype(np.int64) * 4 + np.concatenate(code),
+        "prev_rank": np.array(prev_rank, np.int64),
+        "flags": np.concatenate(flags).view(np.uint64).reshape(-1),
+    }
 
 
 @dataclass(frozen=True)
@@ -237,7 +304,8 @@ class Stamp:
     a padded index, with no gap). Per unit its ``piece``, ``size`` (atoms),
     ``tree`` (its tree's first unit; a padding atom is its own tree),
     ``last`` (its tree's last unit), ``pad`` (padded residue index ``b *
-    L_max + k``, residues only); per atom ``unit``, ``pa`` (piece atom)."""
+    L_max + k``, residues only); per atom ``unit``, ``pa`` (piece atom), made
+    on first use."""
 
     n_max: int
     L_max: int
@@ -249,8 +317,16 @@ class Stamp:
     tree: np.ndarray
     last: np.ndarray
     pad: np.ndarray
-    unit: np.ndarray
-    pa: np.ndarray
+
+    @functools.cached_property
+    def unit(self) -> np.ndarray:
+        return segment_ids(self.size)
+
+    @functools.cached_property
+    def pa(self) -> np.ndarray:
+        out = np.take(_pieces().start[self.piece] - self.atom0, self.unit)
+        out += np.arange(len(out))
+        return out
 
     @property
     def N(self) -> int:
@@ -281,10 +357,6 @@ def stamp(types: list[np.ndarray]) -> Stamp:
     pad = np.zeros(U, np.int64)
     pad[real] = np.arange(R) + prot * L_max - res0[prot]
     size = P.size[unit_piece]
-    atom0 = starts(size)
-    unit = segment_ids(size)
-    pa = np.take(P.start[unit_piece] - atom0, unit)  # piece atom of every atom
-    pa += np.arange(len(pa))
     return Stamp(
         n_max=n_max,
         L_max=L_max,
@@ -292,13 +364,78 @@ def stamp(types: list[np.ndarray]) -> Stamp:
         n_atoms=n_atoms,
         piece=unit_piece,
         size=size,
-        atom0=atom0,
+        atom0=starts(size),
         tree=tree,
         last=last,
         pad=pad,
-        unit=unit,
-        pa=pa,
     )
+
+
+def kernel_arrays(st: Stamp) -> tuple[np.ndarray, np.ndarray]:
+    """The compiled kernel's plan arrays of the batch's table
+    (``zmat._kernel.KernelPlan``'s ``ints`` and ``flags``, in depth-first
+    order) stamped straight from the pieces: what a fresh batch's training
+    step reads, and ``dfs_order`` / ``dfs_parent`` of the table.
+
+    A tree's preorder is its units' heads in order, then their tails in
+    reverse order: ``2 U`` runs of piece atoms (``_Pieces.seq``), head of
+    unit ``u`` run ``tree + u``, its tail run ``tree + 2 last + 1 - u``."""
+    P = _pieces()
+    k = 4 if P.has_offset[st.piece].any() else 3  # the offset chain's width + 2 (the table's)
+    units = (st.piece, st.size, st.atom0, st.last)
+    pieces = (P.head, P.start, P.prev_rank, P.seq, P.parent_where, P.link0, P.flags)
+    stamped = _kernel.stamp_plan(units, pieces, st.N, k)
+    return stamped if stamped is not None else _kernel_arrays(st, k)
+
+
+def _kernel_arrays(st: Stamp, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`kernel_arrays` in numpy (the reference of the compiled one)."""
+    P = _pieces()
+    N, piece, size, tree, last = st.N, st.piece, st.size, st.tree, st.last
+    take, U = np.take, len(piece)
+    u = np.arange(U)
+    head = take(P.head, piece)
+    runs = np.empty((3, 2 * U), np.int64)  # per run: length, first in P.seq, unit
+    run_len, run_first, run_unit = runs
+    at_head, at_tail = tree + u, tree + 2 * last + 1 - u
+    run_len[at_head], run_len[at_tail] = head, size - head
+    first = take(P.start, piece)
+    run_first[at_head], run_first[at_tail] = first, first + head
+    run_unit[at_head], run_unit[at_tail] = u, u
+    run_start = starts(run_len)
+    # where a parent is, per unit: its head, its tail, the previous unit's hanging atom, none
+    base = np.empty((U, 4), np.int64)
+    base[:, 0], base[:, 1], base[:, 3] = run_start[at_head], run_start[at_tail], -1
+    base[1:, 2] = base[:-1, 0] + take(P.prev_rank, piece[:-1])
+    base[0, 2] = -1
+    run = per_row(np.arange(2 * U), run_len)  # the run of every position
+    ints = np.empty((k + 2, N), np.int64)
+    order, parent = ints[k + 1], ints[k]
+    pa = take(run_first - run_start, run, out=order)  # piece atom of every position
+    pa += np.arange(N)
+    pa = take(P.seq, pa)
+    take(st.atom0 - first, run_unit, out=run_first)  # (run_first: no longer needed)
+    take(run_first, run, out=order)
+    order += pa
+    np.multiply(run_unit, 4, out=run_unit)
+    take(run_unit, run, out=parent)
+    where = take(P.parent_where, pa)  # rank * 4 + code
+    parent += where & 3
+    take(base.reshape(-1), parent, out=parent)
+    where >>= 2
+    parent += where
+    np.multiply(order, 3, out=ints[0])
+    np.add(ints[0], 1, out=ints[1])
+    np.add(ints[0], 2, out=ints[2])
+    if k == 4:
+        link = take(P.link0, pa, out=ints[3])
+        link += order
+        np.minimum(link, N - 1, out=link)
+        link *= 3
+        link += 2
+    bits = take(P.flags, pa).view(np.uint8).reshape(N, 8).T
+    flags = np.ascontiguousarray(bits[:6] if k == 4 else bits[[0, 1, 2, 4, 5]]).view(bool)
+    return ints, flags
 
 
 def _offset_chains(link: np.ndarray, ar: np.ndarray, short: bool) -> np.ndarray:
@@ -323,79 +460,83 @@ def _offset_chains(link: np.ndarray, ar: np.ndarray, short: bool) -> np.ndarray:
     return np.stack(out, 1)
 
 
+def _offset_of(chain: np.ndarray, n: int) -> np.ndarray:
+    """Every atom's offset reference (-1: none) from its offset chain (``n``: none)."""
+    if chain.shape[1] == 1:
+        return np.full(n, -1, np.int64)
+    return np.where(chain[:, 1] < n, chain[:, 1], -1)
+
+
 def batch_table(st: Stamp) -> ConstructionTable:
     """The table of ``ProteinBatch(sequences)`` from its :class:`Stamp`.
 
-    Made now: what a transform on the CPU kernel reads (kinds, offset chains,
-    depth-first order and parents); the other arrays (rows, subtree ends,
-    depths...) on first use: a fresh batch's training step never reads them."""
+    Every array is made on first use, and the compiled kernel's plan is
+    stamped without them (:func:`kernel_arrays`, the table's
+    ``kernel_arrays``): a fresh batch's training step on the CPU reads none."""
     P = _pieces()
-    N, piece, size, unit, pa, tree = st.N, st.piece, st.size, st.unit, st.pa, st.tree
+    N, piece = st.N, st.piece
     take = np.take  # per-atom gathers: faster than [] indexing
     ar = np.arange(N)
-    prev = np.append(0, size[:-1])  # atoms of the previous unit
+    kernel = functools.cache(lambda: kernel_arrays(st))
     S = P.delta.shape[0] // len(P.kind)
-    rows = pa * S
-    rows += take(prev, unit)
-    kind = take(P.kind, pa)
-    parent = take(P.bond, rows)  # every row is a rigid child of its bond reference
-    parent += ar
-    np.maximum(parent, -1, out=parent)
-    chain = _offset_chains(take(P.link, rows), ar, P.short_chains)
-    link = chain[:, 1] if chain.shape[1] > 1 else np.full(N, N)
-
-    # depth-first positions in a tree: heads in unit order, then tails in reverse
-    head = P.head[piece]
-    heads = np.cumsum(head)
-    tails = np.cumsum(size - head)
-    tree_start = st.atom0[tree]
-    head_start = tree_start + heads - head - (heads - head)[tree]
-    tail_start = tree_start + heads[st.last] - (heads - head)[tree] + tails[st.last] - tails
-    pos_ = np.empty(N + 1, np.int64)  # pos_[N] = -1: where a parent -1 reads
-    pos = take(tail_start, unit, out=pos_[:N])
-    hs = take(head_start, unit)
-    np.copyto(pos, hs, where=take(P.in_head, pa))
-    pos += take(P.rank, pa)
-    pos_[N] = -1
-    order = np.empty(N, np.int64)
-    order[pos] = ar
-    dfs_parent = take(pos_, take(parent, order))
+    rows = functools.cache(lambda: st.pa * S + take(np.append(0, st.size[:-1]), st.unit))
 
     def refs():
-        out = take(P.delta, rows, 0)  # np.take: several times faster than [] on rows
+        out = take(P.delta, rows(), 0)  # np.take: several times faster than [] on rows
         out += ar[:, None]
         return np.maximum(out, -1, out=out)
 
-    def end():
-        e = np.where(take(P.end_tail, pa), take(tail_start, unit), hs)
-        e += take(P.end, pa)
-        return take(e, order)
+    def parent():  # every row is a rigid child of its bond reference
+        out = take(P.bond, rows())
+        out += ar
+        return np.maximum(out, -1, out=out)
+
+    chain = functools.cache(lambda: _offset_chains(take(P.link, rows()), ar, P.short_chains))
+    order = functools.cache(lambda: kernel()[0][-1])
+
+    def pos():
+        out = np.empty(N, np.int64)
+        out[order()] = ar
+        return out
+
+    def end():  # subtree ends, relative to the start of the atom's head or tail run
+        head = P.head[piece]
+        heads, tails = np.cumsum(head), np.cumsum(st.size - head)
+        tree_start = st.atom0[st.tree]
+        before = (heads - head)[st.tree]  # heads before the tree's
+        head_start = tree_start + heads - head - before
+        tail_start = tree_start + heads[st.last] - before + tails[st.last] - tails
+        e = np.where(take(P.end_tail, st.pa), take(tail_start, st.unit), take(head_start, st.unit))
+        e += take(P.end, st.pa)
+        return take(e, order())
 
     @functools.cache
     def depth():
         unit_depth = starts(P.next_depth[piece])
-        d = take(unit_depth - unit_depth[tree], unit)
-        d += take(P.depth, pa)
+        d = take(unit_depth - unit_depth[st.tree], st.unit)
+        d += take(P.depth, st.pa)
         return d
 
     arrays = {
         "refs": refs,
-        "kind": kind,
+        "kind": lambda: take(P.kind, st.pa),
         "parent": parent,
-        "offset_of": lambda: np.where(link < N, link, -1),
+        "offset_of": lambda: _offset_of(chain(), N),
         "offset_chain": chain,
         "dfs_order": order,
         "dfs_pos": pos,
         "subtree_end": end,
-        "dfs_parent": dfs_parent,
-        "dfs_depth": lambda: take(depth(), order),
+        "dfs_parent": lambda: kernel()[0][-2],
+        "dfs_depth": lambda: take(depth(), order()),
         "max_depth": lambda: int(depth().max()),
         # a tree is one segment; its dfs positions are its atoms' indices
-        "dfs_segment": lambda: take(tree_start, unit),
+        "dfs_segment": lambda: take(st.atom0[st.tree], st.unit),
         "stage_atoms": [ar],  # every segment root is a ROOT row: one stage
         "constant_anchors": True,
     }
-    return ConstructionTable.from_arrays(arrays, N)
+    table = ConstructionTable.from_arrays(arrays, N)
+    table.kernel_arrays = kernel
+    return table
 
 
 #: the arrays the compiled fill reads (``fill_internal`` also ``ideal_mask``);
@@ -406,16 +547,23 @@ FORWARD = ("ideal", "torsion_slot", "proline_rows")
 def _proline_rows(st: Stamp) -> np.ndarray:
     """``(P, 4)`` atoms CA, CB, CG, CD of every proline (``Layout.proline_rows``'
     convention), in residue order: per residue, no pass over the atoms."""
-    ring = _pieces().ring[st.piece]
-    u = np.flatnonzero(ring[:, 2] >= 0)
-    return ring[u] + st.atom0[u, None]
+    P = _pieces()
+    u = np.flatnonzero(np.take(P.ring[:, 2] >= 0, st.piece))
+    return P.ring[st.piece[u]] + st.atom0[u, None]
 
 
-def _torsion_slot(st: Stamp, code: np.ndarray) -> np.ndarray:
-    """Flat torsion index ``residue * 7 + column`` of every atom, -1: none."""
-    slot = np.take(st.pad * N_TORSIONS, st.unit)
-    slot += np.take(code, st.pa)
-    return np.maximum(slot, -1, out=slot)
+def _fill_arrays(st: Stamp) -> tuple[np.ndarray, np.ndarray]:
+    """``ideal`` ``(N, 3)`` and ``torsion_slot``, the flat torsion index
+    ``residue * 7 + column`` of every atom (-1: none): in C where the kernel
+    is loaded, else in numpy (the reference)."""
+    P = _pieces()
+    pad7 = st.pad * N_TORSIONS
+    stamped = _kernel.stamp_atoms((st.piece, st.size, st.atom0, pad7), (P.start, P.ideal, P.tors_code), st.N)
+    if stamped is not None:
+        return stamped
+    slot = np.take(pad7, st.unit)
+    slot += np.take(P.tors_code, st.pa)
+    return np.take(P.ideal, st.pa, 0), np.maximum(slot, -1, out=slot)
 
 
 def batch_arrays(st: Stamp, names=None) -> dict:
@@ -425,20 +573,19 @@ def batch_arrays(st: Stamp, names=None) -> dict:
     ``atom_mask``, ``atom_names``, ``elements``, ``residue_index``
     (``(B, n_max)``) and ``residue_mask`` (``(B, L_max)``); ``names``: only those."""
     P = _pieces()
-    B, pa, unit = len(st.n_res), st.pa, st.unit
-    # per piece atom, beside its residue's base; NONE (far below -1) for no torsion
-    code = np.where(P.tors >= 0, P.tors_off * N_TORSIONS + P.tors, NONE)
+    B = len(st.n_res)
+    fill = functools.cache(lambda: _fill_arrays(st))
     makers = {
-        "ideal": lambda: np.take(P.ideal, pa, 0),
-        "ideal_mask": lambda: np.take(P.ideal_mask, pa, 0),
-        "torsion_slot": lambda: _torsion_slot(st, code),
+        "ideal": lambda: fill()[0],
+        "ideal_mask": lambda: np.take(P.ideal_mask, st.pa, 0),
+        "torsion_slot": lambda: fill()[1],
         "proline_rows": lambda: _proline_rows(st),
-        "atom_mask": lambda: (st.piece != PAD)[unit].reshape(B, -1),
+        "atom_mask": lambda: (st.piece != PAD)[st.unit].reshape(B, -1),
         "residue_mask": lambda: (
             np.bincount(st.pad[st.piece != PAD], minlength=B * st.L_max).astype(bool).reshape(B, -1)
         ),
-        "atom_names": lambda: P.atom_name[pa].reshape(B, -1),
-        "elements": lambda: P.element[pa].reshape(B, -1),
-        "residue_index": lambda: np.where(st.piece != PAD, st.pad % st.L_max, -1)[unit].reshape(B, -1),
+        "atom_names": lambda: P.atom_name[st.pa].reshape(B, -1),
+        "elements": lambda: P.element[st.pa].reshape(B, -1),
+        "residue_index": lambda: np.where(st.piece != PAD, st.pad % st.L_max, -1)[st.unit].reshape(B, -1),
     }
     return {k: makers[k]() for k in (makers if names is None else names)}

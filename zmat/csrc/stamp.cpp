@@ -1,0 +1,98 @@
+// A protein batch's kernel plan stamped from per-residue pieces in one pass:
+// zmat/protein/pieces.py `kernel_arrays` in C (the numpy version there is the
+// reference and the fallback; tests compare the two exactly). A fresh batch's
+// training step needs nothing else of its table.
+//
+// A tree of units t0..t1 (residues; a padding atom is a one-unit tree) is,
+// in depth-first order, every unit's head atoms in unit order, then every
+// unit's tail atoms in reverse unit order; each run lists piece atoms in the
+// piece's own order (`seq`). Trees follow each other, so a tree's first
+// position is its first atom.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+struct Pieces {  // per piece: head size, first piece atom, rank of the hanging atom
+  const int64_t *head, *start, *prev_rank;
+  // per piece atom: dfs order, parent (rank * 4 + code), link delta, 8 flag bytes
+  const int64_t *seq, *parent_where, *link0;
+  const uint8_t* flags;
+};
+
+struct Out {
+  int64_t n, k;  // positions, gather rows (3 or 4)
+  int64_t* ints;  // (k + 2, n)
+  uint8_t* flags;  // (k + 2, n)
+};
+
+// Positions p .. p + len of unit u's run starting at piece atom `first`.
+void run(const Pieces& P, const Out& o, int64_t u, int64_t atom_off, int64_t first, int64_t len, int64_t p,
+         const int64_t* base) {
+  const int64_t n = o.n, k = o.k;
+  int64_t *order = o.ints + (k + 1) * n, *parent = o.ints + k * n;
+  for (int64_t i = 0; i < len; ++i, ++p) {
+    const int64_t pa = P.seq[first + i], a = atom_off + pa, w = P.parent_where[pa];
+    order[p] = a;
+    parent[p] = base[4 * u + (w & 3)] + (w >> 2);
+    for (int64_t c = 0; c < 3; ++c) o.ints[c * n + p] = 3 * a + c;
+    const uint8_t* f = P.flags + 8 * pa;
+    for (int64_t r = 0; r < 3; ++r) o.flags[r * n + p] = f[r];
+    if (k == 4) {
+      o.ints[3 * n + p] = 3 * std::min(a + P.link0[pa], n - 1) + 2;
+      o.flags[3 * n + p] = f[3];
+    }
+    o.flags[k * n + p] = f[4];
+    o.flags[(k + 1) * n + p] = f[5];
+  }
+}
+
+}  // namespace
+
+// Units: piece, size, atom0 (first atom), last (last unit of its tree), u_n of
+// them; writes ints and flags of zmat._kernel.KernelPlan.
+extern "C" void zmat_stamp_plan(int64_t u_n, const int64_t* piece, const int64_t* size, const int64_t* atom0,
+                                const int64_t* last, const int64_t* head, const int64_t* start,
+                                const int64_t* prev_rank, const int64_t* seq, const int64_t* parent_where,
+                                const int64_t* link0, const uint8_t* flags, int64_t n, int64_t k,
+                                int64_t* ints, uint8_t* flags_out) {
+  const Pieces P{head, start, prev_rank, seq, parent_where, link0, flags};
+  const Out o{n, k, ints, flags_out};
+  // per unit, where its atoms' parents are: its head, its tail, the previous
+  // unit's hanging atom, none (-1)
+  std::vector<int64_t> base(4 * u_n);
+  for (int64_t t0 = 0; t0 < u_n; t0 = last[t0] + 1) {
+    int64_t p = atom0[t0];
+    const int64_t t1 = last[t0];
+    for (int64_t u = t0; u <= t1; ++u) {
+      const int64_t q = piece[u];
+      base[4 * u] = p;
+      base[4 * u + 2] = u > t0 ? base[4 * (u - 1)] + prev_rank[piece[u - 1]] : -1;
+      base[4 * u + 3] = -1;
+      run(P, o, u, atom0[u] - start[q], start[q], head[q], p, base.data());
+      p += head[q];
+    }
+    for (int64_t u = t1; u >= t0; --u) {
+      const int64_t q = piece[u];
+      base[4 * u + 1] = p;
+      run(P, o, u, atom0[u] - start[q], start[q] + head[q], size[u] - head[q], p, base.data());
+      p += size[u] - head[q];
+    }
+  }
+}
+
+// The per-atom arrays the protein fill reads, stamped in one pass: for atom
+// a = atom0[u] + i of unit u (piece atom pa = start[piece[u]] + i), ideal[a]
+// = p_ideal[pa] (3 doubles) and its torsion slot max(pad7[u] + code[pa], -1)
+// (code: far below -1 for an atom without a torsion).
+extern "C" void zmat_stamp_atoms(int64_t u_n, const int64_t* piece, const int64_t* size, const int64_t* atom0,
+                                 const int64_t* pad7, const int64_t* start, const double* p_ideal,
+                                 const int64_t* code, double* ideal, int64_t* slot) {
+  for (int64_t u = 0; u < u_n; ++u) {
+    const int64_t a0 = atom0[u], p0 = start[piece[u]], m = size[u];
+    std::memcpy(ideal + 3 * a0, p_ideal + 3 * p0, sizeof(double) * 3 * m);
+    for (int64_t i = 0; i < m; ++i) slot[a0 + i] = std::max(pad7[u] + code[p0 + i], int64_t(-1));
+  }
+}
