@@ -181,7 +181,7 @@ def molecule_dataset(n: int, seed: int = 0) -> list:
     refs = [molecule_table(int(rng.integers(45, 66)), rng) for _ in range(n)]
     out = [(r, zmat.ConstructionTable(r)) for r in refs]
     if hasattr(zmat.ConstructionTable, "concatenate"):  # what each table keeps for concatenate
-        zmat.ConstructionTable.concatenate([t for _, t in out]).kind  # (arrays made on first use)
+        assert len(zmat.ConstructionTable.concatenate([t for _, t in out]).kind)  # (arrays made on first use)
     return out
 
 
@@ -245,7 +245,7 @@ def torsion_dataset(n: int) -> list:
         if AllChem.EmbedMolecule(mol, params) != 0:
             raise RuntimeError(f"ETKDG failed on {smi}")
         ts = TorsionSpace.from_mol(mol)
-        ts._cache.clear()  # per-device plans of the molecule alone: not data
+        getattr(ts, "_cache", {}).clear()  # (older zmat pickled per-device plans of the molecule alone)
         ts.table.__dict__.pop("_plans", None)  # (older zmat pickled a table's plans)
         spaces.append(ts)
     tmp = cache.with_suffix(f".{os.getpid()}")
@@ -276,8 +276,9 @@ def torsion_step(pool: list, n_mol: int, seed: int, method: str, data=None) -> d
     t0 = _now()  # the per-device plans (zmat versions without these build them in the forward)
     if method == "table":
         prepare(table, torsions.device)
-        for name in ("_scatter", "_frames"):
-            getattr(ts, name, lambda *a: None)(torsions.dtype, torsions.device)
+        route = getattr(ts, "_table_route", ts)  # zmat with the table route in zmat/_table_torsions.py
+        for name in ("scatter", "frames", "_scatter", "_frames"):
+            getattr(route, name, lambda *a: None)(torsions.dtype, torsions.device)
     else:
         rigid = getattr(ts, "_rigid_body", None)  # zmat with the rigid route in zmat/_rigid_torsions.py
         plan = rigid.plan if rigid is not None else getattr(ts, "_rigid_plan", lambda *a: None)

@@ -183,13 +183,13 @@ def test_batch_table_makes_the_rest_on_first_use_and_pickles():
 
     batch = zp.ProteinBatch(["MKVLA", "GW"])
     table = batch.table
-    assert {"refs", "subtree_end", "dfs_depth"} <= set(vars(table)["_lazy"])
+    assert not {"refs", "subtree_end", "dfs_depth"} & set(vars(table))
     copy = pickle.loads(pickle.dumps(table))
     ref = zmat.ConstructionTable(batch._general.refs)
     for name in zmat.ConstructionTable._ARRAYS:
         assert _same(getattr(ref, name), getattr(copy, name)), name
         assert _same(getattr(ref, name), getattr(table, name)), name
-    assert not vars(table)["_lazy"]
+    assert "_make_plan" not in vars(table)
 
 
 def test_batch_with_an_empty_sequence_takes_the_general_path():

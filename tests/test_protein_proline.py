@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import zmat
 import zmat.protein as zp
 from zmat.protein.atom37 import ATOM14_NAMES, RESTYPE_3, atom37_to_atom14
 from zmat.protein.build import PRO_CD_N, proline_cd_angle
@@ -207,3 +208,23 @@ class _LargeOps(TorchDispatchMode):
         if not free and any(isinstance(o, torch.Tensor) and o.numel() >= self.size for o in outs):
             self.ops.add(name)
         return out
+
+
+@pytest.mark.parametrize(
+    ("name", "options"), [("1ubi.pdb", {}), ("1ubi.pdb", {"hydrogens": True}), ("5ugo.cif", {})]
+)
+def test_proline_ring_closes_in_a_complex(name, options):
+    """``Complex.ideal_internal`` (the all-atom tree, ligands and hydrogens
+    included) closes every proline ring as the protein paths do, with new
+    torsions too; differentiable in them."""
+    p = zp.from_pdb(DATA / name, ligands=True, **options)
+    res, names = p.parsed.residue, p.atom_names
+    pro = np.flatnonzero(p.res_names == "PRO")
+    n, cd = (np.array([np.flatnonzero((res == k) & (names == a))[0] for k in pro]) for a in ("N", "CD"))
+    chi1 = (p.torsions["chi1"] + 0.3).requires_grad_(True)
+    for torsions in ({}, {"chi1": chi1}):
+        x = zmat.to_xyz(p.ideal_internal(torsions), p.table)
+        d = (x[cd] - x[n]).norm(dim=-1)
+        assert len(d) >= 3 and (d - PRO_CD_N).abs().max() < 1e-9, d
+    (g,) = torch.autograd.grad(d.sum(), chi1)
+    assert torch.isfinite(g).all() and g[pro].abs().max() < 1e-6  # the ring stays closed as chi1 moves

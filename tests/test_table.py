@@ -164,15 +164,24 @@ def test_concatenate_validates_raw_pieces_and_rejects_empty_input():
         ConstructionTable.concatenate([[[-1, -1, -1]], [[-1, -1, -1], [1, -1, -1]]])
 
 
-def test_trusted_takes_exactly_the_planned_arrays():
+def test_a_table_from_its_plan_is_the_planned_table():
+    from zmat.table import TablePlan
+
     t = ConstructionTable([[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0]])
-    arrays = {name: getattr(t, name) for name in ConstructionTable._ARRAYS}
-    copy = ConstructionTable.from_arrays(arrays)
-    assert copy == t and copy.n_atoms == 4 and copy.n_levels == t.n_levels
-    x = zmat.to_xyz(torch.rand(4, 3, dtype=torch.float64) + 0.5, copy)
-    assert torch.isfinite(x).all()
-    with pytest.raises(ValueError, match="exactly the arrays"):
-        ConstructionTable.from_arrays({k: v for k, v in arrays.items() if k != "kind"})
+    for plan in (TablePlan.of(t), lambda: TablePlan.of(t)):  # given, or made on first use
+        copy = ConstructionTable.from_plan(plan, t.n_atoms)
+        assert copy == t and copy.n_atoms == 4 and copy.n_levels == t.n_levels
+        for name in ConstructionTable._ARRAYS:
+            a, b = getattr(copy, name), getattr(t, name)
+            assert (
+                [list(x) for x in a] == [list(x) for x in b]
+                if name == "stage_atoms"
+                else np.array_equal(a, b)
+            )
+        x = zmat.to_xyz(torch.rand(4, 3, dtype=torch.float64) + 0.5, copy)
+        assert torch.isfinite(x).all()
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        getattr(ConstructionTable.from_plan(lambda: TablePlan.of(t), 4), "nope")  # noqa: B009
 
 
 def test_a_planned_table_is_freed_without_the_cycle_collector():
@@ -213,14 +222,15 @@ def test_lazy_arrays_are_safe_to_read_from_threads():
     import threading
     import time
 
+    from zmat.table import TablePlan
+
     base = ConstructionTable(chain_table(5))
 
-    def slow_refs():
+    def slow_plan():
         time.sleep(0.05)
-        return base.refs.copy()
+        return TablePlan.of(base)
 
-    arrays = {name: getattr(base, name) for name in ConstructionTable._ARRAYS}
-    table = ConstructionTable.from_arrays({**arrays, "refs": slow_refs}, base.n_atoms)
+    table = ConstructionTable.from_plan(slow_plan, base.n_atoms)
     got, errors = [], []
 
     def read():
@@ -235,7 +245,7 @@ def test_lazy_arrays_are_safe_to_read_from_threads():
     for t in threads:
         t.join()
     assert not errors and len(got) == 4 and all(np.array_equal(g, base.refs) for g in got)
-    assert "refs" not in vars(table)["_lazy"]
+    assert "_make_plan" not in vars(table)
 
 
 def _plain_preorder(parent):

@@ -57,6 +57,7 @@ import subprocess
 import sys
 import tempfile
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -65,7 +66,8 @@ import torch.autograd.forward_ad as _forward_ad
 from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensor
 
-from ._segments import take_shift
+from . import _columns
+from ._columns import ATOMS, POSITIONS, column
 from .table import ConstructionTable
 
 _CSRC = Path(__file__).with_name("csrc")
@@ -698,74 +700,57 @@ class KernelPlan:
         self.gather, self.parent, self.order = (torch.from_numpy(a) for a in (ints[:k], ints[k], ints[k + 1]))
         self.keep, self.trig = torch.from_numpy(self._flags[:k]), torch.from_numpy(self._flags[k:])
         self.placement = (self.gather, self.keep, self.trig, self.parent)  # the forward's arrays
+        # units of work for threads: runs of whole trees, for tables rooted at
+        # the origin (positions): there a tree's gathers stay in the tree, while
+        # an anchored segment (frames) may read a sibling's phi in another
+        self.chunks = torch.from_numpy(_chunks(ints[k]))
         self.whole = torch.tensor([0, self.n])  # one unit per structure
 
     @functools.cached_property
-    def chunks(self) -> Tensor:
-        """Units of work for threads (made when a call first splits): runs of
-        whole trees, for tables rooted at the origin (positions): there a
-        tree's gathers stay in the tree, while an anchored segment (frames)
-        may read a sibling's phi in another."""
-        return torch.from_numpy(_chunks(self._ints[-2]))
-
-    @functools.cached_property
     def arrays(self) -> _Arrays:
-        """The arrays as the C functions take them, one unit per structure
-        (made on the first eager call: a plan made under ``torch.export``'s
-        fake tensors has no data)."""
-        return _Arrays.of(*self.placement, self.order, self.whole)
-
-    @functools.cached_property
-    def chunked_arrays(self) -> _Arrays:
-        """:attr:`arrays` with :attr:`chunks` as units of work."""
+        """The arrays as the C functions take them (made on the first eager call:
+        a plan made under ``torch.export``'s fake tensors has no data)."""
         return _Arrays.of(*self.placement, self.order, self.chunks)
 
-    def arrays_for(self, chunked: bool) -> _Arrays:
-        return self.chunked_arrays if chunked else self.arrays
+    @functools.cached_property
+    def _packed(self) -> np.ndarray:
+        """``ints`` packed (:func:`zmat._columns.encode`), for :meth:`take` and :meth:`concatenate`."""
+        return _columns.encode(KernelArrays, self._ints)
 
     def take(self, ptr: np.ndarray, index: np.ndarray) -> KernelPlan:
-        """The plan of ``ConstructionTable.take(ptr, index)``'s table, by the
-        same gathers: component ``k`` of the table is atoms and dfs positions
-        ``ptr[k]:ptr[k + 1]``, so its columns move together, indices shifted."""
-        _, shift = take_shift(ptr, index)  # new - old position
-        cols = np.arange(len(shift)) - shift
-        ints = np.take(self._ints, cols, axis=1)
-        _increase(ints, shift)
-        k = len(ints) - 2  # unused flat indices into C (keep 0) clipped into range
-        np.clip(ints[:k], 0, 3 * len(shift) - 1, out=ints[:k])
-        return KernelPlan(ints, np.take(self._flags, cols, axis=1), self.vjp)
+        """The plan of ``ConstructionTable.take(ptr, index)``'s table: component
+        ``k`` of the table is atoms and dfs positions ``ptr[k]:ptr[k + 1]``, so
+        its columns move together (:func:`zmat._columns.taken`)."""
+        ints = _columns.decode(KernelArrays, _columns.taken(KernelArrays, self._packed, ptr, index))
+        return KernelPlan(ints, _columns.taken(KernelFlags, self._flags, ptr, index), self.vjp)
 
     @staticmethod
     def concatenate(plans: list[KernelPlan]) -> KernelPlan:
         """The plan of ``ConstructionTable.concatenate`` of the plans' tables:
         their columns side by side, indices shifted by each table's first atom
-        (a concatenated table keeps every piece's atoms and dfs positions in one
-        range); a narrower offset chain is padded with unused entries."""
-        k = max(len(p._ints) for p in plans) - 2
-        shape = (k + 2, sum(p.n for p in plans))
-        ints, flags = np.empty(shape, np.int64), np.zeros(shape, np.uint8)
-        at = 0
-        for p in plans:  # per piece, whole rows shifted in one pass (no per-atom Python)
-            m, cols = len(p._ints) - 2, slice(at, at + p.n)
-            np.add(p._ints[:m], 3 * at, out=ints[:m, cols])  # flat indices into C
-            ints[m:k, cols] = 3 * at  # a narrower offset chain: unused entries, in range
-            np.add(p._ints[m:], at, out=ints[k:, cols])
-            np.putmask(ints[k, cols], p._ints[m] < 0, -1)  # parents (-1: none)
-            flags[:m, cols] = p._flags[:m]
-            flags[k:, cols] = p._flags[m:]
-            at += p.n
-        return KernelPlan(ints, flags.view(bool), plans[0].vjp)
+        (:func:`zmat._columns.joined`; a narrower offset chain has unused entries)."""
+        ints = _columns.decode(KernelArrays, _columns.joined(KernelArrays, [p._packed for p in plans]))
+        return KernelPlan(
+            ints, _columns.joined(KernelFlags, [p._flags for p in plans]).view(bool), plans[0].vjp
+        )
 
 
-def _increase(ints: np.ndarray, shift: np.ndarray) -> None:
-    """A plan's ``ints`` shifted by ``shift`` (per dfs position), as the
-    components of a batch move: ``gather`` rows index ``C``'s entries (3 per
-    atom), the parent row dfs positions (-1: none), the last row atoms (the
-    ``KernelPlan`` analogue of ``TablePlan``'s declared indices)."""
-    k = len(ints) - 2
-    ints[:k] += 3 * shift
-    ints[k] += np.where(ints[k] >= 0, shift, 0)
-    ints[k + 1] += shift
+@dataclass(frozen=True)
+class KernelArrays:
+    """The int64 rows of a :class:`KernelPlan` (its ``ints``, packed in this
+    order), each declaring what its values index (:mod:`zmat._columns`)."""
+
+    gather: np.ndarray = column(ATOMS, None, scale=3, none="clip", by_rows=True)  # (K, N) flat into C
+    parent: np.ndarray = column(POSITIONS)  # (N,), -1: none
+    order: np.ndarray = column(ATOMS)  # (N,) atom of every dfs position
+
+
+@dataclass(frozen=True)
+class KernelFlags:
+    """The bool rows of a :class:`KernelPlan` (its ``flags``): they index nothing."""
+
+    keep: np.ndarray = column(None, None, by_rows=True)  # (K, N): entries used
+    trig: np.ndarray = column(None, 2, by_rows=True)  # (2, N): theta, phi used
 
 
 def _differentiable_backward(*grads) -> bool:
@@ -813,7 +798,7 @@ def _place(C: torch.Tensor, plan: KernelPlan, frames: bool = True):
     positions ``(..., N, 3)`` (``C``'s shape) in atom order."""
     c = C.reshape(-1, 3 * plan.n)
     n, chunked = split(c.shape[0], plan.n)
-    return _state["module"].forward(c, plan.arrays_for(chunked), C, n, frames, chunked)
+    return _state["module"].forward(c, plan.arrays, C, n, frames, chunked)
 
 
 def _split(frames: torch.Tensor):
@@ -844,8 +829,7 @@ def _backward(ctx, frames, g_rot, g_pos, g_x=None, saved=None) -> torch.Tensor:
     g_pos = None if g_pos is None else g_pos.permute(2, 1, 0)
     n, chunked = split(frames.shape[0], plan.n)
     chunked = chunked and saved is None  # (trees of anchored segments may share gathers)
-    arrays = plan.arrays_for(chunked)
-    return _state["module"].backward(frames, g_rot, g_pos, g_x, arrays, 3 * plan.n, n, chunked)
+    return _state["module"].backward(frames, g_rot, g_pos, g_x, plan.arrays, 3 * plan.n, n, chunked)
 
 
 class _Positions(torch.autograd.Function):

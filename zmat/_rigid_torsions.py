@@ -7,7 +7,9 @@ from the root outwards, one vectorised step per nesting level of rotatable
 bonds, and every atom takes its innermost torsion's motion ``x = R x0 + t``.
 The compiled CPU kernel (``zmat._kernel.torsions``) does the same where it is
 usable; the torch ops are the fallback, the reference and the double backward.
-Plain arrays in (no RDKit): :class:`zmat.rdkit.TorsionSpace` holds one.
+Plain arrays in (:class:`zmat._torsion_arrays.TorsionArrays`, no RDKit):
+:class:`zmat.rdkit.TorsionSpace` holds one; :func:`moving_sides` makes the
+nesting arrays it needs from a molecule's table.
 """
 
 from __future__ import annotations
@@ -16,9 +18,34 @@ import numpy as np
 import torch
 
 from . import _kernel
-from .table import index_tensor
+from ._device_plans import DevicePlans
+from ._segments import ptr
+from ._torsion_arrays import TorsionArrays
+from .table import ConstructionTable, index_tensor
 
-__all__ = ["RigidTorsions"]
+__all__ = ["RigidTorsions", "moving_sides"]
+
+
+def moving_sides(table: ConstructionTable, quads: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """How the rotatable bonds ``quads`` of a torsion-space table nest: ``(owner, bond_parent, level)``.
+
+    ``owner[i]``: the innermost torsion whose moving side holds atom ``i``
+    (the nearest ancestor ``c`` of a quad along the bond references; -1:
+    none); ``bond_parent[k]``: the innermost torsion that moves bond ``k``
+    (the owner of its ``b``); ``level[k]``: its depth, the number of
+    ``bond_parent`` ancestors.
+    """
+    refs = table.refs
+    owner = np.full(table.n_atoms, -1, np.int64)
+    moves = {int(c): k for k, c in enumerate(quads[:, 2])}  # c (the moving atom) starts torsion k's side
+    for i in table.topo_order.tolist():  # references first: a tree parent before its children
+        owner[i] = moves.get(i, owner[refs[i, 0]] if refs[i, 0] >= 0 else -1)
+    bond_parent = owner[quads[:, 1]] if len(quads) else np.zeros(0, np.int64)
+    level, anc = np.zeros(len(quads), np.int64), bond_parent.copy()
+    while (anc >= 0).any():  # depth of nested rotatable bonds: a handful of steps
+        level += anc >= 0
+        anc = np.where(anc >= 0, bond_parent[np.maximum(anc, 0)], -1)
+    return owner, bond_parent, level
 
 
 def _apply(rot: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -30,24 +57,16 @@ class RigidTorsions:
     """The rigid-body placement of a torsion space's atoms, planned once per dtype and device.
 
     Args:
-        positions: ``(N, 3)`` float64 conformer positions.
-        quads: ``(K, 4)`` int64 tensor, flat atom indices ``(a, b, c, d)``; ``c``'s side moves.
-        torsions: ``(K,)`` the conformer's dihedrals of ``quads``.
-        owner: ``(N,)`` innermost torsion moving each atom, -1: none.
-        bond_parent: ``(K,)`` innermost torsion moving bond ``k``, -1: none.
-        level: ``(K,)`` nesting depth of every torsion.
+        arrays: the space's arrays; this route reads ``positions`` (the
+            conformers), ``quads`` (flat atom indices ``(a, b, c, d)``, ``c``'s
+            side moves), ``torsions`` (their dihedrals in the conformers) and
+            the nesting ``owner``, ``bond_parent``, ``level`` (:func:`moving_sides`).
     """
 
-    def __init__(self, positions, quads, torsions, owner, bond_parent, level) -> None:
-        self.positions, self.quads, self.torsions = positions, quads, torsions
-        self.owner, self.bond_parent, self.level = owner, bond_parent, level
-        self._cache: dict = {}
-
-    def _cached(self, name: str, dtype: torch.dtype, device: torch.device, build):
-        key = (name, dtype, device)
-        if key not in self._cache:
-            self._cache[key] = build()
-        return self._cache[key]
+    def __init__(self, arrays: TorsionArrays) -> None:
+        self.positions, self.quads, self.torsions = arrays.positions, arrays.quads, arrays.torsions
+        self.owner, self.bond_parent, self.level = arrays.owner, arrays.bond_parent, arrays.level
+        self._plans = DevicePlans()
 
     def plan(self, dtype, device):
         """Torsions sorted by nesting level; slot 0 of the transform stack is the identity."""
@@ -58,11 +77,10 @@ class RigidTorsions:
             slot = np.zeros(k + 1, np.int64)  # slot[-1] = 0: "no torsion", the identity
             slot[perm] = np.arange(1, k + 1)
             sizes = np.bincount(level, minlength=1).tolist() if k else []
-            parents = np.split(slot[parent][perm], np.cumsum(sizes)[:-1])[: len(sizes)]  # per level
+            parents = np.split(slot[parent][perm], ptr(sizes)[1:-1]) if k else []  # per level
             # the per-torsion geometry in numpy (float64, then cast): a fresh
             # batch's plan in a few vectorised calls instead of ~20 small ops
-            x0 = self.positions.detach().cpu().numpy()
-            q = self.quads.numpy()[perm]
+            x0, q = self.positions, self.quads[perm]
             axis = x0[q[:, 2]] - x0[q[:, 1]]
             u = axis / np.linalg.norm(axis, axis=-1, keepdims=True)
             ux, uy, uz = u.T
@@ -77,14 +95,14 @@ class RigidTorsions:
                 put(x0[q[:, 1]]),  # a point on each axis
                 put(skew),
                 put(u[:, :, None] * u[:, None, :] - np.eye(3)),  # skew @ skew, for a unit axis
-                put(self.torsions.detach().cpu().numpy()[perm]),
+                put(self.torsions[perm]),
                 index_tensor(perm, device),
                 [index_tensor(p, device) for p in parents],
                 index_tensor(slot[self.owner], device),  # atom -> slot of its innermost torsion
                 sizes,
             )
 
-        return self._cached("rigid", dtype, device, build)
+        return self._plans.get("rigid", dtype, device, build)
 
     def kernel_plan(self):
         """The rigid route's arrays for the compiled kernel (``zmat._kernel.torsions``), CPU float64."""
@@ -94,21 +112,20 @@ class RigidTorsions:
             perm = np.argsort(level, kind="stable")  # nesting order: parents first
             pos = np.empty(k + 1, np.int64)  # pos[j]: where torsion j is in that order; pos[-1] = -1
             pos[perm], pos[k] = np.arange(k), -1
-            x0 = self.positions.detach().cpu().numpy()
-            q = self.quads.numpy()[perm]
+            x0, q = self.positions, self.quads[perm]
             axis = x0[q[:, 2]] - x0[q[:, 1]]
             arrays = (
                 perm,
                 pos[parent[perm]],
                 pos[self.owner],
-                self.torsions.detach().cpu().numpy()[perm],
+                self.torsions[perm],
                 axis / np.linalg.norm(axis, axis=-1, keepdims=True),
                 x0[q[:, 1]],  # a point on each axis
                 x0,
             )
             return tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in arrays)
 
-        return self._cached("kernel", torch.float64, torch.device("cpu"), build)
+        return self._plans.get("kernel", torch.float64, torch.device("cpu"), build)
 
     def __call__(self, torsions: torch.Tensor) -> torch.Tensor:
         k, n = len(self.bond_parent), len(self.positions)

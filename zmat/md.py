@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .flows import InternalCoordinateTransform
 from .table import ConstructionTable
 
 __all__ = ["atom_group", "bonds", "construction_table", "flow_coordinates", "positions"]
@@ -247,8 +248,6 @@ def flow_coordinates(
     Returns:
         ``(transform, q)``: the transform and the ``(F, 3 N)`` batch ``transform.inv(xyz)``.
     """
-    from .flows import InternalCoordinateTransform
-
     ag = atom_group(atoms)
     table = construction_table(ag) if table is None else table
     transform = InternalCoordinateTransform(table, fixed_atoms=fixed_atoms, normalize_angles=normalize_angles)

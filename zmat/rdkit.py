@@ -72,8 +72,6 @@ changing torsion ``k`` gives what ``SetDihedralRad`` gives, to rounding
 
 from __future__ import annotations
 
-import functools
-import itertools
 from collections import deque
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -92,10 +90,11 @@ except ImportError as err:  # pragma: no cover - exercised only without RDKit
     ) from err
 
 from ._align import kabsch_rotation, superpose
-from ._rigid_torsions import RigidTorsions
-from ._segments import per_row, ranges, starts
+from ._rigid_torsions import RigidTorsions, moving_sides
+from ._table_torsions import TableTorsions
+from ._torsion_arrays import TorsionArrays
 from .batch import Ragged, concatenate_tables
-from .table import ConstructionTable, index_tensor
+from .table import ConstructionTable
 from .transform import dihedrals, to_internal, to_xyz
 
 __all__ = ["STRICT_SMARTS", "TorsionSpace", "rotatable_bonds", "torsion_table", "zmatrix_from_mol"]
@@ -344,26 +343,6 @@ def torsion_table(mol, rotatable=None, conf_id: int = -1):
     return refs, np.array(quads, np.int64).reshape(-1, 4), np.array(dof, np.int64)
 
 
-def _owners(table: ConstructionTable, quads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``owner[i]``: the innermost torsion whose moving side holds atom ``i`` (-1: none);
-    ``bond_parent[k]``: the innermost torsion that moves bond ``k`` (-1: none)."""
-    refs = table.refs
-    owner = np.full(table.n_atoms, -1, np.int64)
-    moves = {int(c): k for k, c in enumerate(quads[:, 2])}  # c (the moving atom) starts torsion k's side
-    for i in table.topo_order.tolist():  # references first: a tree parent before its children
-        owner[i] = moves.get(i, owner[refs[i, 0]] if refs[i, 0] >= 0 else -1)
-    return owner, owner[quads[:, 1]] if len(quads) else np.zeros(0, np.int64)
-
-
-def _nesting(parent: np.ndarray) -> np.ndarray:
-    """Depth of every node of a forest given by ``parent`` pointers (-1: root)."""
-    level, anc = np.zeros(len(parent), np.int64), parent.copy()
-    while (anc >= 0).any():  # depth of nested rotatable bonds: a handful of steps
-        level += anc >= 0
-        anc = np.where(anc >= 0, parent[np.maximum(anc, 0)], -1)
-    return level
-
-
 def _check_rebuilt(rebuilt: torch.Tensor, pos: torch.Tensor) -> None:
     """The table must rebuild the conformer; it cannot where reference atoms coincide."""
     err = (rebuilt - pos).norm(dim=-1)
@@ -374,22 +353,6 @@ def _check_rebuilt(rebuilt: torch.Tensor, pos: torch.Tensor) -> None:
             f"{float(err[i]):.2g} A): atoms coincide or references are collinear, e.g. fragments "
             "embedded on top of each other; embed the fragments apart"
         )
-
-
-#: columns per atom, torsion and molecule of a packed space (``TorsionSpace._packed``)
-_FLOAT_WIDTHS = (6, 2, 12)
-_INT_WIDTHS = (1, 7, 2)
-
-
-def _unpack(flat: np.ndarray, counts: np.ndarray, widths: tuple) -> list[np.ndarray]:
-    """Packed spaces, concatenated, -> one ``(rows, width)`` array per part
-    (atoms, torsions, molecules), the spaces' rows in order: one gather."""
-    lengths = counts * np.array(widths)  # (S, 3) elements per part
-    start = starts(lengths.reshape(-1)).reshape(lengths.shape)  # of every part of every space
-    out = []
-    for p, width in enumerate(widths):
-        out.append(np.take(flat, ranges(start[:, p], lengths[:, p])).reshape(-1, width))
-    return out
 
 
 def _heaviest(mol, b: int, c: int) -> int:
@@ -425,6 +388,59 @@ def zmatrix_from_mol(mol, conf_id: int = -1) -> MolZMatrix:
     return MolZMatrix(symbols, internal, table, title, Chem.GetFormalCharge(mol))
 
 
+# ------------------------------------------------------ Mols in and out
+def _space_of(mol, conf_id: int, rotatable) -> tuple[Chem.Mol, ConstructionTable, TorsionArrays]:
+    """Conformer ``conf_id`` of ``mol`` in torsion space: a copy of the Mol
+    holding that conformer, the torsion-space table and the arrays."""
+    pos = torch.as_tensor(_positions(mol, conf_id))
+    _check_bonds_apart(mol, pos.numpy())
+    refs, quads, dof = torsion_table(mol, rotatable, conf_id)
+    table = ConstructionTable(refs)
+    internal = to_internal(pos, table)
+    rotation, shift = _to_mol_frame(internal, table, pos)
+    torsions = dihedrals(pos, torch.as_tensor(quads))
+    owner, bond_parent, level = moving_sides(table, quads)
+    arrays = TorsionArrays(
+        positions=pos.numpy(),
+        internal=internal.numpy(),
+        owner=owner,
+        quads=quads,
+        dof=dof,
+        torsions=torsions.numpy(),
+        delta=(torsions - internal[dof, 2]).numpy(),
+        bond_parent=bond_parent,
+        level=level,
+        rotation=rotation.numpy()[None],
+        shift=shift.numpy()[None],
+        n_atoms=np.array([len(pos)]),
+        n_torsions=np.array([len(quads)]),
+    ).check()
+    return Chem.Mol(mol, confId=mol.GetConformer(conf_id).GetId()), table, arrays
+
+
+def _to_mol_frame(internal: torch.Tensor, table: ConstructionTable, pos: torch.Tensor):
+    """The one rigid motion ``x R^T + s`` from zmat's canonical frame to the conformer's: ``(R, s)``."""
+    canonical = to_xyz(internal, table)
+    p, q = canonical - canonical.mean(0), pos - pos.mean(0)
+    rot = kabsch_rotation(p, q)
+    shift = pos.mean(0) - canonical.mean(0) @ rot.T
+    _check_rebuilt(canonical @ rot.T + shift, pos)
+    return rot, shift
+
+
+def _with_conformers(mol, xyz: np.ndarray):
+    """A copy of ``mol`` whose conformers (ids ``0..C-1``) are ``xyz`` (``(C, n, 3)``)."""
+    new = Chem.Mol(mol)
+    new.RemoveAllConformers()
+    for cid, pos in enumerate(xyz):
+        conf = Chem.Conformer(mol.GetNumAtoms())
+        for i, (px, py, pz) in enumerate(pos.tolist()):
+            conf.SetAtomPosition(i, Point3D(px, py, pz))
+        conf.SetId(cid)
+        new.AddConformer(conf, assignId=False)
+    return new
+
+
 # ------------------------------------------------------------ the space
 class TorsionSpace:
     """Molecules whose degrees of freedom are the torsions of their rotatable bonds.
@@ -433,6 +449,11 @@ class TorsionSpace:
     :meth:`batch`. A batch is the same object over the flat atoms of all its
     molecules (``atoms``: :class:`~zmat.batch.Ragged`, PyG's ``ptr``/``batch``)
     and their flat torsions (``torsion_index``).
+
+    Its jobs live in their own modules: the arrays and their batching in
+    :mod:`zmat._torsion_arrays`, the two placements in
+    :mod:`zmat._rigid_torsions` and :mod:`zmat._table_torsions`; this class
+    adds the Mols (in: :meth:`from_mol`; out: :meth:`to_mols`) and the table.
 
     Attributes:
         mols: the RDKit Mols (copies), one per molecule.
@@ -443,6 +464,9 @@ class TorsionSpace:
         table: the :class:`~zmat.ConstructionTable` over the ``N`` atoms.
         internal: ``(N, 3)`` float64 tensor, the frozen internal coordinates.
         atoms, torsion_index: :class:`~zmat.batch.Ragged` offsets of atoms and torsions.
+        arrays: every array (:class:`zmat._torsion_arrays.TorsionArrays`, numpy);
+            ``positions``, ``delta``, ``rotation``, ``shift`` are tensors of
+            theirs, ``dof``, ``owner``, ``bond_parent``, ``level`` the arrays.
 
     Example:
         >>> from rdkit import Chem
@@ -455,24 +479,22 @@ class TorsionSpace:
         (torch.Size([2, 4]), torch.Size([15, 3]))
     """
 
-    _rigid: RigidTorsions | None = None  # the "rigid" route, made on first use (old pickles lack it)
+    def __init__(self, mols, table, arrays: TorsionArrays) -> None:
+        """Use :meth:`from_mol`, :meth:`batch` or :meth:`take`.
 
-    def __init__(self, mols, table, atoms: Ragged, torsion_index: Ragged, **fields) -> None:
-        """Use :meth:`from_mol` or :meth:`batch`; ``fields`` are the attributes below."""
-        self.atoms, self.torsion_index = atoms, torsion_index
-        self._mols = mols  # a list, or a function making it (a batch: on first use)
-        self._table = table  # a ConstructionTable, or a function making it (a batch: on first use)
-        self.quads = torch.as_tensor(fields["quads"], dtype=torch.long)
-        self.torsions: torch.Tensor = fields["torsions"]  # (K,) float64
-        self.positions: torch.Tensor = fields["positions"]  # (N, 3) float64, the conformers
-        self.internal: torch.Tensor = fields["internal"]  # (N, 3) float64, frozen
-        self.dof = np.asarray(fields["dof"], np.int64)  # (K,) the row whose dihedral is torsion k
-        self.delta: torch.Tensor = fields["delta"]  # (K,) torsion - phi of its row (constant)
-        self.rotation, self.shift = fields["rotation"], fields["shift"]  # (M, 3, 3), (M, 3): canonical -> Mol
-        self.owner = fields["owner"]  # (N,) innermost torsion moving each atom, -1: none
-        self.bond_parent = fields["bond_parent"]  # (K,) innermost torsion moving bond k, -1: none
-        self.level = fields["level"]  # (K,) nesting depth of torsion k (number of bond_parent ancestors)
-        self._cache: dict = {}
+        ``mols`` and ``table``: the Mols and the table, or functions making
+        them (a batch's: on first use).
+        """
+        self.arrays = a = arrays
+        self.atoms, self.torsion_index = Ragged(a.n_atoms), Ragged(a.n_torsions)
+        self._mols, self._table = mols, table
+        self.quads, self.torsions = torch.from_numpy(a.quads), torch.from_numpy(a.torsions)
+        self.positions, self.internal = torch.from_numpy(a.positions), torch.from_numpy(a.internal)
+        self.delta = torch.from_numpy(a.delta)
+        self.rotation, self.shift = torch.from_numpy(a.rotation), torch.from_numpy(a.shift)
+        self.dof, self.owner, self.bond_parent, self.level = a.dof, a.owner, a.bond_parent, a.level
+        self._rigid: RigidTorsions | None = None  # the routes, made on first use
+        self._placed: TableTorsions | None = None
 
     @property
     def table(self) -> ConstructionTable:
@@ -489,9 +511,13 @@ class TorsionSpace:
         return self._mols
 
     def __getstate__(self) -> dict:
-        """Pickled with its Mols and table made, without its per-device plans."""
-        self.mols, self.table  # noqa: B018 (a batch's are made on first use)
-        return {**self.__dict__, "_cache": {}, "_rigid": None}
+        """Pickled with its Mols, table and arrays, without its per-device plans."""
+        return {"mols": self.mols, "table": self.table, "arrays": self.arrays}
+
+    def __setstate__(self, state: dict) -> None:
+        if "arrays" not in state:
+            raise ValueError("this TorsionSpace was pickled by an older zmat: make it again with from_mol")
+        self.__init__(state["mols"], state["table"], state["arrays"])
 
     def __repr__(self) -> str:
         n, k = len(self.positions), len(self.quads)
@@ -515,88 +541,36 @@ class TorsionSpace:
                 count).
             TypeError: ``mol`` is not a ``Chem.Mol``.
         """
-        pos = torch.as_tensor(_positions(mol, conf_id))
-        _check_bonds_apart(mol, pos.numpy())
-        refs, quads, dof = torsion_table(mol, rotatable, conf_id)
-        table = ConstructionTable(refs)
-        internal = to_internal(pos, table)
-        canonical = to_xyz(internal, table)
-        # the one rigid motion from zmat's canonical frame to the conformer's
-        p, q = canonical - canonical.mean(0), pos - pos.mean(0)
-        rot = kabsch_rotation(p, q)
-        shift = pos.mean(0) - canonical.mean(0) @ rot.T
-        _check_rebuilt(canonical @ rot.T + shift, pos)
-        copy = Chem.Mol(mol, confId=mol.GetConformer(conf_id).GetId())
-        quads_t = torch.as_tensor(quads)
-        torsions = dihedrals(pos, quads_t)
-        owner, bond_parent = _owners(table, quads)
-        return cls(
-            [copy],
-            table,
-            Ragged([len(pos)]),
-            Ragged([len(quads)]),
-            quads=quads_t,
-            torsions=torsions,
-            positions=pos,
-            internal=internal,
-            dof=dof,
-            delta=torsions - internal[dof, 2],
-            rotation=rot[None],
-            shift=shift[None],
-            owner=owner,
-            bond_parent=bond_parent,
-            level=_nesting(bond_parent),
-        )
+        copy, table, arrays = _space_of(mol, conf_id, rotatable)
+        return cls([copy], table, arrays)
 
     @classmethod
     def batch(cls, spaces: Sequence[TorsionSpace]) -> TorsionSpace:
         """Torsion spaces of different molecules as one (flat atoms and torsions).
 
-        Each space packs its arrays once (kept on it, see ``_packed``), so a
-        batch of a data set's spaces is a handful of concatenations and offsets
-        whatever their number (no loop over atoms or torsions); see :mod:`zmat.batch`.
+        The arrays are :meth:`TorsionArrays.concatenate
+        <zmat._torsion_arrays.TorsionArrays.concatenate>`d (each space packs its
+        own once and keeps them, so a batch of a data set's spaces is a handful
+        of concatenations whatever their number); the Mols and the table
+        (:func:`zmat.batch.concatenate_tables`) are made on first use.
         """
         if len(spaces) == 0:
             raise ValueError("cannot batch an empty list of torsion spaces")
-        packs = [s._packed for s in spaces]
-        counts = np.fromiter(itertools.chain.from_iterable(p[2] for p in packs), np.int64, 3 * len(packs))
-        counts = counts.reshape(-1, 3)  # (S, 3): atoms, torsions, molecules
-        floats = _unpack(np.concatenate([p[0] for p in packs]), counts, _FLOAT_WIDTHS)
-        ints = _unpack(np.concatenate([p[1] for p in packs]), counts, _INT_WIDTHS)
-        af, tf, mol_f = floats
-        ai, ti, sizes = ints
-        # per space (a space may itself be a batch): where its atoms and torsions start
-        n_atoms, n_tors = counts[:, 0], counts[:, 1]
-        atom_start = per_row(starts(n_atoms), n_tors)[:, None]  # per torsion
-        tors_start = starts(n_tors)
-        ti[:, :5] += atom_start  # quads and dof: atom indices
-        for col, rows in ((ti[:, 5], n_tors), (ai[:, 0], n_atoms)):  # torsion indices; -1 stays
-            col += np.where(col >= 0, per_row(tors_start, rows), 0)
         spaces = list(spaces)
         return cls(
             lambda: [m for s in spaces for m in s.mols],
             lambda: concatenate_tables([s.table for s in spaces])[0],
-            Ragged(sizes[:, 0]),  # per molecule
-            Ragged(sizes[:, 1]),
-            quads=torch.from_numpy(np.ascontiguousarray(ti[:, :4])),
-            torsions=torch.from_numpy(np.ascontiguousarray(tf[:, 0])),
-            positions=torch.from_numpy(np.ascontiguousarray(af[:, :3])),
-            internal=torch.from_numpy(np.ascontiguousarray(af[:, 3:])),
-            dof=ti[:, 4],
-            delta=torch.from_numpy(np.ascontiguousarray(tf[:, 1])),
-            rotation=torch.from_numpy(np.ascontiguousarray(mol_f[:, :9]).reshape(-1, 3, 3)),
-            shift=torch.from_numpy(np.ascontiguousarray(mol_f[:, 9:])),
-            owner=ai[:, 0],
-            bond_parent=ti[:, 5],
-            level=ti[:, 6],
+            TorsionArrays.concatenate([s.arrays for s in spaces]),
         )
 
     def take(self, index) -> TorsionSpace:
         """Molecules ``index`` of this space (in that order; repeats allowed) as a new batch.
 
         For a data set held as one batch (``TorsionSpace.batch(spaces)``, built
-        once): each training step's batch is then a few vectorised gathers, its
-        table (built on first use) included, with no loop over molecules.
+        once): each training step's batch is then a few vectorised gathers
+        (:meth:`TorsionArrays.take <zmat._torsion_arrays.TorsionArrays.take>`),
+        its table (:meth:`zmat.ConstructionTable.take`, built on first use)
+        included, with no loop over molecules.
 
         Args:
             index: ``(B,)`` integer array-like of molecule indices in ``[-M, M)``.
@@ -618,59 +592,11 @@ class TorsionSpace:
         if idx.size == 0 or idx.dtype.kind not in "iu" or ((idx < -m) | (idx >= m)).any():
             raise ValueError(f"index must be a non-empty integer array in [-{m}, {m}), got {idx.tolist()}")
         idx = idx.astype(np.int64) % m
-        atoms, a_rows = self.atoms.take(idx)
-        tors, t_rows = self.torsion_index.take(idx)
-        a_shift = per_row(atoms.ptr[:-1] - self.atoms.ptr[idx], tors.sizes)  # atom indices, per torsion
-        t_shift = tors.ptr[:-1] - self.torsion_index.ptr[idx]  # torsion indices, per molecule
-        owner, bond_parent = self.owner[a_rows], self.bond_parent[t_rows]
-        owner += np.where(owner >= 0, per_row(t_shift, atoms.sizes), 0)
-        bond_parent += np.where(bond_parent >= 0, per_row(t_shift, tors.sizes), 0)
-        a_rows_t, t_rows_t, idx_t = (torch.from_numpy(a) for a in (a_rows, t_rows, idx))
         parent_ptr, table = self.atoms.ptr, self._table
         return type(self)(
             lambda: [self.mols[i] for i in idx.tolist()],
             lambda: (table if isinstance(table, ConstructionTable) else self.table).take(parent_ptr, idx),
-            atoms,
-            tors,
-            quads=self.quads.index_select(0, t_rows_t) + torch.from_numpy(a_shift)[:, None],
-            torsions=self.torsions.index_select(0, t_rows_t),
-            positions=self.positions.index_select(0, a_rows_t),
-            internal=self.internal.index_select(0, a_rows_t),
-            dof=self.dof[t_rows] + a_shift,
-            delta=self.delta.index_select(0, t_rows_t),
-            rotation=self.rotation.index_select(0, idx_t),
-            shift=self.shift.index_select(0, idx_t),
-            owner=owner,
-            bond_parent=bond_parent,
-            level=self.level[t_rows],
-        )
-
-    @functools.cached_property
-    def _packed(self) -> tuple:
-        """This space's arrays for :meth:`batch`, built once and kept: one
-        float64 and one int64 array (per atom, then per torsion, then per
-        molecule: ``_FLOAT_WIDTHS``, ``_INT_WIDTHS`` columns, indices local to
-        this space) and the counts ``(atoms, torsions, molecules)``; two
-        arrays per space, so a batch is two concatenations."""
-
-        def np_(t):
-            return t.detach().cpu().numpy()
-
-        floats = (
-            np.concatenate([np_(self.positions), np_(self.internal)], 1),  # (N, 6)
-            np.stack([np_(self.torsions), np_(self.delta)], 1),  # (K, 2)
-            np.concatenate([np_(self.rotation).reshape(-1, 9), np_(self.shift)], 1),  # (M, 12)
-        )
-        ints = (
-            np.asarray(self.owner, np.int64),  # (N,)
-            np.stack([*np_(self.quads).T, self.dof, self.bond_parent, self.level], 1),  # (K, 7)
-            np.stack([self.atoms.sizes, self.torsion_index.sizes], 1),  # (M, 2)
-        )
-        counts = (len(self.positions), len(self.dof), len(self.atoms.sizes))
-        return (
-            np.concatenate([a.reshape(-1) for a in floats]).astype(np.float64),
-            np.concatenate([a.reshape(-1) for a in ints]).astype(np.int64),
-            counts,
+            self.arrays.take(idx),
         )
 
     # ---------------------------------------------------------- transforms
@@ -679,43 +605,21 @@ class TorsionSpace:
         """The ``"rigid"`` route (:mod:`zmat._rigid_torsions`), made on first use
         (a plain attribute: a cached_property's lock costs a fresh batch microseconds)."""
         if self._rigid is None:
-            self._rigid = RigidTorsions(
-                self.positions, self.quads, self.torsions, self.owner, self.bond_parent, self.level
-            )
+            self._rigid = RigidTorsions(self.arrays)
         return self._rigid
 
-    def _cached(self, name: str, dtype: torch.dtype, device: torch.device, build):
-        key = (name, dtype, device)
-        if key not in self._cache:
-            self._cache[key] = build()
-        return self._cache[key]
-
-    def _frames(self, dtype, device):
-        """Per-atom rigid motion (canonical -> Mol frame): ``(N, 3, 3)``, ``(N, 3)``."""
-
-        def build():
-            mol_of_atom = index_tensor(self.atoms.index, device)
-            rot = self.rotation.to(device, dtype).index_select(0, mol_of_atom)
-            return rot, self.shift.to(device, dtype).index_select(0, mol_of_atom)
-
-        return self._cached("frames", dtype, device, build)
-
-    def _scatter(self, dtype, device):
-        """Frozen internal coordinates, torsion offsets, and where each atom's phi comes from."""
-
-        def build():
-            n, k = len(self.positions), len(self.dof)
-            src = np.arange(n) + k  # phi of atom i: its frozen value (slot k + i) ...
-            src[self.dof] = np.arange(k)  # ... or torsion k's (slot k)
-            internal = self.internal.to(device, dtype)
-            return internal, self.delta.to(device, dtype), index_tensor(src, device)
-
-        return self._cached("scatter", dtype, device, build)
+    @property
+    def _table_route(self) -> TableTorsions:
+        """The ``"table"`` route (:mod:`zmat._table_torsions`), made on first use
+        (given the table itself, not this space: no reference cycle, so a
+        step's batch is freed as soon as it is dropped)."""
+        if self._placed is None:
+            self._placed = TableTorsions(self.arrays, self.table)
+        return self._placed
 
     def place(self, internal: torch.Tensor) -> torch.Tensor:
         """Positions in the Mol frames of ``(..., N, 3)`` internal coordinates on :attr:`table`."""
-        rot, shift = self._frames(internal.dtype, internal.device)
-        return (to_xyz(internal, self.table).unsqueeze(-2) * rot).sum(-1) + shift
+        return self._table_route.place(internal)
 
     def to_xyz(self, torsions: torch.Tensor, method: str = "rigid") -> torch.Tensor:
         """Positions for given torsion values.
@@ -730,8 +634,8 @@ class TorsionSpace:
                 (one vectorised step per nesting level of rotatable bonds) and
                 applied to the conformer. ``"table"``: the frozen internal
                 coordinates with the torsions scattered into their rows, one
-                :func:`zmat.to_xyz` call on :attr:`table`. Same result
-                (float64: ~1e-13 A).
+                :func:`zmat.to_xyz` call on :attr:`table`. Same result to
+                rounding.
 
         Returns:
             ``(..., N, 3)`` positions in the Mol's atom order and the conformer's
@@ -747,10 +651,7 @@ class TorsionSpace:
             return self._rigid_body(torsions)
         if method != "table":
             raise ValueError(f"unknown method {method!r}; choose 'rigid' or 'table'")
-        internal, delta, src = self._scatter(torsions.dtype, torsions.device)
-        frozen = internal.expand(*torsions.shape[:-1], -1, -1)
-        phi = torch.cat([torsions - delta, frozen[..., 2]], -1).index_select(-1, src)
-        return self.place(torch.stack([frozen[..., 0], frozen[..., 1], phi], -1))
+        return self._table_route(torsions)
 
     def from_xyz(self, xyz: torch.Tensor) -> torch.Tensor:
         """``(..., N, 3)`` positions -> ``(..., K)`` torsions (dihedrals of ``quads``)."""
@@ -773,15 +674,5 @@ class TorsionSpace:
         x = x[None] if x.ndim == 2 else x
         if x.ndim != 3 or x.shape[-2:] != (len(self.positions), 3):
             raise ValueError(f"xyz must have shape (C, {len(self.positions)}, 3), got {tuple(xyz.shape)}")
-        out = []
-        for mol, part in zip(self.mols, self.atoms.unbatch(x, dim=1), strict=True):
-            new = Chem.Mol(mol)
-            new.RemoveAllConformers()
-            for cid, pos in enumerate(part.numpy()):
-                conf = Chem.Conformer(mol.GetNumAtoms())
-                for i, (px, py, pz) in enumerate(pos.tolist()):
-                    conf.SetAtomPosition(i, Point3D(px, py, pz))
-                conf.SetId(cid)
-                new.AddConformer(conf, assignId=False)
-            out.append(new)
-        return out
+        parts = self.atoms.unbatch(x, dim=1)
+        return [_with_conformers(mol, part.numpy()) for mol, part in zip(self.mols, parts, strict=True)]

@@ -44,58 +44,46 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import TypeVar
 
 import numpy as np
 import torch
 
-from zmat._segments import per_row, ranges, starts, take_shift
+from zmat import _columns
+from zmat._columns import ATOMS, POSITIONS, column
 from zmat._segments import ptr as segment_ptr
+from zmat._segments import ranges, take_shift
 
 __all__ = ["ConstructionTable", "as_table"]
 
 ROOT, BOND, PLANAR, PROPER, OFFSET, POSITIONAL = range(6)
 KIND_NAMES = ("root", "bond", "planar", "proper", "offset", "positional")
-_NONE = -(1 << 40)  # a missing index in a packed plan: negative after any offset
 T = TypeVar("T")
-ATOMS, POSITIONS = "atoms", "positions"
-
-
-def _plan_field(index: str | None = None, width: int | None = 1):
-    """A :class:`TablePlan` field whose values index ``index`` (atoms,
-    depth-first positions, nothing), ``width`` values per atom (None: as many
-    as the table needs, the last field)."""
-    return field(metadata={"index": index, "width": width})
 
 
 @dataclass(frozen=True)
 class TablePlan:
     """The plan arrays of a table (``ConstructionTable._classify``), ``(N,)``
-    int64 each unless said, every field declaring what its values index.
-
-    A batch table keeps each component's atoms and depth-first positions in
-    one range, so concatenating is the components' columns side by side with
-    every value that indexes atoms or positions increased by its component's
-    first atom, and taking components is a gather of whole components'
-    columns with the same shift (PyTorch Geometric's ``Batch.__inc__``, for
-    every field at once): :meth:`concatenate` and :meth:`take`, one generic
-    operation on :meth:`pack`'s matrix. A missing index is ``-1``; in the
-    offset chain, ``N`` (the zero slot).
+    int64 each unless said, every field declaring what its values index
+    (:func:`zmat._columns.column`), so that concatenating tables and taking
+    components of a batch table are :mod:`zmat._columns`' generic operations
+    on :meth:`pack`'s matrix. A missing index is ``-1``; in the offset chain,
+    ``N`` (the zero slot).
     """
 
-    kind: np.ndarray = _plan_field()
-    dfs_depth: np.ndarray = _plan_field()  # per dfs position
-    stage: np.ndarray = _plan_field()  # segment level of every atom
-    refs: np.ndarray = _plan_field(ATOMS, 3)  # (N, 3)
-    parent: np.ndarray = _plan_field(ATOMS)
-    offset_of: np.ndarray = _plan_field(ATOMS)
-    dfs_order: np.ndarray = _plan_field(ATOMS)  # per dfs position
-    dfs_pos: np.ndarray = _plan_field(POSITIONS)
-    subtree_end: np.ndarray = _plan_field(POSITIONS)  # per dfs position
-    dfs_parent: np.ndarray = _plan_field(POSITIONS)  # per dfs position
-    dfs_segment: np.ndarray = _plan_field(POSITIONS)  # per dfs position
-    offset_chain: np.ndarray = _plan_field(ATOMS, None)  # (N, L)
+    kind: np.ndarray = column()
+    dfs_depth: np.ndarray = column()  # per dfs position
+    stage: np.ndarray = column()  # segment level of every atom
+    refs: np.ndarray = column(ATOMS, 3)  # (N, 3)
+    parent: np.ndarray = column(ATOMS)
+    offset_of: np.ndarray = column(ATOMS)
+    dfs_order: np.ndarray = column(ATOMS)  # per dfs position
+    dfs_pos: np.ndarray = column(POSITIONS)
+    subtree_end: np.ndarray = column(POSITIONS)  # per dfs position
+    dfs_parent: np.ndarray = column(POSITIONS)  # per dfs position
+    dfs_segment: np.ndarray = column(POSITIONS)  # per dfs position
+    offset_chain: np.ndarray = column(ATOMS, None, none="n")  # (N, L)
 
     @classmethod
     def of(cls, table: ConstructionTable) -> TablePlan:
@@ -106,67 +94,25 @@ class TablePlan:
         return cls(**{f.name: getattr(table, f.name) for f in _FIELDS if f.name != "stage"}, stage=stage)
 
     def pack(self) -> np.ndarray:
-        """``(rows, N)`` int64: the fields one after the other, a row per
-        value of an atom (refs 3, the offset chain its width), ``_NONE`` for a
-        missing index (negative after any shift)."""
-        n = len(self.kind)
-        rows = []
-        for f in _FIELDS:
-            a = getattr(self, f.name)
-            if f.metadata["width"] is None:  # the offset chain: n -> missing
-                a = np.where(a < n, a, -1)
-            rows.append(a.T if a.ndim == 2 else a[None])
-        packed = np.concatenate(rows).astype(np.int64, order="C")  # C: rows are gathered and joined
-        packed[_INDEXED:][packed[_INDEXED:] < 0] = _NONE
-        return packed
+        """``(rows, N)`` int64 (:func:`zmat._columns.pack`)."""
+        return _columns.pack(self)
 
     @classmethod
     def unpack(cls, packed: np.ndarray) -> TablePlan:
-        """The plan of a :meth:`pack`'d matrix (indices shifted, missing ones
-        negative); ``packed`` is modified and kept."""
-        n = packed.shape[1]
-        np.maximum(packed[_INDEXED:_CHAIN], -1, out=packed[_INDEXED:_CHAIN])
-        chain = packed[_CHAIN:]
-        np.putmask(chain, chain < 0, n)
-        values, at = {}, 0
-        for f in _FIELDS:
-            width = f.metadata["width"]
-            if width is None:
-                values[f.name] = chain.T
-            elif width == 1:
-                values[f.name] = packed[at]
-            else:
-                values[f.name] = np.ascontiguousarray(packed[at : at + width].T)
-            at += width or 0
-        return cls(**values)
+        """The plan of a :meth:`pack`'d matrix (``packed`` is modified and kept)."""
+        return _columns.unpack(cls, packed)
 
     @classmethod
     def concatenate(cls, packed: Sequence[np.ndarray]) -> TablePlan:
         """The plan of the tables of ``packed`` (their :meth:`pack`), the atoms
-        of each after those before: side by side (a narrower offset chain
-        padded with "none"), indices increased by each table's first atom."""
-        size = np.fromiter((a.shape[1] for a in packed), np.int64, len(packed))
-        height = max(a.shape[0] for a in packed)
-        if all(a.shape[0] == height for a in packed):
-            out = np.concatenate(packed, 1)
-        else:
-            out = np.full((height, int(size.sum())), _NONE, np.int64)
-            at = 0
-            for a in packed:
-                out[: a.shape[0], at : at + a.shape[1]] = a
-                at += a.shape[1]
-        out[_INDEXED:] += per_row(starts(size), size)  # new index of each table's first atom
-        return cls.unpack(out)
+        of each after those before."""
+        return _columns.concatenate(cls, packed)
 
     @classmethod
     def take(cls, packed: np.ndarray, ptr: np.ndarray, index: np.ndarray) -> TablePlan:
         """Components ``index`` (in that order) of the plan ``packed`` whose
         component ``k`` is atoms and dfs positions ``ptr[k]:ptr[k + 1]``."""
-        _, shift = take_shift(ptr, index)  # new - old index of every atom and position
-        out = _take_columns(packed, np.arange(len(shift)) - shift)
-        out[_INDEXED:] += shift
-        width = int((out[_CHAIN:] >= 0).any(1).sum())  # the widest offset chain of the components taken
-        return cls.unpack(out[: _CHAIN + width])
+        return _columns.take(cls, packed, ptr, index)
 
     def arrays(self) -> dict:
         """The arrays of the table (``ConstructionTable._ARRAYS``)."""
@@ -181,23 +127,6 @@ class TablePlan:
 
 
 _FIELDS = fields(TablePlan)  # once: ``fields`` costs a microsecond or two a call
-
-
-def _packed_rows() -> tuple[int, int]:
-    """Where :meth:`TablePlan.pack` puts things: the first row of a field that
-    indexes something (all such fields come last, so that one add shifts
-    them), and the first row of the offset chain."""
-    at, first = 0, None
-    for f in _FIELDS:
-        if f.metadata["index"] is not None:
-            first = at if first is None else first
-        elif first is not None:
-            raise AssertionError("TablePlan: the fields that index nothing come first")
-        at += f.metadata["width"] or 0
-    return first, at
-
-
-_INDEXED, _CHAIN = _packed_rows()
 
 
 class ConstructionTable:
@@ -268,10 +197,11 @@ class ConstructionTable:
         # arrays made on first use: a fresh batch's kernel call reads none of
         # them (its plan is its pieces', ``_kernel_plan``)
         pieces = tuple(pieces)
-        joined = functools.cache(lambda: TablePlan.concatenate([t._packed for t in pieces]).arrays())
-        arrays = {name: functools.partial(_item, joined, name) for name in cls._ARRAYS}
-        arrays["constant_anchors"] = all(t.constant_anchors for t in pieces)  # segment roots: the pieces'
-        table = cls.from_arrays(arrays, sum(t.n_atoms for t in pieces))
+        table = cls.from_plan(
+            lambda: TablePlan.concatenate([t._packed for t in pieces]),
+            sum(t.n_atoms for t in pieces),
+            constant_anchors=all(t.constant_anchors for t in pieces),  # segment roots: the pieces'
+        )
         table.pieces = pieces  # whose per-device plans make the batch's
         return table
 
@@ -282,11 +212,11 @@ class ConstructionTable:
         (:meth:`TablePlan.take`), trusted like :meth:`concatenate`
         (``zmat.rdkit.TorsionSpace.take``). The arrays are made on first use; a
         method's plan may be taken from this table's plan instead (``origin``)."""
-        taken = functools.cache(lambda: TablePlan.take(self._packed, ptr, index).arrays())
-        arrays = {name: functools.partial(_item, taken, name) for name in self._ARRAYS}
-        if self.constant_anchors:  # so are its components'
-            arrays["constant_anchors"] = True
-        out = type(self).from_arrays(arrays, int(take_shift(ptr, index)[0].sum()))
+        out = type(self).from_plan(
+            lambda: TablePlan.take(self._packed, ptr, index),
+            int(take_shift(ptr, index)[0].sum()),
+            constant_anchors=True if self.constant_anchors else None,  # so are its components'
+        )
         out.origin = (self, ptr, index)
         return out
 
@@ -313,43 +243,44 @@ class ConstructionTable:
     )
 
     @classmethod
-    def from_arrays(cls, arrays: dict, n_atoms: int | None = None) -> ConstructionTable:
-        """A table from its arrays (``_ARRAYS``, as ``_classify`` makes them),
-        with no validation or planning: for builders that assemble tables from
-        pieces already validated and classified (``zmat.protein.pieces``),
-        whose tests compare every array with the general path's. A value may
-        be a function of no arguments: the array is made on first access (a
-        fresh batch's transform reads only some of them)."""
-        if set(arrays) != set(cls._ARRAYS):
-            raise ValueError(f"from_arrays needs exactly the arrays {cls._ARRAYS}")
+    def from_plan(cls, plan, n_atoms: int, constant_anchors: bool | None = None) -> ConstructionTable:
+        """A table from its :class:`TablePlan`, with no validation or planning:
+        for builders that assemble tables from pieces already validated and
+        classified (:meth:`concatenate`, :meth:`take`, ``zmat.protein.pieces``),
+        whose tests compare every array with the general path's. ``plan`` may
+        be a function of no arguments making it: then the arrays are made when
+        one is first read (a fresh batch's kernel call reads none);
+        ``constant_anchors``, if known, without them."""
         out = cls.__new__(cls)
-        lazy = {k: v for k, v in arrays.items() if callable(v)}
-        out.__dict__.update({k: v for k, v in arrays.items() if k not in lazy})
-        if lazy:
-            out._lazy = lazy
-        out.n_atoms = int(arrays["refs"].shape[0] if n_atoms is None else n_atoms)
+        out.n_atoms = int(n_atoms)
+        if constant_anchors is not None:
+            out.constant_anchors = constant_anchors
+        if callable(plan):
+            out._make_plan = plan
+        else:
+            out.__dict__.update({k: v for k, v in plan.arrays().items() if k not in out.__dict__})
         return out
 
     def __getattr__(self, name: str):
-        """A lazy array of a table made by :meth:`from_arrays` (only called for
-        attributes the instance does not have)."""
-        lazy = self.__dict__.get("_lazy", {})
-        make = lazy.get(name)
-        if make is None:
+        """An array of a table made by :meth:`from_plan` from a function, made
+        on first access (only called for attributes the instance lacks)."""
+        make = self.__dict__.get("_make_plan")
+        if make is None or name not in _ARRAY_NAMES:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        # set, then forget the maker: a second thread either finds the value
-        # or makes it again (the same), never a missing attribute
-        value = self.__dict__[name] = make()
-        lazy.pop(name, None)
-        return value
+        # set, then forget the maker: a second thread either finds the arrays
+        # or makes them again (the same), never a missing attribute
+        for k, v in make().arrays().items():
+            self.__dict__.setdefault(k, v)
+        self.__dict__.pop("_make_plan", None)
+        return self.__dict__[name]
 
     # ------------------------------------------------------------------ info
     def __getstate__(self) -> dict:
         """Pickled without its per-device plans (index tensors: rebuilt on use)
         and with its lazy arrays made."""
-        for name in list(self.__dict__.get("_lazy", ())):
-            getattr(self, name)
-        skip = ("_lazy", "_packed", "origin", "pieces", "kernel_arrays")
+        if "_make_plan" in self.__dict__:
+            self.refs  # noqa: B018 (makes the arrays)
+        skip = ("_make_plan", "_packed", "origin", "pieces", "kernel_arrays")
         return {k: v for k, v in self.__dict__.items() if not k.startswith(_PLANS) and k not in skip}
 
     def __len__(self) -> int:
@@ -500,6 +431,7 @@ class ConstructionTable:
 
 
 _PLANS = "_plans "
+_ARRAY_NAMES = frozenset(ConstructionTable._ARRAYS)  # the arrays a plan gives (``from_plan``)
 
 
 @functools.lru_cache(maxsize=8)
@@ -518,10 +450,6 @@ def _take_columns(a: np.ndarray, column: np.ndarray) -> np.ndarray:
     for k in range(a.shape[0]):
         np.take(a[k], column, out=out[k])
     return out
-
-
-def _item(make, name: str):
-    return make()[name]
 
 
 def _cache_name(build) -> str:

@@ -366,7 +366,9 @@ class ZMatrix:
     @classmethod
     def from_rdkit(cls, mol, conf_id: int = -1) -> ZMatrix:
         """An RDKit Mol's conformer, rows in the Mol's atom order; see :func:`zmat.rdkit.zmatrix_from_mol`."""
-        from .rdkit import zmatrix_from_mol  # the optional RDKit interop (a leaf: it does not import zmatrix)
+        # the optional-extra boundary: zmat.rdkit imports RDKit, which `import zmat` must not need;
+        # it is a leaf (plain data out, no import of zmat.zmatrix), so this is no import circle
+        from .rdkit import zmatrix_from_mol
 
         data = zmatrix_from_mol(mol, conf_id)
         return cls(data.symbols, data.internal, data.table, title=data.title, charge=data.charge)

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .build import close_proline_rings
+from .layout import ProlineRing, SharedTensors
 from .nucleic_ideal import ccd_row_values, heavy_neighbours
 from .topology import RESIDUES, TORSION_NAMES
 
@@ -25,14 +27,19 @@ __all__ = ["AminoIdeal", "amino_ideal", "apply"]
 
 
 @dataclass(frozen=True)
-class AminoIdeal:
-    """Constants ``(atom, column, value)`` and torsion slots ``(atom, residue, torsion)``."""
+class AminoIdeal(SharedTensors, ProlineRing):
+    """Constants ``(atom, column, value)``, torsion slots ``(atom, residue,
+    torsion)``, and ``proline_rows`` ``(P, 4)``: atoms CA, CB, CG, CD of the
+    prolines whose ring rows all get the template's values (CA's bond and CB's
+    length and angle constants, CG's chi1 and CD's chi2 rows), where
+    :func:`apply` closes the ring (``zmat.protein.build.close_proline_rings``)."""
 
     const_idx: np.ndarray
     const_val: np.ndarray
     tors_idx: np.ndarray
     tors_res: np.ndarray
     tors_name: np.ndarray
+    proline_rows: np.ndarray
 
 
 def amino_ideal(parsed, linked_prev: np.ndarray) -> AminoIdeal:
@@ -77,12 +84,28 @@ def amino_ideal(parsed, linked_prev: np.ndarray) -> AminoIdeal:
                 const.append((i, 2, phi))
         const += ccd_row_values(parsed, k, heavy_nb)
     return AminoIdeal(
+        proline_rows=_proline_rows(parsed, index, const, tors),
         const_idx=np.array([(i, c) for i, c, _ in const], np.int64).reshape(-1, 2),
         const_val=np.array([v for *_, v in const], np.float64),
         tors_idx=np.array([x[0] for x in tors], np.int64),
         tors_res=np.array([x[1] for x in tors], np.int64),
         tors_name=np.array([x[2] for x in tors], np.int64),
     )
+
+
+def _proline_rows(parsed, index: dict, const: list, tors: list) -> np.ndarray:
+    """``AminoIdeal.proline_rows`` (``index``: atom of ``(residue, name)``)."""
+    fixed = {(i, c) for i, c, _ in const}
+    torsion_of = {i: name for i, _, name in tors}
+    chi1, chi2 = TORSION_NAMES.index("chi1"), TORSION_NAMES.index("chi2")
+    rows = []
+    for k in np.flatnonzero((parsed.family == "protein") & (parsed.res_names == "PRO")).tolist():
+        ca, cb, cg, cd = (index.get((k, name), -1) for name in ("CA", "CB", "CG", "CD"))
+        if min(ca, cb, cg, cd) < 0 or torsion_of.get(cg) != chi1 or torsion_of.get(cd) != chi2:
+            continue
+        if {(ca, 0), (cb, 0), (cb, 1), (cg, 0), (cg, 1), (cd, 0)} <= fixed:
+            rows.append((ca, cb, cg, cd))
+    return np.array(rows, np.int64).reshape(-1, 4)
 
 
 def apply(plan: AminoIdeal, internal: torch.Tensor, torsions: dict, measured: dict) -> torch.Tensor:
@@ -105,4 +128,4 @@ def apply(plan: AminoIdeal, internal: torch.Tensor, torsions: dict, measured: di
         idx = torch.from_numpy(plan.tors_idx)
         # a torsion that is NaN (e.g. psi of a C-terminus, which places OXT) keeps the row's value
         cols[2] = cols[2].index_put((idx,), torch.where(torch.isnan(t), cols[2][idx], t))
-    return torch.stack(cols, -1)
+    return close_proline_rings(plan, torch.stack(cols, -1))

@@ -28,10 +28,10 @@ import numpy as np
 
 from .. import _kernel
 from .._segments import per_row, segment_ids, starts
-from ..table import BOND, OFFSET, PLANAR, ROOT, ConstructionTable
+from ..table import BOND, OFFSET, PLANAR, ROOT, ConstructionTable, TablePlan
 from .layout import N_TORSIONS, TORSION_NAMES, TYPES, layout_from_types
 
-__all__ = ["Stamp", "batch_arrays", "batch_table", "stamp"]
+__all__ = ["Stamp", "batch_arrays", "batch_plan", "batch_table", "kernel_arrays", "stamp"]
 
 FIRST, MIDDLE, LAST, ONLY = range(4)
 #: the piece of a padding atom (a one-atom tree, a ROOT row): the last one
@@ -470,73 +470,58 @@ def _offset_of(chain: np.ndarray, n: int) -> np.ndarray:
 def batch_table(st: Stamp) -> ConstructionTable:
     """The table of ``ProteinBatch(sequences)`` from its :class:`Stamp`.
 
-    Every array is made on first use, and the compiled kernel's plan is
-    stamped without them (:func:`kernel_arrays`, the table's
+    Its plan is made on first use (:func:`batch_plan`), and the compiled
+    kernel's is stamped without it (:func:`kernel_arrays`, the table's
     ``kernel_arrays``): a fresh batch's training step on the CPU reads none."""
-    P = _pieces()
-    N, piece = st.N, st.piece
-    take = np.take  # per-atom gathers: faster than [] indexing
-    ar = np.arange(N)
     kernel = functools.cache(lambda: kernel_arrays(st))
-    S = P.delta.shape[0] // len(P.kind)
-    rows = functools.cache(lambda: st.pa * S + take(np.append(0, st.size[:-1]), st.unit))
-
-    def refs():
-        out = take(P.delta, rows(), 0)  # np.take: several times faster than [] on rows
-        out += ar[:, None]
-        return np.maximum(out, -1, out=out)
-
-    def parent():  # every row is a rigid child of its bond reference
-        out = take(P.bond, rows())
-        out += ar
-        return np.maximum(out, -1, out=out)
-
-    chain = functools.cache(lambda: _offset_chains(take(P.link, rows()), ar, P.short_chains))
-    order = functools.cache(lambda: kernel()[0][-1])
-
-    def pos():
-        out = np.empty(N, np.int64)
-        out[order()] = ar
-        return out
-
-    def end():  # subtree ends, relative to the start of the atom's head or tail run
-        head = P.head[piece]
-        heads, tails = np.cumsum(head), np.cumsum(st.size - head)
-        tree_start = st.atom0[st.tree]
-        before = (heads - head)[st.tree]  # heads before the tree's
-        head_start = tree_start + heads - head - before
-        tail_start = tree_start + heads[st.last] - before + tails[st.last] - tails
-        e = np.where(take(P.end_tail, st.pa), take(tail_start, st.unit), take(head_start, st.unit))
-        e += take(P.end, st.pa)
-        return take(e, order())
-
-    @functools.cache
-    def depth():
-        unit_depth = starts(P.next_depth[piece])
-        d = take(unit_depth - unit_depth[st.tree], st.unit)
-        d += take(P.depth, st.pa)
-        return d
-
-    arrays = {
-        "refs": refs,
-        "kind": lambda: take(P.kind, st.pa),
-        "parent": parent,
-        "offset_of": lambda: _offset_of(chain(), N),
-        "offset_chain": chain,
-        "dfs_order": order,
-        "dfs_pos": pos,
-        "subtree_end": end,
-        "dfs_parent": lambda: kernel()[0][-2],
-        "dfs_depth": lambda: take(depth(), order()),
-        "max_depth": lambda: int(depth().max()),
-        # a tree is one segment; its dfs positions are its atoms' indices
-        "dfs_segment": lambda: take(st.atom0[st.tree], st.unit),
-        "stage_atoms": [ar],  # every segment root is a ROOT row: one stage
-        "constant_anchors": True,
-    }
-    table = ConstructionTable.from_arrays(arrays, N)
+    table = ConstructionTable.from_plan(lambda: batch_plan(st, kernel()), st.N, constant_anchors=True)
     table.kernel_arrays = kernel
     return table
+
+
+def batch_plan(st: Stamp, kernel: tuple[np.ndarray, np.ndarray]) -> TablePlan:
+    """The :class:`~zmat.table.TablePlan` of the batch of :class:`Stamp` ``st``
+    (``kernel``: its :func:`kernel_arrays`, which hold the depth-first order
+    and parents)."""
+    P = _pieces()
+    N, piece, unit, pa = st.N, st.piece, st.unit, st.pa
+    take = np.take  # per-atom gathers: faster than [] indexing
+    ar = np.arange(N)
+    order, dfs_parent = kernel[0][-1], kernel[0][-2]
+    rows = pa * (P.delta.shape[0] // len(P.kind)) + take(np.append(0, st.size[:-1]), unit)
+    refs = take(P.delta, rows, 0)  # np.take: several times faster than [] on rows
+    refs += ar[:, None]
+    parent = take(P.bond, rows)  # every row is a rigid child of its bond reference
+    parent += ar
+    pos = np.empty(N, np.int64)
+    pos[order] = ar
+    # subtree ends, relative to the start of the atom's head or tail run
+    head = P.head[piece]
+    heads, tails = np.cumsum(head), np.cumsum(st.size - head)
+    tree_start = st.atom0[st.tree]
+    before = (heads - head)[st.tree]  # heads before the tree's
+    head_start = tree_start + heads - head - before
+    tail_start = tree_start + heads[st.last] - before + tails[st.last] - tails
+    end = np.where(take(P.end_tail, pa), take(tail_start, unit), take(head_start, unit))
+    end += take(P.end, pa)
+    unit_depth = starts(P.next_depth[piece])
+    depth = take(unit_depth - unit_depth[st.tree], unit)
+    depth += take(P.depth, pa)
+    chain = _offset_chains(take(P.link, rows), ar, P.short_chains)
+    return TablePlan(
+        kind=take(P.kind, pa),
+        dfs_depth=take(depth, order),
+        stage=np.zeros(N, np.int64),  # every segment root is a ROOT row: one stage
+        refs=np.maximum(refs, -1, out=refs),
+        parent=np.maximum(parent, -1, out=parent),
+        offset_of=_offset_of(chain, N),
+        dfs_order=order,
+        dfs_pos=pos,
+        subtree_end=take(end, order),
+        dfs_parent=dfs_parent,
+        dfs_segment=take(tree_start, unit),  # a tree is one segment
+        offset_chain=chain,
+    )
 
 
 #: the arrays the compiled fill reads (``fill_internal`` also ``ideal_mask``);

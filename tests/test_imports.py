@@ -1,0 +1,101 @@
+"""zmat's modules import each other without a circle, and none imports one of zmat's own
+modules inside a function except at an optional extra's boundary (issue 21): read from the
+sources, so a new circle or a lazy import fails here."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import zmat
+
+ROOT = Path(zmat.__file__).parent
+#: (importer, imported): lazy on purpose, each for the reason given
+LAZY = {
+    ("zmat.zmatrix", "zmat.rdkit"): "zmat.rdkit imports RDKit, an optional extra `import zmat` must not need",
+    ("zmat.__main__", "zmat._kernel"): "`python -m zmat build-kernel`, an entry point, compiles it on demand",
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> list[tuple[str, bool]]:
+    """``(module, at top level)`` of every import of a zmat module in ``path``."""
+    name, tree = module_name(path), ast.parse(path.read_text())
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    top = {id(n) for n in tree.body} | {
+        id(n) for s in tree.body if isinstance(s, ast.If | ast.Try) for n in ast.walk(s)
+    }
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *filter(None, [base])])
+            targets = [base] if node.module else [f"{base}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        else:
+            continue
+        for t in targets:
+            if t == "zmat" or t.startswith("zmat."):
+                out.append((t, id(node) in top))
+    return out
+
+
+def graph() -> tuple[dict[str, set[str]], list[tuple[str, str]]]:
+    edges, lazy = {}, []
+    names = {module_name(p) for p in ROOT.rglob("*.py")}
+    for path in ROOT.rglob("*.py"):
+        src = module_name(path)
+        for target, at_top in imports(path):
+            while target not in names:  # `from .x import name`: the module x
+                target = target.rpartition(".")[0]
+            if at_top:
+                edges.setdefault(src, set()).add(target)
+            else:
+                lazy.append((src, target))
+    return edges, lazy
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Every import circle found by a depth-first search (a package importing its own
+    submodules is no circle: it is how a package is built)."""
+    found, state = [], {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(edges.get(node, ())):
+            if node.startswith(nxt + "."):  # a submodule importing its package (made first)
+                continue
+            if state.get(nxt) == "open":
+                found.append([*stack[stack.index(nxt) :], nxt])
+            elif nxt not in state:
+                visit(nxt, [*stack, nxt])
+        state[node] = "done"
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node, [node])
+    return found
+
+
+def test_no_import_circle():
+    edges, _ = graph()
+    assert "zmat.rdkit" in edges and "zmat.batch" in edges["zmat.rdkit"]  # the graph is read
+    assert cycles(edges) == []
+
+
+def test_a_circle_is_found():
+    assert cycles({"zmat.a": {"zmat.b"}, "zmat.b": {"zmat.c"}, "zmat.c": {"zmat.a"}}) == [
+        ["zmat.a", "zmat.b", "zmat.c", "zmat.a"]
+    ]
+
+
+def test_no_lazy_import_of_zmat_modules():
+    _, lazy = graph()
+    assert sorted(set(lazy) - set(LAZY)) == []
