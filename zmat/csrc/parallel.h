@@ -19,9 +19,10 @@ namespace zmat {
 // with another process takes fewer of them instead of holding the others up.
 // The threads are torch's OpenMP team where torch's libgomp is loaded: a
 // thread of our own would share its core with an OpenMP worker that still
-// spins after torch's last parallel op. Else the helpers are detached and the caller waits only for the units begun: a
-// helper that starts late (its core busy, e.g. with a spinning OpenMP worker
-// of torch's) finds none left and leaves, touching only the shared counters,
+// spins after torch's last parallel op (but the team's end waits for a
+// worker whose core another process holds). Else the helpers are detached and
+// the caller waits only for the units begun: a helper that starts late (its
+// core busy) finds none left and leaves, touching only the shared counters,
 // instead of the caller waiting a time slice for it to start.
 template <typename F>
 void parallel_for(int64_t count, int64_t threads, const F& f) {
