@@ -8,9 +8,16 @@
 
 // GNU OpenMP's entry point, where a libgomp is loaded into the global scope
 // (torch's own, on Linux builds of torch that use it), else null: weak, so
-// the library links and loads without it.
+// the library links and loads without it (Linux only: other linkers refuse
+// an undefined weak symbol without extra flags).
+using zmat_gomp_parallel = void (*)(void (*fn)(void*), void* data, unsigned threads, unsigned flags);
+#if defined(__linux__)
 extern "C" void GOMP_parallel(void (*fn)(void*), void* data, unsigned threads, unsigned flags)
     __attribute__((weak));
+inline zmat_gomp_parallel zmat_gomp() { return GOMP_parallel; }
+#else
+inline zmat_gomp_parallel zmat_gomp() { return nullptr; }
+#endif
 
 namespace zmat {
 
@@ -31,7 +38,7 @@ void parallel_for(int64_t count, int64_t threads, const F& f) {
     for (int64_t i = 0; i < count; ++i) f(i);
     return;
   }
-  if (GOMP_parallel) {  // torch's own OpenMP threads: idle ones spin a while, ready at once
+  if (const zmat_gomp_parallel gomp = zmat_gomp()) {  // torch's own OpenMP threads: idle ones spin a while, ready at once
     struct Work {
       const F* fn;
       int64_t count;
@@ -41,7 +48,7 @@ void parallel_for(int64_t count, int64_t threads, const F& f) {
       Work* w = static_cast<Work*>(data);
       for (int64_t i; (i = w->next.fetch_add(1, std::memory_order_relaxed)) < w->count;) (*w->fn)(i);
     };
-    GOMP_parallel(run, &work, static_cast<unsigned>(threads), 0);  // returns when every thread is done
+    gomp(run, &work, static_cast<unsigned>(threads), 0);  // returns when every thread is done
     return;
   }
   struct Counters {
