@@ -13,14 +13,17 @@ loops of C++ (``zmat/csrc/rigid_forest.cpp``):
   ``d theta``, ``d phi_eff`` per atom, scattered back through the gather;
 * for proteins built from torsions, the fill of the internal coordinates
   (:func:`fill`, ``zmat.protein.build.fill_internal``'s math) and its
-  gradient: a step of ``ProteinBatch.to_xyz`` then enters no parallel region,
-  which on a shared machine waits for a busy core;
+  gradient: a step of ``ProteinBatch.to_xyz`` below :data:`PARALLEL_ATOMS`
+  then enters no parallel region, which on a shared machine waits for a busy
+  core;
 * torsion updates of molecules (:func:`torsions`, ``zmat/csrc/torsions.cpp``):
   ``TorsionSpace.to_xyz``'s rigid route and its gradient.
 
-Calls on many structures (at least :data:`PARALLEL_ATOMS` atoms in all) split
-their structures over ``torch.get_num_threads()`` threads, handed out one at a
-time; smaller calls stay on the calling thread.
+Calls of at least :data:`PARALLEL_ATOMS` atoms in all split over
+``torch.get_num_threads()`` threads (``zmat/csrc/parallel.h``: torch's own
+OpenMP team where its libgomp is loaded): structures, or runs of whole trees
+(placement), ranges of atoms (the fill), handed out one at a time, with the
+same bits on any number of threads; smaller calls stay on the calling thread.
 
 Build: the kernel is plain C++ behind a C ABI (raw pointers, sizes, strides;
 no torch headers), compiled by invoking the C++ compiler (``$CXX``, else
