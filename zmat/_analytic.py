@@ -39,7 +39,7 @@ import weakref
 import numpy as np
 import torch
 
-from . import _kernel
+from . import _kernel, _segments
 from ._geometry import LOCAL_FACTORS, compose, compose_components, identity_frame, segment_anchor
 from ._stages import Staging
 from .table import BOND, PLANAR, ROOT, ConstructionTable, index_tensor
@@ -215,7 +215,7 @@ class _BlockPlan:
         depth = table.dfs_depth
         block = _block_size(table.max_depth)
         flat, counts, head, parents = _levels(table.dfs_parent, depth % block)
-        starts = np.cumsum(counts) - counts
+        starts = _segments.starts(counts)
         inv = np.empty(n, np.int64)
         inv[flat] = np.arange(n)
         self.steps = [(int(counts[0]), None)]

@@ -13,14 +13,17 @@ loops of C++ (``zmat/csrc/rigid_forest.cpp``):
   ``d theta``, ``d phi_eff`` per atom, scattered back through the gather;
 * for proteins built from torsions, the fill of the internal coordinates
   (:func:`fill`, ``zmat.protein.build.fill_internal``'s math) and its
-  gradient: a step of ``ProteinBatch.to_xyz`` then enters no parallel region,
-  which on a shared machine waits for a busy core;
+  gradient: a step of ``ProteinBatch.to_xyz`` below :data:`PARALLEL_ATOMS`
+  then enters no parallel region, which on a shared machine waits for a busy
+  core;
 * torsion updates of molecules (:func:`torsions`, ``zmat/csrc/torsions.cpp``):
   ``TorsionSpace.to_xyz``'s rigid route and its gradient.
 
-Calls on many structures (at least :data:`PARALLEL_ATOMS` atoms in all) split
-their structures over ``torch.get_num_threads()`` threads, handed out one at a
-time; smaller calls stay on the calling thread.
+Calls of at least :data:`PARALLEL_ATOMS` atoms in all split over
+``torch.get_num_threads()`` threads (``zmat/csrc/parallel.h``: torch's own
+OpenMP team where its libgomp is loaded): structures, or runs of whole trees
+(placement), ranges of atoms (the fill), handed out one at a time, with the
+same bits on any number of threads; smaller calls stay on the calling thread.
 
 Build: the kernel is plain C++ behind a C ABI (raw pointers, sizes, strides;
 no torch headers), compiled by invoking the C++ compiler (``$CXX``, else
@@ -248,8 +251,8 @@ _SIGNATURES = {  # pointers and integers (sizes, element strides), see the C sou
     "forward": [_P, _I, _I, _I, "plan", _I, _P, _P, _I],
     "backward": [_P, _I, _I, _I, _I, _P, _I, _I, _I, _I, _P, _I, _I, _I, _P, _I, _I, _I]
     + [_I, "plan", _I, _I, _P, _I],
-    "fill_forward": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P],
-    "fill_backward": [_P, _I, _I, _I, _P, _I, _I, _I, _I, _I, _I, _P, _P],
+    "fill_forward": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _I],
+    "fill_backward": [_P, _I, _I, _I, _P, _I, _I, _I, _I, _I, _I, _P, _P, _I],
     "torsions_forward": [_I, _I, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _P, _I],
     "torsions_backward": [_I, _I, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _P, _I, _I, _I, _P, _I],
 }
@@ -331,20 +334,25 @@ class _Library:
         return grad
 
     def fill_forward(self, t: Tensor, ideal, slot, defaults):
-        """Torsions ``(S, L, 7)`` -> internal coordinates ``(S, N, 3)`` (see :func:`fill`)."""
-        out = t.new_empty((t.shape[0], slot.shape[0], 3))
+        """Torsions ``(S, L, 7)`` -> internal coordinates ``(S, N, 3)`` (see :func:`fill`);
+        ranges of atoms over :func:`threads`."""
+        s, n = t.shape[0], slot.shape[0]
+        out = t.new_empty((s, n, 3))
         self.fns["fill_forward", t.dtype](
-            t.data_ptr(), *t.stride(), t.shape[0], slot.shape[0], ideal.data_ptr(), slot.data_ptr(),
-            defaults.data_ptr(), out.data_ptr(),
+            t.data_ptr(), *t.stride(), s, n, ideal.data_ptr(), slot.data_ptr(), defaults.data_ptr(),
+            out.data_ptr(), threads(s, n),
         )  # fmt: skip
         return out
 
     def fill_backward(self, g: Tensor, t: Tensor, slot):
-        """``g`` ``(S, N, 3)`` -> ``(S, L, 7)``, the gradient of :meth:`fill_forward`."""
+        """``g`` ``(S, N, 3)`` -> ``(S, L, 7)``, the gradient of :meth:`fill_forward`;
+        ranges of torsions over :func:`threads` (each a sum in atom order: the
+        same bits on any number of threads)."""
+        s, n = t.shape[0], slot.shape[0]
         grad = g.new_empty(t.shape)
         self.fns["fill_backward", g.dtype](
-            g.data_ptr(), *g.stride(), t.data_ptr(), *t.stride(), t.shape[0], t.shape[1], slot.shape[0],
-            slot.data_ptr(), grad.data_ptr(),
+            g.data_ptr(), *g.stride(), t.data_ptr(), *t.stride(), s, t.shape[1], n, slot.data_ptr(),
+            grad.data_ptr(), threads(s, n),
         )  # fmt: skip
         return grad
 
@@ -579,8 +587,11 @@ _op_torsions.register_autograd(_torsions_bwd, setup_context=_torsions_setup)
 def fill(t: torch.Tensor, ideal: torch.Tensor, slot: torch.Tensor, defaults: torch.Tensor) -> torch.Tensor:
     """Torsions ``(S, L, 7)`` -> internal coordinates ``(S, N, 3)`` of a
     protein layout: ``zmat.protein.build.fill_internal`` without ``base`` in
-    one single-threaded loop (its ~30 elementwise ops each enter a parallel
-    region on a batch, and wait there for a busy core).
+    one loop (its ~30 elementwise ops each enter a parallel region on a batch,
+    and wait there for a busy core). Calls of :data:`PARALLEL_ATOMS` atoms or
+    more split it over :func:`threads`: ranges of atoms forward, ranges of
+    torsions backward (each gradient entry summed in atom order by one
+    thread: the same bits on any number of threads).
 
     Args:
         t: ``(S, L, 7)`` float32/float64 CPU torsions (any strides).

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ._segments import segment_arange_t, segment_ids_t
+
 __all__ = ["CellList", "build_cell_list", "cell_list_pairs"]
 
 # The cell itself plus the 13 neighbour offsets that are lexicographically
@@ -92,9 +94,8 @@ class CellList:
         filters. No sync: ``n_rows`` is given.
         """
         count = self.count[lo:hi]
-        local = torch.repeat_interleave(torch.arange(hi - lo, device=count.device), count, output_size=n_rows)
-        first = torch.cumsum(count, 0) - count
-        offset = torch.arange(n_rows, device=count.device) - first[local]
+        local = segment_ids_t(count, n_rows)
+        offset = segment_arange_t(count, n_rows, local)
         j = self.order[self.start[lo:hi][local] + offset]
         return torch.div(local + lo, _SHELL, rounding_mode="floor"), j
 

@@ -4,6 +4,10 @@ The one place for the ragged idioms every batch builder needs (numpy, host
 data): :func:`starts` (exclusive cumulative sum), :func:`ptr`,
 :func:`segment_ids`, :func:`per_row`, :func:`segment_arange`, :func:`ranges`
 and :func:`take_shift` (the index shift of components taken from a batch).
+Their torch twins (``_t``: :func:`starts_t`, :func:`segment_ids_t`,
+:func:`per_row_t`, :func:`segment_arange_t`) run on the sizes' device and take
+the number of rows ``total`` where the caller knows it, so that no host-device
+sync reads it from the sizes.
 
 For the losses (:mod:`zmat.clash`, :mod:`zmat.protein.violations`) it turns
 ``ptr`` (``(B + 1,)`` offsets) and/or ``batch`` (``(n,)`` structure of each
@@ -27,10 +31,14 @@ __all__ = [
     "per_row",
     "ptr",
     "ranges",
+    "per_row_t",
     "segment_arange",
+    "segment_arange_t",
     "segment_ids",
+    "segment_ids_t",
     "segments",
     "starts",
+    "starts_t",
     "take_shift",
 ]
 
@@ -71,6 +79,35 @@ def take_shift(ptr: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.ndarr
     every row taken), so that the rows taken are ``arange(N') - shift``."""
     sizes = (ptr[1:] - ptr[:-1])[index]
     return sizes, np.repeat(starts(sizes) - ptr[index], sizes)
+
+
+# ------------------------------------------------------------ torch twins
+def starts_t(sizes: torch.Tensor) -> torch.Tensor:
+    """:func:`starts` of a tensor: ``cumsum(sizes) - sizes``, on its device."""
+    return torch.cumsum(sizes, 0) - sizes
+
+
+def per_row_t(values: torch.Tensor, sizes: torch.Tensor | int, total: int | None = None) -> torch.Tensor:
+    """:func:`per_row` of a tensor: ``values[k]`` repeated ``sizes[k]`` times (``sizes``
+    an int: each that many times); ``total`` the number of rows, where known (no sync)."""
+    return values.repeat_interleave(sizes, dim=0, output_size=total)
+
+
+def segment_ids_t(sizes: torch.Tensor, total: int | None = None) -> torch.Tensor:
+    """:func:`segment_ids` of a tensor, on its device; ``total = sizes.sum()`` where known
+    (no sync)."""
+    return per_row_t(torch.arange(len(sizes), device=sizes.device), sizes, total)
+
+
+def segment_arange_t(sizes: torch.Tensor, total: int | None = None, ids: torch.Tensor | None = None):
+    """:func:`segment_arange` of a tensor: every row's index within its segment,
+    ``arange(total) - starts_t(sizes)[ids]``; ``ids`` the rows' segments where the caller
+    has them (:func:`segment_ids_t`); ``total`` where known (no sync), else read from ``ids``
+    (or the sizes)."""
+    if ids is None:
+        ids = segment_ids_t(sizes, total)
+    n = ids.shape[0] if total is None else total
+    return torch.arange(n, device=sizes.device) - starts_t(sizes)[ids]
 
 
 def on_host(t: torch.Tensor) -> bool:

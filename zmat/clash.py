@@ -108,7 +108,7 @@ import torch.nn.functional as F
 from ._amp import float32_under_autocast
 from ._geometry import safe_norm, tiny
 from ._neighbors import CellList, build_cell_list
-from ._segments import on_host, segments
+from ._segments import on_host, per_row_t, segment_arange_t, segment_ids_t, segments, starts_t
 from ._serial import SERIAL_CHUNK, host_zeros, serial
 
 __all__ = [
@@ -284,7 +284,7 @@ def exclusions_from_bonds(bonds: Any, n_atoms: int, depth: int = 3) -> torch.Ten
     order = torch.argsort(src)
     src, dst = src[order], dst[order]
     deg = torch.bincount(src, minlength=n_atoms)
-    ptr = torch.cumsum(deg, 0) - deg
+    ptr = starts_t(deg)
 
     # reach: pairs (a, c) within k bonds; frontier: those reached at exactly k.
     key = src * n_atoms + dst
@@ -295,8 +295,8 @@ def exclusions_from_bonds(bonds: Any, n_atoms: int, depth: int = 3) -> torch.Ten
             break
         a, mid = frontier // n_atoms, frontier % n_atoms
         cnt = deg[mid]
-        rep = torch.repeat_interleave(torch.arange(len(mid)), cnt)
-        offs = torch.arange(int(cnt.sum())) - (torch.cumsum(cnt, 0) - cnt)[rep]
+        rep = segment_ids_t(cnt)
+        offs = segment_arange_t(cnt, ids=rep)
         new = a[rep] * n_atoms + dst[ptr[mid][rep] + offs]
         new = torch.unique(new)
         frontier = new[~torch.isin(new, reach)]
@@ -437,7 +437,7 @@ def _structure_exclusions(items, offsets, sizes, period: int, depth: int, device
     if sum(counts) == 0:
         return None
     pairs = torch.cat([p.to(device=device, dtype=torch.long) for p in parts])
-    shift = torch.repeat_interleave(offsets, torch.tensor(counts, device=device), output_size=len(pairs))
+    shift = per_row_t(offsets, torch.tensor(counts, device=device), len(pairs))
     return _keys(pairs + shift[:, None], period)
 
 

@@ -9,6 +9,7 @@
 // so that it compiles in about a second; zmat/_kernel.py allocates the
 // outputs and calls it through ctypes.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -210,38 +211,112 @@ T finite(double v) {  // torch.nan_to_num of v cast to T
   return x;
 }
 
+// A threaded fill splits every structure's atoms into ranges of about
+// FILL_ATOMS, handed out one at a time (parallel.h): a thread that shares its
+// core with another takes fewer of them.
+constexpr int64_t FILL_ATOMS = 8192;
+
+int64_t fill_parts(int64_t n, int64_t threads) {
+  return threads <= 1 ? 1 : std::clamp<int64_t>(n / FILL_ATOMS, 1, 256);
+}
+
 // t (s_n, L, 7) torsions (element strides ts); ideal (N, 3) float64; slot
-// (N,), k * 7 + c or -1; defaults (7,). Writes out (s_n, N, 3).
+// (N,), k * 7 + c or -1; defaults (7,). Writes out (s_n, N, 3): each atom its
+// own row, so ranges of atoms never overlap.
 template <typename T>
 void fill_forward(const T* tp, const int64_t* ts, int64_t s_n, int64_t n, const double* id,
-                  const int64_t* sl, const double* df, T* o) {
-  for (int64_t s = 0; s < s_n; ++s) {
+                  const int64_t* sl, const double* df, T* out, int64_t threads) {
+  const int64_t parts = fill_parts(n, threads);
+  zmat::parallel_for(s_n * parts, threads, [&](int64_t unit) {
+    const int64_t s = unit / parts, part = unit % parts;
     const T* t = tp + s * ts[0];
-    for (int64_t j = 0; j < n; ++j, o += 3) {
-      for (int c = 0; c < 3; ++c) o[c] = finite<T>(id[3 * j + c]);
+    T* o = out + s * n * 3;
+    for (int64_t j = n * part / parts, hi = n * (part + 1) / parts; j < hi; ++j) {
+      for (int c = 0; c < 3; ++c) o[3 * j + c] = finite<T>(id[3 * j + c]);
       const int64_t k = sl[j];
       if (k < 0) continue;
       const T x = t[(k / 7) * ts[1] + (k % 7) * ts[2]];
-      o[2] = std::isnan(x) ? static_cast<T>(df[k % 7]) : x;
+      o[3 * j + 2] = std::isnan(x) ? static_cast<T>(df[k % 7]) : x;
+    }
+  });
+}
+
+// Ranges of atoms cut[p] ... cut[p + 1] meant to add only to the entries
+// own[p] ... own[p + 1] of a structure's gradient: cuts at or a little after
+// n * p / parts where the nearest few slots before are all below the nearest
+// few after (own[p]: the lowest of these). Not checked here: a range that
+// meets a slot outside its entries says so (fill_backward).
+void fill_ranges(const int64_t* sl, int64_t n, int64_t size, int64_t parts, std::vector<int64_t>& cut,
+                 std::vector<int64_t>& own) {
+  constexpr int64_t W = 16, REACH = 256, TRIES = 64;
+  const int64_t none = std::numeric_limits<int64_t>::max();
+  auto nearest = [&](int64_t b, int64_t step) {  // max of the W slots before b (step -1), min after (+1)
+    int64_t m = step < 0 ? -1 : none, seen = 0;
+    for (int64_t j = step < 0 ? b - 1 : b, r = 0; 0 <= j && j < n && r < REACH && seen < W; j += step, ++r) {
+      if (sl[j] < 0) continue;
+      m = step < 0 ? std::max(m, sl[j]) : std::min(m, sl[j]);
+      ++seen;
+    }
+    return m;
+  };
+  cut.assign(parts + 1, n);
+  own.assign(parts + 1, size);
+  cut[0] = own[0] = 0;
+  for (int64_t p = 1; p < parts; ++p) {
+    cut[p] = std::max(cut[p - 1], n * p / parts);
+    own[p] = own[p - 1];
+    for (int64_t b = cut[p]; b < std::min(n, cut[p] + TRIES); ++b) {
+      const int64_t below = nearest(b, -1), above = nearest(b, 1);
+      if (below < above) {
+        cut[p] = b;
+        own[p] = std::clamp(above == none ? below + 1 : above, own[p - 1], size);
+        break;
+      }
     }
   }
 }
 
 // The gradient of fill_forward: g (s_n, N, 3) (strides gs) -> out (s_n, L, 7),
 // the phi column of every atom with a slot added to its torsion unless the
-// torsion is NaN (t: the forward's input).
+// torsion is NaN (t: the forward's input). Several atoms may share a torsion:
+// threads take ranges of atoms that add to ranges of entries of their own
+// (fill_ranges); where an atom's slot lies outside its range's entries (slots
+// that no cut separates) it is all done again on one thread. Every entry is a
+// sum in atom order by one thread: the same bits on any number of threads.
 template <typename T>
 void fill_backward(const T* gp, const int64_t* gs, const T* tp, const int64_t* ts, int64_t s_n, int64_t l,
-                   int64_t n, const int64_t* sl, T* out) {
-  std::fill(out, out + s_n * l * 7, T(0));
-  for (int64_t s = 0; s < s_n; ++s) {
-    T* os = out + s * l * 7;
-    for (int64_t j = 0; j < n; ++j) {
+                   int64_t n, const int64_t* sl, T* out, int64_t threads) {
+  const int64_t size = l * 7, t0 = ts[0], t1 = ts[1], t2 = ts[2], g0 = gs[0], g1 = gs[1], g2 = 2 * gs[2];
+  // atoms lo..hi-1 of structure s add to entries first..last-1; false if one's slot is outside
+  auto add = [=](int64_t s, int64_t lo, int64_t hi, int64_t first, int64_t last) {
+    T* os = out + s * size;
+    const T* t = tp + s * t0;
+    const T* g = gp + s * g0 + g2;
+    std::fill(os + first, os + last, T(0));
+    bool apart = true;
+    for (int64_t j = lo; j < hi; ++j) {
       const int64_t k = sl[j];
-      if (k < 0 || std::isnan(tp[s * ts[0] + (k / 7) * ts[1] + (k % 7) * ts[2]])) continue;
-      os[k] += gp[s * gs[0] + j * gs[1] + 2 * gs[2]];
+      if (k < 0) continue;
+      if (k < first || k >= last) {  // another range's entry: not written here
+        apart = false;
+        continue;
+      }
+      if (!std::isnan(t[(k / 7) * t1 + (k % 7) * t2])) os[k] += g[j * g1];
     }
+    return apart;
+  };
+  const int64_t parts = fill_parts(n, threads);
+  if (parts > 1) {
+    std::vector<int64_t> cut, own;
+    fill_ranges(sl, n, size, parts, cut, own);
+    std::atomic<bool> apart{true};
+    zmat::parallel_for(s_n * parts, threads, [&](int64_t unit) {
+      const int64_t s = unit / parts, p = unit % parts;
+      if (!add(s, cut[p], cut[p + 1], own[p], own[p + 1])) apart.store(false, std::memory_order_relaxed);
+    });
+    if (apart.load()) return;
   }
+  for (int64_t s = 0; s < s_n; ++s) add(s, 0, n, 0, size);
 }
 
 }  // namespace
@@ -278,15 +353,15 @@ struct zmat_plan {
   }                                                                                                         \
   extern "C" void zmat_fill_forward_##SUFFIX(const T* t, int64_t t0, int64_t t1, int64_t t2, int64_t s_n,  \
                                              int64_t n, const double* ideal, const int64_t* slot,           \
-                                             const double* defaults, T* out) {                              \
+                                             const double* defaults, T* out, int64_t threads) {             \
     const int64_t ts[3] = {t0, t1, t2};                                                                     \
-    fill_forward<T>(t, ts, s_n, n, ideal, slot, defaults, out);                                             \
+    fill_forward<T>(t, ts, s_n, n, ideal, slot, defaults, out, threads);                                    \
   }                                                                                                         \
   extern "C" void zmat_fill_backward_##SUFFIX(const T* g, int64_t g0, int64_t g1, int64_t g2, const T* t,  \
                                               int64_t t0, int64_t t1, int64_t t2, int64_t s_n, int64_t l,   \
-                                              int64_t n, const int64_t* slot, T* out) {                     \
+                                              int64_t n, const int64_t* slot, T* out, int64_t threads) {    \
     const int64_t gs[3] = {g0, g1, g2}, ts[3] = {t0, t1, t2};                                               \
-    fill_backward<T>(g, gs, t, ts, s_n, l, n, slot, out);                                                   \
+    fill_backward<T>(g, gs, t, ts, s_n, l, n, slot, out, threads);                                          \
   }
 
 ZMAT_FOREST(float, f32)

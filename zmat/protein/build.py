@@ -20,8 +20,9 @@ its CB-CG-CD angle is set so that CD is ``PRO_CD_N`` from N
   :func:`six_angles_from_backbone`): N, CA, C only.
 
 The first two fill the internal coordinates, on plain CPU tensors, in the
-compiled kernel (``zmat._kernel.fill``: one loop, no parallel region that would
-wait for a busy core); :func:`fill_internal` is the torch path and its reference.
+compiled kernel (``zmat._kernel.fill``: one loop; below
+``zmat._kernel.PARALLEL_ATOMS`` no parallel region that would wait for a busy
+core); :func:`fill_internal` is the torch path and its reference.
 
 Ideal geometry drifts from a real structure with chain length: rebuilding a
 file's structure from its own torsions with ideal bond lengths and angles
@@ -164,8 +165,8 @@ PRO = AA3.index("PRO")
 
 def _fill(lay: Layout, torsions) -> torch.Tensor:
     """:func:`fill_internal` without ``base``; on plain CPU tensors the
-    compiled kernel (``zmat._kernel.fill``: one loop, no parallel region, a
-    few dispatched ops), else the torch ops."""
+    compiled kernel (``zmat._kernel.fill``: one loop, split over threads only
+    above ``zmat._kernel.PARALLEL_ATOMS``; a few dispatched ops), else the torch ops."""
     t = as_torsion_tensor(torsions, lay.n_residues)
     if not _kernel.usable(t):
         return fill_internal(lay, t)

@@ -56,7 +56,7 @@ import math
 import numpy as np
 import torch
 
-from .._segments import on_host, segments
+from .._segments import on_host, per_row_t, segments
 from .._serial import serial
 from ..clash import candidate_pairs, clash_loss
 from . import _stereo
@@ -296,7 +296,7 @@ def _atom_segments(seg, L: int):
     (14 atom14 slots a residue); None for a padded batch."""
     if seg is None:
         return {}
-    out = {"batch": seg.index.repeat_interleave(14, output_size=14 * L)}
+    out = {"batch": per_row_t(seg.index, 14, 14 * L)}
     if seg.starts is not None:
         out["ptr"] = 14 * torch.cat([seg.starts, seg.starts.new_full((1,), L)])
     return out
