@@ -115,11 +115,8 @@ def _dtype(specs) -> np.dtype:
 
 def _fields_of(cls, packed) -> dict:
     """A plan of several kinds: its fields' int64 ``(rows, *shape)`` views of
-    the flat array ``(flat, rows of each kind)``, fields one after the other
-    (or ``flat`` a dict of them already: as :func:`taken` leaves them)."""
+    the flat array ``(flat, rows of each kind)``, fields one after the other."""
     flat, counts = packed
-    if isinstance(flat, dict):
-        return flat
     out, at = {}, 0
     for n, specs in zip(counts, _spec(cls).values(), strict=True):
         for s in specs:
@@ -143,7 +140,7 @@ def pack(plan):
             a = a[None] if a.ndim == 1 else a if by_rows else a.reshape(len(a), int(np.prod(a.shape[1:]))).T
             if a.dtype != dtype and a.dtype.itemsize == dtype.itemsize:
                 a = a.view(dtype)  # floats by their bits
-            if scale:
+            if scale and len(spec) == 1:  # (several kinds: -1 kept, shifted where not missing)
                 missing = (a < 0) | (a >= count[index]) if none == "n" else a < 0
                 a = np.where(missing, NONE, a)
             parts.append(a)
@@ -166,9 +163,8 @@ def _rows_of(a, spec) -> int:
 def unpack(cls, packed):
     """The plan of packed (and shifted) matrices; they are modified
     (:func:`decode`) and kept (fields of one value per row are views of them)."""
-    if len(_spec(cls)) > 1:
-        values = _fields_of(cls, decode(cls, packed))
-        return cls(**{s[0]: values[s[0]].view(s[3]) for specs in _spec(cls).values() for s in specs})
+    if len(_spec(cls)) > 1:  # (missing indices kept as -1: nothing to decode)
+        return _plan_of(cls, _fields_of(cls, packed))
     packed = (decode(cls, packed),)
     values = {}
     for matrix, kind in zip(packed, _spec(cls), strict=True):
@@ -179,6 +175,11 @@ def unpack(cls, packed):
                 a = a.reshape(len(a), *shape) if len(shape) > 1 else a
             values[name] = a.view(dtype) if a.dtype != dtype and a.dtype.itemsize == dtype.itemsize else a
     return cls(**values)
+
+
+def _plan_of(cls, values: dict):
+    """A plan of several kinds from its fields' int64 views (floats by their bits)."""
+    return cls(**{s[0]: values[s[0]].view(s[3]) for specs in _spec(cls).values() for s in specs})
 
 
 def encode(cls, matrix: np.ndarray) -> np.ndarray:
@@ -250,13 +251,18 @@ def _layout(cls, kind: str, height: int) -> tuple:
 def concatenate(cls, packed: Sequence):
     """The plan of the plans ``packed`` (their :func:`pack`), the rows of
     each after those before (:func:`joined`)."""
+    if len(_spec(cls)) > 1:
+        return _plan_of(cls, _joined_kinds(cls, packed)[1])
     return unpack(cls, joined(cls, packed))
 
 
 def take(cls, packed, ptr, index: np.ndarray):
     """Components ``index`` (in that order) of the plan ``packed`` whose
     component ``k`` is rows ``ptr[kind][k]:ptr[kind][k + 1]`` of every kind
-    (``ptr`` an array: the atoms' and positions' bounds, for a plan of one kind)."""
+    (``ptr`` an array: the atoms' and positions' bounds, for a plan of one
+    kind; a plan of several kinds is taken from the plan itself)."""
+    if len(_spec(cls)) > 1:
+        return _take_kinds(packed if isinstance(packed, cls) else unpack(cls, packed), ptr, index)
     return unpack(cls, taken(cls, packed, ptr, index))
 
 
@@ -265,7 +271,7 @@ def joined(cls, packed: Sequence):
     free-width field padded with missing values, or zeros in a plan that
     indexes nothing), indices shifted by the rows before of the kind they index."""
     if len(_spec(cls)) > 1:
-        return _joined_kinds(cls, packed)
+        return _joined_kinds(cls, packed)[0]
     size = np.fromiter((a.shape[1] for a in packed), np.int64, len(packed))
     height = max(a.shape[0] for a in packed)
     if all(a.shape[0] == height for a in packed):
@@ -289,13 +295,15 @@ def _joined_kinds(cls, packed: Sequence) -> tuple:
     flat = np.concatenate([p[0] for p in packed]).take(ranges(first.T.reshape(-1), size.T.reshape(-1)))
     out = (flat, tuple(int(c) for c in counts.sum(0)))
     before = {kind: starts(counts[:, j]) for j, kind in enumerate(spec)}
-    _shift_fields(cls, out, lambda index, rows: per_row(before[index], counts[:, list(spec).index(rows)]))
-    return out
+    values = _shift_fields(
+        cls, out, lambda index, rows: per_row(before[index], counts[:, list(spec).index(rows)])
+    )
+    return out, values
 
 
-def _shift_fields(cls, packed, shift_of) -> None:
+def _shift_fields(cls, packed, shift_of) -> dict:
     """Indexing fields of a plan of several kinds increased by ``scale *
-    shift_of(indexed kind, kind of rows)`` (missing ones stay negative)."""
+    shift_of(indexed kind, kind of rows)`` where not missing (-1)."""
     values, cache = _fields_of(cls, packed), {}
     for rows, specs in _spec(cls).items():
         for name, _, shape, _, scale, index, *_ in specs:
@@ -303,7 +311,9 @@ def _shift_fields(cls, packed, shift_of) -> None:
                 if (index, rows) not in cache:
                     cache[index, rows] = shift_of(index, rows)
                 by = cache[index, rows] if scale == 1 else scale * cache[index, rows]
-                values[name] += by.reshape(-1, *(1,) * len(shape))
+                a = values[name]
+                a += by.reshape(-1, *(1,) * len(shape)) * (a >= 0)
+    return values
 
 
 def _padded(cls, mats, height: int, width: int) -> np.ndarray:
@@ -324,7 +334,7 @@ def taken(cls, packed, ptr, index: np.ndarray):
     """Components ``index`` of the packed plan ``packed``: their columns of
     every kind, indices shifted, the free-width field as wide as they need."""
     if len(_spec(cls)) > 1:
-        return _taken_kinds(cls, packed, ptr, index)
+        raise TypeError(f"{cls.__name__}: a plan of several kinds is taken whole (take)")
     _, shift = take_shift(ptr, index)  # new - old index of every atom and position
     cols = np.arange(len(shift)) - shift
     out = np.empty((packed.shape[0], len(cols)), packed.dtype)
@@ -335,19 +345,25 @@ def taken(cls, packed, ptr, index: np.ndarray):
     return _trimmed(cls, kind, out)
 
 
-def _taken_kinds(cls, packed, ptr: dict, index: np.ndarray) -> tuple:
-    """:func:`taken` of a plan of several kinds: a gather of whole rows per field."""
-    sizes, moved, rows_of = {}, {}, {}
+def _take_kinds(plan, ptr: dict, index: np.ndarray):
+    """:func:`take` of a plan of several kinds: a gather of whole rows per
+    field of the plan itself, indexing fields shifted where not missing (-1)."""
+    cls, sizes, moved, rows_of, shifts, values = type(plan), {}, {}, {}, {}, {}
     for kind in _spec(cls):
         b = ptr[kind]
         sizes[kind] = (b[1:] - b[:-1])[index]
         moved[kind] = starts(sizes[kind]) - b[index]  # new - old first row of each component
         rows_of[kind] = ranges(b[index], sizes[kind])
-    values = _fields_of(cls, packed)
-    parts = {s[0]: values[s[0]].take(rows_of[k], axis=0) for k, specs in _spec(cls).items() for s in specs}
-    out = (parts, tuple(int(s.sum()) for s in sizes.values()))
-    _shift_fields(cls, out, lambda index, rows: per_row(moved[index], sizes[rows]))
-    return out
+    for rows, specs in _spec(cls).items():
+        for name, _, shape, _, scale, indexed, *_ in specs:
+            a = np.asarray(getattr(plan, name)).take(rows_of[rows], axis=0)
+            if scale:
+                if (indexed, rows) not in shifts:
+                    shifts[indexed, rows] = per_row(moved[indexed], sizes[rows])
+                by = shifts[indexed, rows].reshape(-1, *(1,) * len(shape))
+                a += (by if scale == 1 else scale * by) * (a >= 0)
+            values[name] = a
+    return cls(**values)
 
 
 def _trimmed(cls, kind: str, out: np.ndarray) -> np.ndarray:

@@ -112,7 +112,7 @@ class TorsionArrays:
         repeats allowed) as a new batch: gathers of whole molecules' rows
         (:func:`zmat._columns.take`)."""
         bounds = {kind: ptr(self.sizes(kind)) for kind in KINDS}
-        return _columns.take(type(self), self.packed, bounds, index)
+        return _columns.take(type(self), self, bounds, index)
 
 
 _FIELDS = fields(TorsionArrays)
