@@ -212,10 +212,10 @@ def decode(cls, packed):
         n = count[index]
         if none == "-1":
             np.maximum(block, -1, out=block)
+        elif none == "clip":
+            np.clip(block, 0, scale * n - 1, out=block)
         else:
-            np.copyto(block, n if none == "n" else 0, where=block < 0)
-            if none == "clip":
-                np.minimum(block, scale * n - 1, out=block)
+            np.copyto(block, n, where=block < 0)
     return packed
 
 
@@ -370,10 +370,15 @@ def _trimmed(cls, kind: str, out: np.ndarray) -> np.ndarray:
     """``out`` with its free-width field as wide as its columns need."""
     top, bottom = _around_free(cls, kind)
     free = out.shape[0] - top - bottom
-    if free > 1:
+    if free > 1 and _free_none(cls, kind) != "clip":  # (unused entries are never missing)
         used = 1 + int(np.flatnonzero((out[top + 1 : top + free] >= 0).any(1)).max(initial=-1)) + 1
         out = np.concatenate([out[: top + used], out[top + free :]]) if used < free else out
     return out
+
+
+def _free_none(cls, kind: str) -> str | None:
+    """What a missing index of the free-width field of rows ``kind`` reads (None: no such field)."""
+    return next((sp[6] for sp in _spec(cls)[kind] if sp[1] is None), None)
 
 
 def _add(cls, kind: str, out: np.ndarray, shift_of) -> None:
