@@ -330,16 +330,15 @@ def _padded(cls, mats, height: int, width: int) -> np.ndarray:
     return out
 
 
-def taken(cls, packed, ptr, index: np.ndarray):
+def taken(cls, packed, ptr, index: np.ndarray, shift: np.ndarray | None = None):
     """Components ``index`` of the packed plan ``packed``: their columns of
-    every kind, indices shifted, the free-width field as wide as they need."""
+    every kind, indices shifted, the free-width field as wide as they need
+    (``shift``: ``take_shift(ptr, index)[1]`` if known)."""
     if len(_spec(cls)) > 1:
         raise TypeError(f"{cls.__name__}: a plan of several kinds is taken whole (take)")
-    _, shift = take_shift(ptr, index)  # new - old index of every atom and position
-    cols = np.arange(len(shift)) - shift
-    out = np.empty((packed.shape[0], len(cols)), packed.dtype)
-    for k in range(packed.shape[0]):  # a row at a time: numpy's gather along axis 1 is slower
-        np.take(packed[k], cols, out=out[k])
+    if shift is None:
+        _, shift = take_shift(ptr, index)  # new - old index of every atom and position
+    out = np.take(packed, np.arange(len(shift)) - shift, axis=1)
     (kind,) = _spec(cls)
     _add(cls, kind, out, lambda index: shift)
     return _trimmed(cls, kind, out)
@@ -370,15 +369,16 @@ def _trimmed(cls, kind: str, out: np.ndarray) -> np.ndarray:
     """``out`` with its free-width field as wide as its columns need."""
     top, bottom = _around_free(cls, kind)
     free = out.shape[0] - top - bottom
-    if free > 1 and _free_none(cls, kind) != "clip":  # (unused entries are never missing)
+    if free > 1 and _free_none(cls, kind) not in (None, "clip"):  # (unused entries are never missing)
         used = 1 + int(np.flatnonzero((out[top + 1 : top + free] >= 0).any(1)).max(initial=-1)) + 1
         out = np.concatenate([out[: top + used], out[top + free :]]) if used < free else out
     return out
 
 
 def _free_none(cls, kind: str) -> str | None:
-    """What a missing index of the free-width field of rows ``kind`` reads (None: no such field)."""
-    return next((sp[6] for sp in _spec(cls)[kind] if sp[1] is None), None)
+    """What a missing index of the free-width field of rows ``kind`` reads
+    (None: no such field, or one that indexes nothing)."""
+    return next((sp[6] for sp in _spec(cls)[kind] if sp[1] is None and sp[4]), None)
 
 
 def _add(cls, kind: str, out: np.ndarray, shift_of) -> None:

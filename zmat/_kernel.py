@@ -71,6 +71,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from . import _columns
 from ._columns import ATOMS, POSITIONS, column
+from ._segments import take_shift
 from .table import ConstructionTable
 
 _CSRC = Path(__file__).with_name("csrc")
@@ -724,8 +725,9 @@ class KernelPlan:
         """The plan of ``ConstructionTable.take(ptr, index)``'s table: component
         ``k`` of the table is atoms and dfs positions ``ptr[k]:ptr[k + 1]``, so
         its columns move together (:func:`zmat._columns.taken`)."""
-        ints = _columns.decode(KernelArrays, _columns.taken(KernelArrays, self._packed, ptr, index))
-        return KernelPlan(ints, _columns.taken(KernelFlags, self._flags, ptr, index), self.vjp)
+        _, shift = take_shift(ptr, index)
+        ints = _columns.decode(KernelArrays, _columns.taken(KernelArrays, self._packed, ptr, index, shift))
+        return KernelPlan(ints, _columns.taken(KernelFlags, self._flags, ptr, index, shift), self.vjp)
 
     @staticmethod
     def concatenate(plans: list[KernelPlan]) -> KernelPlan:
