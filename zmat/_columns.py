@@ -129,7 +129,8 @@ def pack(plan):
     """A plan of one kind: one C-ordered ``(values, rows)`` matrix, the fields
     one after the other (a matrix row per value of a row); of several:
     ``(flat, rows of each kind)``, the fields' values one after the other.
-    Floats by their bits, missing indices ``NONE``."""
+    Floats by their bits; missing indices ``NONE`` in a plan of one kind, -1
+    (kept: shifted only where not missing) in a plan of several."""
     spec = _spec(type(plan))
     count = {k: _rows_of(getattr(plan, s[0][0]), s[0]) for k, s in spec.items()}
     out = []
@@ -195,19 +196,14 @@ def encode(cls, matrix: np.ndarray) -> np.ndarray:
     return out
 
 
-def decode(cls, packed):
-    """``packed`` with its missing indices (negative) as the fields declare, in place."""
-    if len(_spec(cls)) > 1:
-        count = dict(zip(_spec(cls), packed[1], strict=True))
-        values = _fields_of(cls, packed)
-        blocks = [(values[s[0]], s[6], s[4], s[5]) for specs in _spec(cls).values() for s in specs if s[4]]
-    else:
-        count = _counts(cls, (packed,))
-        (kind,) = _spec(cls)
-        blocks = [
-            (packed[f:e], none, scale, index)
-            for f, e, none, scale, index in _layout(cls, kind, len(packed))[2]
-        ]
+def decode(cls, packed: np.ndarray) -> np.ndarray:
+    """The packed matrix of a plan of one kind with its missing indices
+    (negative) as the fields declare, in place."""
+    (kind,) = _spec(cls)
+    count = {kind: packed.shape[1]}
+    blocks = [
+        (packed[f:e], none, scale, index) for f, e, none, scale, index in _layout(cls, kind, len(packed))[2]
+    ]
     for block, none, scale, index in blocks:
         n = count[index]
         if none == "-1":
@@ -217,10 +213,6 @@ def decode(cls, packed):
         else:
             np.copyto(block, n, where=block < 0)
     return packed
-
-
-def _counts(cls, packed: tuple) -> dict:
-    return {kind: m.shape[1] for kind, m in zip(_spec(cls), packed, strict=True)}
 
 
 @functools.lru_cache(maxsize=64)
@@ -260,9 +252,10 @@ def take(cls, packed, ptr, index: np.ndarray):
     """Components ``index`` (in that order) of the plan ``packed`` whose
     component ``k`` is rows ``ptr[kind][k]:ptr[kind][k + 1]`` of every kind
     (``ptr`` an array: the atoms' and positions' bounds, for a plan of one
-    kind; a plan of several kinds is taken from the plan itself)."""
+    kind; a plan of several kinds is taken from the plan itself: ``packed``
+    is the plan, ``ptr`` a dict per kind)."""
     if len(_spec(cls)) > 1:
-        return _take_kinds(packed if isinstance(packed, cls) else unpack(cls, packed), ptr, index)
+        return _take_kinds(packed, ptr, index)
     return unpack(cls, taken(cls, packed, ptr, index))
 
 
@@ -296,23 +289,26 @@ def _joined_kinds(cls, packed: Sequence) -> tuple:
     out = (flat, tuple(int(c) for c in counts.sum(0)))
     before = {kind: starts(counts[:, j]) for j, kind in enumerate(spec)}
     values = _shift_fields(
-        cls, out, lambda index, rows: per_row(before[index], counts[:, list(spec).index(rows)])
+        cls,
+        _fields_of(cls, out),
+        lambda index, rows: per_row(before[index], counts[:, list(spec).index(rows)]),
     )
     return out, values
 
 
-def _shift_fields(cls, packed, shift_of) -> dict:
-    """Indexing fields of a plan of several kinds increased by ``scale *
-    shift_of(indexed kind, kind of rows)`` where not missing (-1)."""
-    values, cache = _fields_of(cls, packed), {}
+def _shift_fields(cls, values: dict, shift_of) -> dict:
+    """``values`` (a plan of several kinds) with every indexing field increased
+    by ``scale * shift_of(indexed kind, kind of rows)`` where not missing (-1),
+    in place; each shift made once."""
+    shifts = {}
     for rows, specs in _spec(cls).items():
         for name, _, shape, _, scale, index, *_ in specs:
             if scale:
-                if (index, rows) not in cache:
-                    cache[index, rows] = shift_of(index, rows)
-                by = cache[index, rows] if scale == 1 else scale * cache[index, rows]
+                if (index, rows) not in shifts:
+                    shifts[index, rows] = shift_of(index, rows)
+                by = shifts[index, rows].reshape(-1, *(1,) * len(shape))
                 a = values[name]
-                a += by.reshape(-1, *(1,) * len(shape)) * (a >= 0)
+                a += (by if scale == 1 else scale * by) * (a >= 0)
     return values
 
 
@@ -347,22 +343,18 @@ def taken(cls, packed, ptr, index: np.ndarray, shift: np.ndarray | None = None):
 def _take_kinds(plan, ptr: dict, index: np.ndarray):
     """:func:`take` of a plan of several kinds: a gather of whole rows per
     field of the plan itself, indexing fields shifted where not missing (-1)."""
-    cls, sizes, moved, rows_of, shifts, values = type(plan), {}, {}, {}, {}, {}
+    cls, sizes, moved, rows_of = type(plan), {}, {}, {}
     for kind in _spec(cls):
         b = ptr[kind]
         sizes[kind] = (b[1:] - b[:-1])[index]
         moved[kind] = starts(sizes[kind]) - b[index]  # new - old first row of each component
         rows_of[kind] = ranges(b[index], sizes[kind])
-    for rows, specs in _spec(cls).items():
-        for name, _, shape, _, scale, indexed, *_ in specs:
-            a = np.asarray(getattr(plan, name)).take(rows_of[rows], axis=0)
-            if scale:
-                if (indexed, rows) not in shifts:
-                    shifts[indexed, rows] = per_row(moved[indexed], sizes[rows])
-                by = shifts[indexed, rows].reshape(-1, *(1,) * len(shape))
-                a += (by if scale == 1 else scale * by) * (a >= 0)
-            values[name] = a
-    return cls(**values)
+    values = {
+        s[0]: np.asarray(getattr(plan, s[0])).take(rows_of[k], axis=0)
+        for k, sp in _spec(cls).items()
+        for s in sp
+    }
+    return cls(**_shift_fields(cls, values, lambda index, rows: per_row(moved[index], sizes[rows])))
 
 
 def _trimmed(cls, kind: str, out: np.ndarray) -> np.ndarray:
