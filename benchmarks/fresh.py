@@ -102,6 +102,14 @@ def _step(forward, leaf):
     return t1 - t0, _now() - t1
 
 
+def _timed(t: dict, phase: str, make):
+    """``make()``, its seconds recorded as ``t[phase]``."""
+    t0 = _now()
+    out = make()
+    t[phase] = _now() - t0
+    return out
+
+
 def prepare(table, device) -> None:
     """Build the per-device plans (``zmat._analytic.prepare``; zmat versions
     without it build them in the first forward, which is then timed with it)."""
@@ -120,16 +128,10 @@ def protein_step(n_seq: int, length: int, seed: int) -> dict:
     rng = np.random.default_rng(seed)
     seqs = ["".join(rng.choice(list(AMINO), length)) for _ in range(n_seq)]
     t = {}
-    t0 = _now()
-    batch = ProteinBatch(seqs)
-    t["layout"] = _now() - t0
-    t0 = _now()
-    table = batch.table
-    t["table"] = _now() - t0
+    batch = _timed(t, "layout", lambda: ProteinBatch(seqs))
+    table = _timed(t, "table", lambda: batch.table)
     torsions = torch.from_numpy(rng.uniform(-3, 3, (n_seq, batch.L_max, 7))).float().requires_grad_(True)
-    t0 = _now()
-    prepare(table, torsions.device)
-    t["plan"] = _now() - t0
+    _timed(t, "plan", lambda: prepare(table, torsions.device))
     t["forward"], t["backward"] = _step(lambda: batch.to_xyz(torsions), torsions)
     cached = [_step(lambda: batch.to_xyz(torsions), torsions) for _ in range(5)]
     t["cached forward"] = statistics.median(c[0] for c in cached)
@@ -327,16 +329,10 @@ def complex_step(pool: dict, mix: dict, seed: int, hydrogens, padded: bool = Fal
     flags = rng.random(len(names)) < 0.5 if hydrogens is None else [hydrogens] * len(names)
     items = [pool[names[i], bool(flags[i])] for i in rng.permutation(len(names))]
     t = {}
-    t0 = _now()
-    batch = ComplexBatch(items)
-    t["layout"] = _now() - t0
-    t0 = _now()
-    table = batch.table
-    t["table"] = _now() - t0
+    batch = _timed(t, "layout", lambda: ComplexBatch(items))
+    table = _timed(t, "table", lambda: batch.table)
     leaf = batch.internal.float().requires_grad_(True)
-    t0 = _now()
-    prepare(table, leaf.device)
-    t["plan"] = _now() - t0
+    _timed(t, "plan", lambda: prepare(table, leaf.device))
 
     def forward():
         return batch.to_xyz(leaf)[0] if padded else batch.to_xyz(leaf, padded=False)

@@ -114,3 +114,18 @@ def random_internal(n: int, batch=(), seed=0, dtype=torch.float64) -> torch.Tens
         [1.0, 0.25, -math.pi], dtype=torch.float64
     )
     return c.to(dtype)
+
+
+def embedded_mols(smiles: dict, seed: int) -> dict:
+    """``{name: Mol}``: each SMILES with hydrogens and one ETKDGv3 conformer (RDKit)."""
+    from rdkit import Chem
+    from rdkit.Chem import AllChem
+
+    out = {}
+    for name, s in smiles.items():
+        mol = Chem.AddHs(Chem.MolFromSmiles(s))
+        params = AllChem.ETKDGv3()
+        params.randomSeed = seed
+        assert AllChem.EmbedMolecule(mol, params) == 0, name
+        out[name] = mol
+    return out

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 Chem = pytest.importorskip("rdkit.Chem")
-from rdkit.Chem import AllChem  # noqa: E402
+
+from strategies import embedded_mols  # noqa: E402
 
 from zmat._torsion_arrays import TorsionArrays  # noqa: E402
 from zmat.rdkit import TorsionSpace  # noqa: E402
@@ -31,14 +32,7 @@ TORSION_INDEX = ("owner", "bond_parent")
 
 @pytest.fixture(scope="module")
 def spaces():
-    out = {}
-    for name, smiles in SMILES.items():
-        mol = Chem.AddHs(Chem.MolFromSmiles(smiles))
-        params = AllChem.ETKDGv3()
-        params.randomSeed = 5
-        assert AllChem.EmbedMolecule(mol, params) == 0
-        out[name] = TorsionSpace.from_mol(mol)
-    return out
+    return {name: TorsionSpace.from_mol(mol) for name, mol in embedded_mols(SMILES, seed=5).items()}
 
 
 def by_hand(parts: list[TorsionArrays]) -> dict:

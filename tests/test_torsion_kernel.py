@@ -11,7 +11,8 @@ import pytest
 import torch
 
 Chem = pytest.importorskip("rdkit.Chem")
-from rdkit.Chem import AllChem, rdMolTransforms  # noqa: E402
+from rdkit.Chem import rdMolTransforms  # noqa: E402
+from strategies import embedded_mols  # noqa: E402
 
 from zmat.rdkit import TorsionSpace  # noqa: E402
 
@@ -25,14 +26,7 @@ SMILES = {
 
 @pytest.fixture(scope="module")
 def spaces():
-    out = {}
-    for name, smiles in SMILES.items():
-        mol = Chem.AddHs(Chem.MolFromSmiles(smiles))
-        params = AllChem.ETKDGv3()
-        params.randomSeed = 11
-        assert AllChem.EmbedMolecule(mol, params) == 0
-        out[name] = TorsionSpace.from_mol(mol)
-    return out
+    return {name: TorsionSpace.from_mol(mol) for name, mol in embedded_mols(SMILES, seed=11).items()}
 
 
 def _hard_torsions(ts: TorsionSpace, batch: int, seed: int) -> torch.Tensor:
