@@ -391,13 +391,10 @@ def stamp_plan(units: tuple, pieces: tuple, n: int, k: int) -> tuple[np.ndarray,
             ``seq``, ``parent_where``, ``link0`` (int64) and ``flags`` (uint64).
         n: atoms; k: gather rows (3 or 4).
     """
-    lib = _state.get("module")
-    if lib is None or disabled():
+    out = (np.empty((k + 2, n), np.int64), np.empty((k + 2, n), np.uint8))
+    if not _stamp("stamp", (*units, *pieces), (n, k), out):
         return None
-    ints, flags = np.empty((k + 2, n), np.int64), np.empty((k + 2, n), np.uint8)
-    arrays = [np.ascontiguousarray(a) for a in (*units, *pieces)]
-    lib.stamp(len(arrays[0]), *(a.ctypes.data for a in arrays), n, k, ints.ctypes.data, flags.ctypes.data)
-    return ints, flags.view(bool)
+    return out[0], out[1].view(bool)
 
 
 def stamp_atoms(units: tuple, pieces: tuple, n: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -410,13 +407,21 @@ def stamp_atoms(units: tuple, pieces: tuple, n: int) -> tuple[np.ndarray, np.nda
         pieces: ``start`` per piece; ``ideal`` float64 ``(atoms, 3)`` and the
             torsion ``code`` int64 per piece atom.
     """
+    out = (np.empty((n, 3)), np.empty(n, np.int64))
+    return out if _stamp("stamp_atoms", (*units, *pieces), (), out) else None
+
+
+def _stamp(name: str, inputs: tuple, sizes: tuple, out: tuple) -> bool:
+    """Call the loaded library's stamp function ``name`` on ``inputs`` (the
+    first holds one value per unit), ``sizes`` and ``out``; False unless loaded."""
     lib = _state.get("module")
     if lib is None or disabled():
-        return None
-    ideal, slot = np.empty((n, 3)), np.empty(n, np.int64)
-    arrays = [np.ascontiguousarray(a) for a in (*units, *pieces)]
-    lib.stamp_atoms(len(arrays[0]), *(a.ctypes.data for a in arrays), ideal.ctypes.data, slot.ctypes.data)
-    return ideal, slot
+        return False
+    arrays = [np.ascontiguousarray(a) for a in inputs]
+    getattr(lib, name)(
+        len(arrays[0]), *(a.ctypes.data for a in arrays), *sizes, *(o.ctypes.data for o in out)
+    )
+    return True
 
 
 def _lib() -> _Library:
