@@ -388,7 +388,7 @@ def stamp_plan(units: tuple, pieces: tuple, n: int, k: int) -> tuple[np.ndarray,
     Args:
         units: ``(piece, size, atom0, last)`` int64 arrays, one value per unit.
         pieces: per piece ``head``, ``start``, ``prev_rank``; per piece atom
-            ``seq``, ``parent_where``, ``link0`` (int64) and ``flags`` (uint64).
+            ``seq``, ``parent_where``, ``link`` (int64) and ``flags`` (uint64).
         n: atoms; k: gather rows (3 or 4).
     """
     out = (np.empty((k + 2, n), np.int64), np.empty((k + 2, n), np.uint8))

@@ -18,7 +18,7 @@ namespace {
 struct Pieces {  // per piece: head size, first piece atom, rank of the hanging atom
   const int64_t *head, *start, *prev_rank;
   // per piece atom: dfs order, parent (rank * 4 + code), link delta, 8 flag bytes
-  const int64_t *seq, *parent_where, *link0;
+  const int64_t *seq, *parent_where, *link;
   const uint8_t* flags;
 };
 
@@ -41,7 +41,7 @@ void run(const Pieces& P, const Out& o, int64_t u, int64_t atom_off, int64_t fir
     const uint8_t* f = P.flags + 8 * pa;
     for (int64_t r = 0; r < 3; ++r) o.flags[r * n + p] = f[r];
     if (k == 4) {
-      o.ints[3 * n + p] = 3 * std::min(a + P.link0[pa], n - 1) + 2;
+      o.ints[3 * n + p] = 3 * std::min(a + P.link[pa], n - 1) + 2;
       o.flags[3 * n + p] = f[3];
     }
     o.flags[k * n + p] = f[4];
@@ -56,9 +56,9 @@ void run(const Pieces& P, const Out& o, int64_t u, int64_t atom_off, int64_t fir
 extern "C" void zmat_stamp_plan(int64_t u_n, const int64_t* piece, const int64_t* size, const int64_t* atom0,
                                 const int64_t* last, const int64_t* head, const int64_t* start,
                                 const int64_t* prev_rank, const int64_t* seq, const int64_t* parent_where,
-                                const int64_t* link0, const uint8_t* flags, int64_t n, int64_t k,
+                                const int64_t* link, const uint8_t* flags, int64_t n, int64_t k,
                                 int64_t* ints, uint8_t* flags_out) {
-  const Pieces P{head, start, prev_rank, seq, parent_where, link0, flags};
+  const Pieces P{head, start, prev_rank, seq, parent_where, link, flags};
   const Out o{n, k, ints, flags_out};
   // per unit, where its atoms' parents are: its head, its tail, the previous
   // unit's hanging atom, none (-1)

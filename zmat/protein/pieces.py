@@ -69,8 +69,9 @@ class _Pieces:
     residue's ``N`` below this one's). Per piece atom: ``kind``; ``delta``
     ``(atoms * S, 3)``: row ``a * S + s`` holds the references of piece atom
     ``a`` minus its own index when the previous residue has ``s`` atoms
-    (``NONE`` where missing), its columns ``bond`` and ``link`` (the
-    dihedral reference of an OFFSET row, else ``BEYOND``) contiguous;
+    (``NONE`` where missing), its column ``bond`` contiguous; ``link``, per
+    piece atom, the dihedral reference of an OFFSET row (else ``BEYOND``)
+    minus its own index (it never depends on the previous residue);
     ``in_head``, ``rank`` (position in the head or in the tail), ``end_tail``
     and ``end`` (subtree end relative to the head's or the tail's start),
     ``depth`` (below the residue's ``N``); the layout's ``atom_name``,
@@ -83,8 +84,7 @@ class _Pieces:
     ``parent_where``: ``rank * 4 + code``, its parent is in its residue's head
     (code 0), tail (1), the previous residue's head (2: see ``prev_rank``,
     per piece the rank in its head of the one atom the next residue's root
-    hangs on; rank 0), none (3), at ``rank`` there; ``link0`` (the link delta,
-    which never depends on the previous residue), ``flags`` (8 bytes as one
+    hangs on; rank 0), none (3), at ``rank`` there; ``flags`` (8 bytes as one
     uint64: the kernel's keep rows, then its trig rows); per piece
     ``has_offset``.
     """
@@ -114,7 +114,6 @@ class _Pieces:
     seq: np.ndarray
     parent_where: np.ndarray
     prev_rank: np.ndarray
-    link0: np.ndarray
     flags: np.ndarray
     has_offset: np.ndarray
 
@@ -236,7 +235,7 @@ def _pieces() -> _Pieces:
         kind=cat("kind"),
         delta=delta,
         bond=np.ascontiguousarray(delta[:, 0]),
-        link=np.where(offset, delta[:, 2], BEYOND),
+        link=np.ascontiguousarray(link[:, 0]),
         atom_name=cat("atom_name"),
         element=cat("element"),
         ideal=cat("ideal"),
@@ -250,7 +249,6 @@ def _pieces() -> _Pieces:
         end_tail=cat("end_tail"),
         end=cat("end"),
         depth=cat("depth"),
-        link0=np.ascontiguousarray(link[:, 0]),
         has_offset=np.array([(p["kind"] == OFFSET).any() for p in pieces]),
         **_dfs_fields(pieces, size),
     )
@@ -383,7 +381,7 @@ def kernel_arrays(st: Stamp) -> tuple[np.ndarray, np.ndarray]:
     P = _pieces()
     k = 4 if P.has_offset[st.piece].any() else 3  # the offset chain's width + 2 (the table's)
     units = (st.piece, st.size, st.atom0, st.last)
-    pieces = (P.head, P.start, P.prev_rank, P.seq, P.parent_where, P.link0, P.flags)
+    pieces = (P.head, P.start, P.prev_rank, P.seq, P.parent_where, P.link, P.flags)
     stamped = _kernel.stamp_plan(units, pieces, st.N, k)
     return stamped if stamped is not None else _kernel_arrays(st, k)
 
@@ -428,7 +426,7 @@ def _kernel_arrays(st: Stamp, k: int) -> tuple[np.ndarray, np.ndarray]:
     np.add(ints[0], 1, out=ints[1])
     np.add(ints[0], 2, out=ints[2])
     if k == 4:
-        link = take(P.link0, pa, out=ints[3])
+        link = take(P.link, pa, out=ints[3])
         link += order
         np.minimum(link, N - 1, out=link)
         link *= 3
@@ -507,7 +505,7 @@ def batch_plan(st: Stamp, kernel: tuple[np.ndarray, np.ndarray]) -> TablePlan:
     unit_depth = starts(P.next_depth[piece])
     depth = take(unit_depth - unit_depth[st.tree], unit)
     depth += take(P.depth, pa)
-    chain = _offset_chains(take(P.link, rows), ar, P.short_chains)
+    chain = _offset_chains(take(P.link, pa), ar, P.short_chains)
     return TablePlan(
         kind=take(P.kind, pa),
         dfs_depth=take(depth, order),
