@@ -12,8 +12,8 @@ import torch
 import zmat
 from zmat._align import superpose
 from zmat.protein import Complex, Protein, from_pdb, from_structure
-from zmat.protein.ccd import has_ccd_entry
-from zmat.protein.nucleic import NUCLEOTIDES, PURINES, pucker
+from zmat.structure.ccd import has_ccd_entry
+from zmat.structure.nucleic import NUCLEOTIDES, PURINES, pucker
 
 pytest.importorskip("biotite")
 from biotite.structure.io import pdb, pdbx  # noqa: E402

@@ -11,9 +11,9 @@ import torch
 import zmat
 from zmat._align import rmsd
 from zmat.protein import from_pdb, from_structure
-from zmat.protein.ccd import ccd_residue
-from zmat.protein.nucleic import pucker
-from zmat.protein.sugar import ring_from_pucker
+from zmat.structure.ccd import ccd_residue
+from zmat.structure.nucleic import pucker
+from zmat.structure.sugar import ring_from_pucker
 from zmat.transform import dihedrals
 
 pytest.importorskip("biotite")

@@ -24,9 +24,8 @@
   ``from_pdb`` return a :class:`Complex` (one tree over every kept atom,
   nucleotide torsions and sugar puckers in ``torsions``, ligand torsions,
   ``ideal_internal`` from torsions and puckers); :class:`ComplexBatch` batches
-  them. Modules: ``ccd`` (CCD entries), ``nucleic``, ``sugar``,
-  ``nucleic_ideal``, ``hydrogens``, ``ligands`` <- ``allatom`` (parsing, the
-  tree) <- ``complex`` <- ``structure``.
+  them. Their modules live in :mod:`zmat.structure` (``zmat.protein.ccd`` and
+  the other old paths still import).
 
 Conventions: Angstrom, radians, IUPAC dihedral signs; torsion columns in
 ``TORSION_NAMES`` order; templates and ideal geometry in
@@ -39,6 +38,23 @@ templates) <- ``layout`` (atoms and rows of a chain) <- ``build`` (torsions
 ``structure``.
 """
 
+import sys
+
+from ..structure import (
+    allatom,
+    amino_ideal,
+    ccd,
+    complex,
+    complex_batch,
+    hydrogens,
+    ligands,
+    nucleic,
+    nucleic_ideal,
+    sugar,
+)
+from ..structure.complex import TORSION_KEYS, Complex
+from ..structure.complex_batch import ComplexBatch
+from ..structure.hydrogens import Protonation
 from ..transform import dihedrals
 from .atom37 import atom14_to_atom37, atom37_to_atom14
 from .atom37_io import from_atom14, from_atom37
@@ -55,8 +71,6 @@ from .build import (
     six_angles_from_backbone,
     to_xyz_from_torsions,
 )
-from .complex import TORSION_KEYS, Complex
-from .complex_batch import ComplexBatch
 from .frames import (
     apply_frames,
     atom14_from_frames,
@@ -65,11 +79,26 @@ from .frames import (
     backbone_frames_from_torsions,
     rigid_from_three_points,
 )
-from .hydrogens import Protonation
 from .layout import Layout, layout_of
 from .structure import Protein, from_pdb, from_structure
 from .topology import CHI_ATOMS, RESIDUES, TORSION_NAMES, ResidueTemplate, one_to_three
 from .violations import clash_pairs, structural_violations
+
+# The all-atom modules moved to zmat.structure; their old paths stay importable.
+for _module in (
+    allatom,
+    amino_ideal,
+    ccd,
+    complex,
+    complex_batch,
+    hydrogens,
+    ligands,
+    nucleic,
+    nucleic_ideal,
+    sugar,
+):
+    sys.modules[f"{__name__}.{_module.__name__.rsplit('.', 1)[1]}"] = _module
+del _module
 
 __all__ = [
     "apply_frames",

@@ -28,10 +28,11 @@ import numpy as np
 import torch
 
 from ..clash import alphafold_radii, exclusions_from_bonds
+from ..structure.allatom import has_nucleotides, parse_complex
+from ..structure.complex import Complex
 from ..table import BOND, PLANAR, ROOT
 from ..transform import dihedrals, to_internal, to_xyz
 from . import atom37, io
-from .allatom import has_nucleotides, parse_complex
 from .build import (
     ProteinBatch,
     as_torsion_tensor,
@@ -40,7 +41,6 @@ from .build import (
     protein_layout,
     to_xyz_from_torsions,
 )
-from .complex import Complex
 from .frames import rigid_from_three_points
 from .layout import N_TORSIONS, Layout, residue_types, sequence_of
 from .topology import TORSION_NAMES

@@ -7,7 +7,7 @@ sibling in an ``OFFSET`` row) gets the template's ideal bond length and angle,
 and either its fixed dihedral or its torsion (phi, psi, omega, chi1..chi4).
 A hydrogen whose row lies within its residue gets the CCD ideal values
 (rotors keep their measured dihedral), as nucleotides do
-(``zmat/protein/nucleic_ideal.py``). Everything else keeps its measured value.
+(``zmat/structure/nucleic_ideal.py``). Everything else keeps its measured value.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .build import close_proline_rings
-from .layout import ProlineRing, SharedTensors
+from ..protein.build import close_proline_rings
+from ..protein.layout import ProlineRing, SharedTensors
+from ..protein.topology import RESIDUES, TORSION_NAMES
 from .nucleic_ideal import ccd_row_values, heavy_neighbours
-from .topology import RESIDUES, TORSION_NAMES
 
 __all__ = ["AminoIdeal", "amino_ideal", "apply"]
 

@@ -6,12 +6,12 @@ hydrogens it completed), its covalent bonds with bond orders, a construction
 table over all of them, and the atoms of every polymer torsion. What is kept:
 
 * polymer residues, always: the 20 amino acids (``zmat/protein/topology.py``)
-  and the nucleotides DA DC DG DT A C G U (``zmat/protein/nucleic.py``), every
+  and the nucleotides DA DC DG DT A C G U (``zmat/structure/nucleic.py``), every
   heavy atom the CCD entry names (``OXT``, ``OP3`` included);
 * ``hydrogens``: the file's hydrogens, and the missing ones completed
-  (``zmat/protein/hydrogens.py``);
+  (``zmat/structure/hydrogens.py``);
 * ``ligands``: every other residue but water (ligands, cofactors, ions,
-  modified residues), bonds from its CCD entry (``zmat/protein/ccd.py``).
+  modified residues), bonds from its CCD entry (``zmat/structure/ccd.py``).
 
 An atom whose name its residue's CCD entry does not know is skipped with a
 warning naming it; an unknown residue (no CCD entry) with ``ligands=True``,
@@ -45,12 +45,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._segments import segment_ids, starts
+from ..protein.io import chain_mask
+from ..protein.topology import CHI_ATOMS, RESIDUES, TORSION_NAMES
 from .ccd import ccd_residue
 from .hydrogens import Protonation, extra_names, place, wanted
-from .io import chain_mask
 from .ligands import rotatable_bonds, torsion_rows
 from .nucleic import NUCLEIC_TORSIONS, NUCLEOTIDES, RING_ATOMS, nucleic_parents, torsion_atoms
-from .topology import CHI_ATOMS, RESIDUES, TORSION_NAMES
 
 __all__ = ["QUAD_NAMES", "WATER", "ComplexAtoms", "has_nucleotides", "parse_complex"]
 
@@ -83,7 +83,7 @@ class ComplexAtoms:
     ``bonds`` ``(E, 2)`` and ``bond_orders`` ``(E,)`` (biotite ``BondType``
     codes); ``refs`` ``(N, 3)`` the construction rows; ``quads`` ``(L, Q, 4)``
     the atoms of every ``QUAD_NAMES`` dihedral, -1 where undefined; ``key``
-    the template torsion atoms. Ligand torsions (``zmat/protein/ligands.py``):
+    the template torsion atoms. Ligand torsions (``zmat/structure/ligands.py``):
     ``ligand_rows`` ``(T,)`` the atom whose dihedral column each is,
     ``ligand_quads`` ``(T, 4)``, ``ligand_residue`` ``(T,)``. ``linked``
     ``(R,)``: residue ``k`` is bonded to ``k - 1`` in its polymer.
@@ -476,7 +476,7 @@ def parse_complex(atoms, chain=None, hydrogens=False, ligands: bool = False) -> 
         atoms: ``biotite.structure.AtomArray`` (one model).
         chain: a chain ID or a list of them; default all chains.
         hydrogens: False (heavy atoms only), True (the file's hydrogens and
-            the missing ones completed, :class:`~zmat.protein.hydrogens.Protonation`
+            the missing ones completed, :class:`~zmat.structure.hydrogens.Protonation`
             defaults) or a ``Protonation``.
         ligands: keep the residues that are neither polymer nor water.
 

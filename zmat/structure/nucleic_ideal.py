@@ -1,8 +1,8 @@
 """Ideal geometry of nucleotides: internal coordinates from torsions and puckers.
 
-``Complex.ideal_internal`` (``zmat/protein/complex.py``) gives every row of a
+``Complex.ideal_internal`` (``zmat/structure/complex.py``) gives every row of a
 nucleotide residue its ideal value and its torsion, the sugar ring its
-pucker, closed exactly (``zmat/protein/sugar.py``):
+pucker, closed exactly (``zmat/structure/sugar.py``):
 
 * bond lengths, bond angles and fixed dihedrals (offsets, base planarity) of
   every row within a residue: the residue's CCD ideal coordinates, measured

@@ -3,7 +3,7 @@
 Atom names are the PDB v3 / CCD ones (``P, OP1, OP2, O5', C5', ...``).
 
 Construction tree (the bond reference of every heavy atom; the rows follow
-from it, ``zmat/protein/allatom.py``). It runs down the backbone and out to
+from it, ``zmat/structure/allatom.py``). It runs down the backbone and out to
 the base, so that the IUPAC torsions are the dihedral columns of single rows:
 
 =========  =====================  ==========================================

@@ -8,7 +8,7 @@ coordinates where the ideal ones are missing). zmat uses it for
 * the bond graph of nucleotides, hydrogens and ligands (amino-acid heavy
   atoms have their own templates, ``zmat/protein/topology.py``),
 * the positions of missing hydrogens, taken from the ideal coordinates in the
-  local frame of their heavy atom (``zmat/protein/hydrogens.py``).
+  local frame of their heavy atom (``zmat/structure/hydrogens.py``).
 
 biotite is the optional extra ``protein``; it is imported on first use.
 """

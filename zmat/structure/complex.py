@@ -2,12 +2,12 @@
 for nucleic acids, hydrogens or ligands.
 
 A :class:`Complex` holds every kept atom of a structure (see
-``zmat/protein/allatom.py`` for what is kept, the tree and the rows), its
+``zmat/structure/allatom.py`` for what is kept, the tree and the rows), its
 construction table, internal coordinates, bonds with bond orders, and the
 torsions of its polymer residues: for amino acids ``phi, psi, omega,
 chi1..chi4`` (as :class:`~zmat.protein.Protein`), for nucleotides ``alpha ..
 zeta, chi`` and the sugar pucker ``pucker_phase, pucker_amplitude``
-(``zmat/protein/nucleic.py``); every name is a key, NaN where a residue does
+(``zmat/structure/nucleic.py``); every name is a key, NaN where a residue does
 not have it.
 """
 
@@ -19,9 +19,10 @@ import numpy as np
 import torch
 
 from ..clash import exclusions_from_bonds, vdw_radii
+from ..protein.io import write_atoms
+from ..protein.topology import TORSION_NAMES
 from ..table import ConstructionTable
 from ..transform import dihedrals, to_internal
-from . import io
 from .allatom import QUAD_NAMES, ComplexAtoms
 from .amino_ideal import AminoIdeal, amino_ideal
 from .amino_ideal import apply as apply_amino
@@ -29,7 +30,6 @@ from .complex_batch import ComplexBatch
 from .nucleic import NUCLEIC_TORSIONS, pucker
 from .nucleic_ideal import NucleicIdeal, nucleic_ideal
 from .nucleic_ideal import apply as apply_ideal
-from .topology import TORSION_NAMES
 
 __all__ = ["TORSION_KEYS", "Complex"]
 
@@ -55,7 +55,7 @@ class Complex:
         torsions: dict of ``(L,)`` float64 tensors over the polymer residues,
             keys ``TORSION_KEYS``, radians, NaN where absent.
         ligand_torsions: ``(T,)`` the torsions of the ligands' rotatable bonds
-            (``zmat/protein/ligands.py``); ``ligand_quads`` ``(T, 4)`` their
+            (``zmat/structure/ligands.py``); ``ligand_quads`` ``(T, 4)`` their
             atoms, ``ligand_residue`` ``(T,)`` their residue.
     """
 
@@ -85,7 +85,7 @@ class Complex:
 
     @classmethod
     def batch(cls, items) -> ComplexBatch:
-        """A :class:`~zmat.protein.complex_batch.ComplexBatch` of complexes (``zmat.collate``)."""
+        """A :class:`~zmat.structure.complex_batch.ComplexBatch` of complexes (``zmat.collate``)."""
         return ComplexBatch(items)
 
     def __repr__(self) -> str:
@@ -197,8 +197,8 @@ class Complex:
         return amino_ideal(self.parsed, np.where(self.parsed.linked, np.arange(R) - 1, -1))
 
     def ideal_internal(self, torsions: dict | None = None) -> torch.Tensor:
-        """Internal coordinates with ideal geometry (``zmat/protein/nucleic_ideal.py``,
-        ``zmat/protein/amino_ideal.py``).
+        """Internal coordinates with ideal geometry (``zmat/structure/nucleic_ideal.py``,
+        ``zmat/structure/amino_ideal.py``).
 
         Amino-acid rows get the templates' ideal values and ``phi .. chi4``
         from ``torsions``; nucleotide rows CCD bond lengths, angles and fixed dihedrals,
@@ -249,4 +249,4 @@ class Complex:
     def to_pdb(self, path, xyz=None) -> None:
         """Write PDB (bonds as ``CONECT``), or mmCIF for ``.cif`` / ``.mmcif`` (bonds with
         their orders: ``chem_comp_bond`` and ``struct_conn``), through biotite."""
-        io.write_atoms(self.to_structure(xyz), path)
+        write_atoms(self.to_structure(xyz), path)

@@ -1,7 +1,7 @@
 """Ligands: their rotatable bonds, as torsions of the all-atom tree.
 
 A ligand residue's bonds and bond orders come from its CCD entry
-(``zmat/protein/ccd.py``). A bond ``b-c`` of a ligand is *rotatable* when it
+(``zmat/structure/ccd.py``). A bond ``b-c`` of a ligand is *rotatable* when it
 is single (CCD order 1), in no ring (a bridge of the ligand's bond graph),
 both ends have a heavy neighbour besides the other end (no methyl, hydroxyl
 or amine rotors: those are hydrogen rows of their own), and it is not an
@@ -11,7 +11,7 @@ RDKit.
 
 Because a rotatable bond is a bridge, it is an edge of the construction tree;
 its torsion is the dihedral column of the representative child of its far
-end (``zmat/protein/allatom.py``), so setting it turns the far side rigidly
+end (``zmat/structure/allatom.py``), so setting it turns the far side rigidly
 and keeps every ring, stereocentre and double bond.
 """
 
