@@ -190,3 +190,23 @@ def test_coincident_heavy_atoms_give_finite_hydrogens_and_a_warning():
     h = _residue(c, "A", 5)
     d = (c.xyz[h["HA"][0]] - c.xyz[h["CA"][0]]).norm()
     assert 0.9 < float(d) < 1.2  # at its bond length
+
+
+@pytest.mark.parametrize(
+    ("lost", "nan"),
+    [
+        (["C1'", "C2'", "O4'"], {"chi", "pucker_phase"}),
+        (["C3'", "O3'"], {"gamma", "delta", "epsilon", "zeta", "pucker_phase"}),
+        (["P", "OP1", "OP2", "O5'", "C5'"], {"alpha", "beta", "gamma", "delta"}),
+    ],
+)
+def test_nucleotide_missing_backbone_or_sugar_atoms(lost, nan):
+    atoms = _1bna()
+    drop = (atoms.chain_id == "A") & (atoms.res_id == 5) & np.isin(atoms.atom_name, lost)
+    c = from_structure(atoms[~drop], hydrogens=True)
+    names = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "chi", "pucker_phase")
+    assert {n for n in names if torch.isnan(c.torsions[n][4])} == nan
+    x = zmat.to_xyz(c.internal.double(), c.table)
+    assert float((superpose(x, c.xyz) - c.xyz).norm(dim=-1).max()) < 1e-8
+    assert torch.isfinite(zmat.to_xyz(c.ideal_internal(), c.table)).all()
+    assert not _over_bonded(c)
