@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from ..clash import alphafold_radii, exclusions_from_bonds
-from ..structure.allatom import has_nucleotides, parse_complex
+from ..structure.allatom import needs_complex, parse_complex
 from ..structure.complex import Complex
 from ..table import BOND, PLANAR, ROOT
 from ..transform import dihedrals, to_internal, to_xyz
@@ -357,7 +357,8 @@ def from_pdb(
     Returns:
         :class:`Protein` over the heavy atoms of the standard residues; a
         :class:`~zmat.protein.Complex` over every kept atom when the structure
-        has nucleotides, or ``hydrogens`` or ``ligands`` is set
+        has nucleotides or in-chain modified residues (MSE, 5MU...), or
+        ``hydrogens`` or ``ligands`` is set
         (``docs/allatom.md``).
 
     Raises:
@@ -374,7 +375,7 @@ def from_pdb(
 
 def from_structure(atoms, chain=None, hydrogens=False, ligands=False) -> Protein:
     """A :class:`Protein` from a ``biotite.structure.AtomArray`` (see :func:`from_pdb`)."""
-    if hydrogens or ligands or has_nucleotides(atoms, chain):
+    if hydrogens or ligands or needs_complex(atoms, chain):
         return Complex(parse_complex(atoms, chain=chain, hydrogens=hydrogens, ligands=ligands))
     lay, xyz, res_ids, ins_codes, res_chain_ids = io.parse_atoms(atoms, chain=chain)
     return Protein(

@@ -7,15 +7,18 @@ table over all of them, and the atoms of every polymer torsion. What is kept:
 
 * polymer residues, always: the 20 amino acids (``zmat/protein/topology.py``)
   and the nucleotides DA DC DG DT A C G U (``zmat/structure/nucleic.py``), every
-  heavy atom the CCD entry names (``OXT``, ``OP3`` included);
+  heavy atom the CCD entry names (``OXT``, ``OP3`` included), the resolved ones
+  of a partially resolved residue; modified residues linked into a chain
+  (:func:`in_chain_modified`: MSE, SEP, 5MU, abasic sites), linked by their CCD
+  linking type;
 * ``hydrogens``: the file's hydrogens, and the missing ones completed
   (``zmat/structure/hydrogens.py``);
-* ``ligands``: every other residue but water (ligands, cofactors, ions,
-  modified residues), bonds from its CCD entry (``zmat/structure/ccd.py``).
+* ``ligands``: every other residue but water (ligands, cofactors, ions),
+  bonds from its CCD entry (``zmat/structure/ccd.py``).
 
 An atom whose name its residue's CCD entry does not know is skipped with a
-warning naming it; an unknown residue (no CCD entry) with ``ligands=True``,
-and a nucleotide missing a sugar-ring atom, raise ``ValueError``.
+warning naming it; an unknown residue (no CCD entry) with ``ligands=True``
+raises ``ValueError``.
 
 The construction table is one tree over every kept atom, so
 ``zmat.to_xyz(internal, table)`` reproduces the coordinates up to one rigid
@@ -47,6 +50,7 @@ as for proteins).
 
 from __future__ import annotations
 
+import functools
 import heapq
 import warnings
 from collections import deque
@@ -58,11 +62,11 @@ from .._segments import segment_ids, starts
 from ..protein.io import chain_mask, reroute_degenerate, warn_coincident
 from ..protein.topology import CHI_ATOMS, RESIDUES, TORSION_NAMES
 from .ccd import ccd_residue
-from .hydrogens import Protonation, extra_names, place, wanted
+from .hydrogens import LINK_ATOMS, Protonation, extra_names, file_names, missing, place
 from .ligands import rotatable_bonds, torsion_rows
-from .nucleic import NUCLEIC_TORSIONS, NUCLEOTIDES, RING_ATOMS, nucleic_parents, torsion_atoms
+from .nucleic import NUCLEIC_TORSIONS, NUCLEOTIDES, nucleic_parents, torsion_atoms
 
-__all__ = ["QUAD_NAMES", "WATER", "ComplexAtoms", "has_nucleotides", "parse_complex"]
+__all__ = ["QUAD_NAMES", "WATER", "ComplexAtoms", "in_chain_modified", "needs_complex", "parse_complex"]
 
 WATER = ("HOH", "DOD", "WAT", "H2O")
 #: C(i)-N(i+1) and O3'(i)-P(i+1) distances above this (Angstrom) are chain breaks.
@@ -123,17 +127,66 @@ class ComplexAtoms:
     linked: np.ndarray
 
 
-def has_nucleotides(atoms, chain=None) -> bool:
+def needs_complex(atoms, chain=None) -> bool:
     """True when ``atoms`` (restricted to ``chain``, a chain ID or list) has a
-    nucleotide; False for anything without residue names (the caller's type check
-    reports it)."""
+    nucleotide or an in-chain modified residue (:func:`in_chain_modified`), which a
+    ``Protein`` cannot hold; False for anything without residue names (the caller's
+    type check reports it)."""
     names = getattr(atoms, "res_name", None)
     if not isinstance(names, np.ndarray):
         return False
-    nuc = np.isin(names, NUCLEOTIDES)
-    if chain is not None:
-        nuc &= np.isin(atoms.chain_id, [chain] if isinstance(chain, str) else list(chain))
-    return bool(nuc.any())
+    mask = chain_mask(atoms, chain)
+    if np.isin(names[mask], NUCLEOTIDES).any():
+        return True
+    return atoms.coord.ndim == 2 and bool(in_chain_modified(atoms)[mask].any())  # not a stack
+
+
+@functools.cache
+def _polymer_kind(name: str) -> str:
+    """``backbone_kind`` of a residue name from its CCD linking type alone (cheap: no
+    component is parsed), ``""`` for water, non-polymer types and names without an entry."""
+    import biotite.structure.info as info
+
+    if name in WATER:
+        return ""
+    if name in RESIDUES or name in NUCLEOTIDES:
+        return family_of(name)
+    try:
+        link = str(info.link_type(name) or "").upper()
+    except KeyError:
+        return ""
+    return "protein" if "PEPTIDE" in link else "nucleic" if "DNA" in link or "RNA" in link else ""
+
+
+def in_chain_modified(atoms) -> np.ndarray:
+    """``(n,)`` bool: the atoms of non-standard residues that belong to a polymer
+    (MSE, SEP, 5MU, abasic sites...): a peptide or nucleotide linking type in the CCD,
+    and linked (``C-N`` / ``O3'-P`` at most ``LINK_MAX``) to a neighbour of the same
+    chain and backbone."""
+    import biotite.structure as struc
+
+    out = np.zeros(atoms.array_length(), bool)
+    names = set(np.unique(atoms.res_name).tolist()) - set(RESIDUES) - set(NUCLEOTIDES)
+    if not any(_polymer_kind(n) for n in names):
+        return out
+    bounds = struc.get_residue_starts(atoms, add_exclusive_stop=True)
+    res_names = atoms.res_name[bounds[:-1]].tolist()
+    kinds = [_polymer_kind(n) for n in res_names]
+
+    def bonded(i: int, j: int) -> bool:  # residue i's link atom to residue j's
+        if i < 0 or j >= len(kinds) or not kinds[i] or kinds[i] != kinds[j]:
+            return False
+        if atoms.chain_id[bounds[i]] != atoms.chain_id[bounds[j]]:
+            return False
+        y, x = LINK_ATOMS[kinds[i]]
+        a, b = atoms[bounds[i] : bounds[i + 1]], atoms[bounds[j] : bounds[j + 1]]
+        xa, yb = a.coord[a.atom_name == x], b.coord[b.atom_name == y]
+        return bool(len(xa) and len(yb) and np.linalg.norm(xa[0] - yb[0]) <= LINK_MAX)
+
+    for r, name in enumerate(res_names):
+        if name in names and kinds[r] and (bonded(r - 1, r) or bonded(r, r + 1)):
+            out[bounds[r] : bounds[r + 1]] = True
+    return out
 
 
 def family_of(res_name: str) -> str:
@@ -149,6 +202,7 @@ def family_of(res_name: str) -> str:
 class _Res:
     name: str
     family: str
+    kind: str  # the backbone it links into: "protein", "nucleic", "" (backbone_kind)
     chain: str
     res_id: int
     ins_code: str
@@ -168,8 +222,8 @@ def _select(atoms, chain, hydrogens: bool, ligands: bool):
     keep = ~np.isin(atoms.res_name, WATER)
     if not hydrogens:
         keep &= ~np.isin(np.char.upper(atoms.element.astype(str)), ["H", "D"])
-    if not ligands:
-        keep &= np.isin(atoms.res_name, list(RESIDUES) + list(NUCLEOTIDES))
+    if not ligands:  # polymers, modified residues in them included
+        keep &= np.isin(atoms.res_name, list(RESIDUES) + list(NUCLEOTIDES)) | in_chain_modified(atoms)
     atoms = atoms[keep & chain_mask(atoms, chain)]
     if atoms.array_length() == 0:
         raise ValueError("no polymer residue or ligand left in the structure")
@@ -188,11 +242,13 @@ def _residues(atoms) -> list[_Res]:
         name = str(atoms.res_name[s])
         fam = family_of(name)
         ccd = ccd_residue(name)  # raises, naming the residue, without a CCD entry
-        known = set(ccd.atom_names.tolist()) | set(extra_names(name, fam))
+        kind = backbone_kind(name, fam)
+        known = set(ccd.atom_names.tolist()) | set(extra_names(name, kind))
         label = f"{name} {atoms.chain_id[s]}{atoms.res_id[s]}{atoms.ins_code[s]}"
         res = _Res(
             name,
             fam,
+            kind,
             str(atoms.chain_id[s]),
             int(atoms.res_id[s]),
             str(atoms.ins_code[s]),
@@ -218,10 +274,6 @@ def _residues(atoms) -> list[_Res]:
             res.elements.append(str(atoms.element[i]).capitalize())
             res.xyz.append(atoms.coord[i].astype(np.float64))
             res.added.append(False)
-        if fam == "nucleic":
-            lacking = [x for x in RING_ATOMS if x not in res.names]
-            if lacking:
-                raise ValueError(f"nucleotide {label} lacks sugar-ring atom(s) {lacking}")
         out.append(res)
     return out
 
@@ -229,25 +281,18 @@ def _residues(atoms) -> list[_Res]:
 def backbone_kind(res_name: str, family: str) -> str:
     """``"protein"``, ``"nucleic"`` or ``""``: the polymer backbone a residue
     links into (a modified residue by its CCD type, e.g. ``L-PEPTIDE LINKING``)."""
-    if family != "ligand":
-        return family
-    link = ccd_residue(res_name).link_type.upper()
-    return "protein" if "PEPTIDE" in link else "nucleic" if "DNA" in link or "RNA" in link else ""
-
-
-_LINK_ATOMS = {"protein": ("C", "N"), "nucleic": ("O3'", "P")}
+    return family if family != "ligand" else _polymer_kind(res_name)
 
 
 def _linked(residues: list[_Res]) -> np.ndarray:
     """``(R,)``: residue ``k`` is covalently linked to ``k - 1`` in its polymer
     (same chain and backbone, ``C-N`` / ``O3'-P`` at most ``LINK_MAX``)."""
     out = np.zeros(len(residues), bool)
-    kinds = [backbone_kind(r.name, r.family) for r in residues]
     for k in range(1, len(residues)):
         p, q = residues[k - 1], residues[k]
-        if p.chain != q.chain or not kinds[k] or kinds[k - 1] != kinds[k]:
+        if p.chain != q.chain or not q.kind or p.kind != q.kind:
             continue
-        x, y = _LINK_ATOMS[kinds[k]]
+        y, x = LINK_ATOMS[q.kind]
         if x in p.names and y in q.names:
             d = np.linalg.norm(p.xyz[p.names.index(x)] - q.xyz[q.names.index(y)])
             out[k] = d <= LINK_MAX
@@ -267,22 +312,38 @@ def _disulfides(residues: list[_Res]) -> list[tuple[int, int]]:
 
 
 def _complete_hydrogens(residues: list[_Res], linked: np.ndarray, opts: Protonation) -> None:
+    """Add every residue's missing hydrogens (``hydrogens.missing``) after its atoms;
+    warn, naming them, where coincident or collinear heavy atoms leave no direction."""
     bridged = {k for pair in _disulfides(residues) for k in pair}
+    degenerate = []
     for k, res in enumerate(residues):
         nxt = k + 1 < len(residues) and linked[k + 1]
+        res.names = file_names(res.name, res.kind, bool(linked[k]), res.names)
         heavy = {a for a, e in zip(res.names, res.elements, strict=True) if e != "H"}
+        have = [a for a, e in zip(res.names, res.elements, strict=True) if e == "H"]
         coords = {a: x for a, x in zip(res.names, res.xyz, strict=True) if a in heavy}
         prev_c = None
-        if linked[k] and res.family == "protein" and "C" in residues[k - 1].names:
+        if linked[k] and res.kind == "protein" and "C" in residues[k - 1].names:
             p = residues[k - 1]
             prev_c = p.xyz[p.names.index("C")]
-        for h, x in wanted(res.name, res.family, bool(linked[k]), nxt, opts, heavy):
-            if h in res.names or (k in bridged and h == "HG"):  # no thiol H on a disulfide
+        label = f"chain {res.chain} residue {res.name} {res.res_id}{res.ins_code}"
+        for h, x in missing(res.name, res.kind, bool(linked[k]), nxt, opts, heavy, have):
+            if k in bridged and h == "HG":  # no thiol H on a disulfide
                 continue
+            xyz, ok = place(res.name, res.kind, h, x, coords, prev_c, label)
+            if not ok:
+                degenerate.append(f"{res.chain} {res.name} {res.res_id}{res.ins_code} {h}")
             res.names.append(h)
             res.elements.append("H")
-            res.xyz.append(place(res.name, res.family, h, x, coords, prev_c))
+            res.xyz.append(xyz)
             res.added.append(True)
+    if degenerate:
+        more = f" and {len(degenerate) - 5} more" if len(degenerate) > 5 else ""
+        warnings.warn(
+            f"{len(degenerate)} completed hydrogens have coincident or collinear heavy reference atoms, "
+            f"placed at their bond length in an arbitrary direction: {'; '.join(degenerate[:5])}{more}",
+            stacklevel=4,
+        )
 
 
 # ------------------------------------------------------------------- graph
@@ -300,13 +361,13 @@ def _bonds(residues: list[_Res], first: np.ndarray, linked: np.ndarray):
             if a in idx and b in idx:
                 pairs.append((idx[a], idx[b]))
                 orders.append(o)
-        for h, x in extra_names(res.name, res.family).items():
+        for h, x in extra_names(res.name, res.kind).items():
             if h in idx and x in idx and h not in set(names.tolist()):
                 pairs.append((idx[h], idx[x]))
                 orders.append(1)
         if linked[k]:
             p = residues[k - 1]
-            x, y = _LINK_ATOMS[backbone_kind(res.name, res.family)]
+            y, x = LINK_ATOMS[res.kind]
             pairs.append((first[k - 1] + p.names.index(x), idx[y]))
             orders.append(1)
     n_tree = len(pairs)
@@ -542,7 +603,8 @@ def parse_complex(atoms, chain=None, hydrogens=False, ligands: bool = False) -> 
 
     Raises:
         ValueError: unknown chain, nothing left, a residue without a CCD
-            entry, a nucleotide without its sugar ring.
+            entry, a missing hydrogen without heavy atoms to place it from
+            (naming chain, residue and atom).
     """
     opts = hydrogens if isinstance(hydrogens, Protonation) else Protonation()
     residues = _residues(_select(atoms, chain, bool(hydrogens), ligands))
