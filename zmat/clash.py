@@ -665,6 +665,11 @@ def _neighbor_sum(xyz_f, radii_f, mask_f, excl, layout: _Layout, pen: _Penalty, 
     chunks = cells.chunks(_max_rows(memory_budget))  # sync: sizing
     if len(chunks) <= 1:  # fits the budget: compact once, plain autograd
         i, j = _pair_list(cells, chunks, xyz_f, radii_f, excl, layout, pen.tolerance, pen.tail)
+        # pairs as (min, max) in that order, not the cells': each structure's sum then adds its
+        # pairs in the same order whatever else is in the batch (ragged = the loop, bitwise, on the CPU)
+        i, j = torch.minimum(i, j), torch.maximum(i, j)
+        order = torch.sort(i * xyz_f.shape[0] + j).indices
+        i, j = i.index_select(0, order), j.index_select(0, order)
         return _pair_sum(xyz_f, radii_f, i, j, None, layout, pen)
 
     def rows():  # candidate rows chunk by chunk; no compaction, hence no sync
