@@ -162,29 +162,27 @@ def in_chain_modified(atoms) -> np.ndarray:
     """``(n,)`` bool: the atoms of non-standard residues that belong to a polymer
     (MSE, SEP, 5MU, abasic sites...): a peptide or nucleotide linking type in the CCD,
     and linked (``C-N`` / ``O3'-P`` at most ``LINK_MAX``) to a neighbour of the same
-    chain and backbone."""
+    chain and backbone. The CCD is asked only about residues so linked."""
     import biotite.structure as struc
 
     out = np.zeros(atoms.array_length(), bool)
-    names = set(np.unique(atoms.res_name).tolist()) - set(RESIDUES) - set(NUCLEOTIDES)
-    if not any(_polymer_kind(n) for n in names):
+    standard = set(RESIDUES) | set(NUCLEOTIDES) | set(WATER)
+    if set(np.unique(atoms.res_name).tolist()) <= standard:
         return out
     bounds = struc.get_residue_starts(atoms, add_exclusive_stop=True)
     res_names = atoms.res_name[bounds[:-1]].tolist()
-    kinds = [_polymer_kind(n) for n in res_names]
 
-    def bonded(i: int, j: int) -> bool:  # residue i's link atom to residue j's
-        if i < 0 or j >= len(kinds) or not kinds[i] or kinds[i] != kinds[j]:
+    def bonded(i: int, j: int, kind: str) -> bool:  # residue i's link atom to residue j's
+        if i < 0 or j >= len(res_names) or atoms.chain_id[bounds[i]] != atoms.chain_id[bounds[j]]:
             return False
-        if atoms.chain_id[bounds[i]] != atoms.chain_id[bounds[j]]:
-            return False
-        y, x = LINK_ATOMS[kinds[i]]
+        y, x = LINK_ATOMS[kind]
         a, b = atoms[bounds[i] : bounds[i + 1]], atoms[bounds[j] : bounds[j + 1]]
         xa, yb = a.coord[a.atom_name == x], b.coord[b.atom_name == y]
-        return bool(len(xa) and len(yb) and np.linalg.norm(xa[0] - yb[0]) <= LINK_MAX)
+        near = len(xa) and len(yb) and np.linalg.norm(xa[0] - yb[0]) <= LINK_MAX
+        return bool(near) and _polymer_kind(res_names[i]) == _polymer_kind(res_names[j]) == kind
 
     for r, name in enumerate(res_names):
-        if name in names and kinds[r] and (bonded(r - 1, r) or bonded(r, r + 1)):
+        if name not in standard and any(bonded(r - 1, r, k) or bonded(r, r + 1, k) for k in LINK_ATOMS):
             out[bounds[r] : bounds[r + 1]] = True
     return out
 

@@ -51,7 +51,8 @@ __all__ = ["LINK_ATOMS", "Protonation", "extra_names", "file_names", "missing", 
 
 @dataclass(frozen=True)
 class Protonation:
-    """Protonation choices for completing hydrogens.
+    """Protonation choices for completing hydrogens: they decide for heavy atoms
+    without hydrogens in the file (the file's protonation is kept, module doc).
 
     Attributes:
         his: ``"HIE"`` (H on NE2, default), ``"HID"`` (on ND1) or ``"HIP"`` (both, charged).
