@@ -11,7 +11,7 @@ The public API (stable names, see ``docs/conventions.md``)::
 (imported on its own) has checks for your own code.
 """
 
-from . import batch, chemcoord, clash, flows, gaussian, protein
+from . import batch, chemcoord, clash, flows, gaussian, optimize, protein
 from ._align import rmsd, superpose
 from .clash import alphafold_radii, clash_loss, exclusions_from_bonds, exclusions_from_table, vdw_radii
 from .flows import log_det_jacobian
@@ -34,6 +34,7 @@ __all__ = [
     "flows",
     "gaussian",
     "log_det_jacobian",
+    "optimize",
     "protein",
     "rmsd",
     "superpose",
