@@ -18,7 +18,6 @@ ROOT = Path(zmat.__file__).parent
 #: (importer, imported): lazy on purpose, each for the reason given
 LAZY = {
     ("zmat.zmatrix", "zmat.rdkit"): "zmat.rdkit imports RDKit, an optional extra `import zmat` must not need",
-    ("zmat.__main__", "zmat._kernel"): "`python -m zmat build-kernel`, an entry point, compiles it on demand",
 }
 #: attributes of the package imported on first access by its module ``__getattr__``
 LAZY_PACKAGES = {
