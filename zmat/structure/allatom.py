@@ -169,7 +169,7 @@ def in_chain_modified(atoms) -> np.ndarray:
     standard = set(RESIDUES) | set(NUCLEOTIDES) | set(WATER)
     if set(np.unique(atoms.res_name).tolist()) <= standard:
         return out
-    bounds = struc.get_residue_starts(atoms, add_exclusive_stop=True)
+    bounds = struc.get_residue_starts(atoms, add_exclusive_stop=True, extra_categories=("res_name",))
     res_names = atoms.res_name[bounds[:-1]].tolist()
 
     def bonded(i: int, j: int, kind: str) -> bool:  # residue i's link atom to residue j's
@@ -405,7 +405,7 @@ def _preferred(residues: list[_Res], first: np.ndarray, linked: np.ndarray, bond
                     pref[idx[a]] = resolve(p)
                     key[idx[a]] = a in _NUCLEIC_KEYS
         elif linked[k]:  # a modified residue in a chain: entered through its link atom
-            x, y = _LINK_ATOMS[backbone_kind(res.name, res.family)]
+            y, x = LINK_ATOMS[res.kind]
             pref[idx[y]], key[idx[y]] = prev_idx[x], True
         for a, e in zip(res.names, res.elements, strict=True):
             if e == "H":

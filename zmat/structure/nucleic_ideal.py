@@ -198,8 +198,8 @@ def nucleic_ideal(parsed, torsion_rows: dict[str, np.ndarray], linked_prev: np.n
             if parsed.residue[i] != k:
                 continue
             row = [names.get(int(j)) if j >= 0 else None for j in refs[i]]
-            if row[0] is None or row[0].startswith("-") or own not in x:
-                continue  # a root, a virtual bond, a row into another residue
+            if row[0] is None or row[0].startswith("-") or own not in x or row[0] not in x:
+                continue  # a root, a virtual bond, a row into another residue or on the root H
             pos = [None if n is None or n.startswith("-") or n not in x else x[n] for n in row]
             rv, th, ph = _internal(x[own], pos[0], pos[1], pos[2])
             if row[1] is not None and pos[1] is None:
