@@ -32,6 +32,7 @@ import torch
 from ase.optimize.optimize import Optimizer as _AseOptimizer
 from torch.autograd.function import once_differentiable
 
+from .optimize import InternalStepper
 from .zmatrix import ZMatrix
 
 __all__ = ["InternalEnergy", "InternalOptimizer", "potential_energy"]
@@ -189,13 +190,19 @@ class InternalOptimizer(_AseOptimizer):
         from ase import Atoms
 
         if not isinstance(atoms, Atoms):
-            raise TypeError(f"InternalOptimizer needs an ase.Atoms (no cell filters), got {type(atoms).__name__}")
+            raise TypeError(
+                f"InternalOptimizer needs an ase.Atoms (no cell filters), got {type(atoms).__name__}"
+            )
         self.zmat_constraints = dict(constraints or {})
         self.trust = trust
         self.stepper = None
         super().__init__(
-            atoms, restart=restart, logfile=logfile, trajectory=trajectory,
-            append_trajectory=append_trajectory, **kwargs,
+            atoms,
+            restart=restart,
+            logfile=logfile,
+            trajectory=trajectory,
+            append_trajectory=append_trajectory,
+            **kwargs,
         )
 
     def _constraints(self) -> dict:
@@ -218,8 +225,6 @@ class InternalOptimizer(_AseOptimizer):
         x = torch.as_tensor(self.atoms.get_positions(), dtype=torch.float64)[None]
         g = -torch.as_tensor(self.atoms.get_forces(), dtype=torch.float64)[None]
         if self.stepper is None:
-            from .optimize import InternalStepper
-
             self.stepper = InternalStepper(x, self.atoms.numbers, self._constraints(), trust=self.trust)
         return x, g
 

@@ -108,7 +108,12 @@ def near(atoms: Atoms, tolerance: float, reach: float, max_rows: int) -> Pairs |
     cells = _search(atoms, tolerance, reach)
     chunks = cells.chunks(max_rows)  # sync: sizing
     if len(chunks) <= 1:  # fits the budget: compact once
-        return Pairs(*_pair_list(cells, chunks, atoms, tolerance, reach), None)
+        i, j = _pair_list(cells, chunks, atoms, tolerance, reach)
+        # pairs as (min, max) in that order, not the cells': each structure's sum then adds its
+        # pairs in the same order whatever else is in the batch (ragged = the loop, bitwise, on the CPU)
+        i, j = torch.minimum(i, j), torch.maximum(i, j)
+        order = torch.sort(i * atoms.xyz.shape[0] + j).indices
+        return Pairs(i.index_select(0, order), j.index_select(0, order), None)
     layout, excl = atoms.layout, atoms.excl
 
     def rows():  # candidate rows chunk by chunk; no compaction, hence no sync

@@ -17,4 +17,14 @@ from .coordinates import Primitives, build_primitives, values, wilson_b
 from .forcefield import ToyForceField
 from .optimizer import InternalStepper, Result, minimize, scan
 
-__all__ = ["InternalStepper", "ToyForceField", "Primitives", "Result", "build_primitives", "minimize", "scan", "values", "wilson_b"]
+__all__ = [
+    "InternalStepper",
+    "ToyForceField",
+    "Primitives",
+    "Result",
+    "build_primitives",
+    "minimize",
+    "scan",
+    "values",
+    "wilson_b",
+]

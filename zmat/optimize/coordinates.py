@@ -106,6 +106,10 @@ class Primitives:
         moved = {k: getattr(self, k).to(device) for k in (*KINDS, "linear_ref", "weak")}
         return replace(self, **moved)
 
+    def linear_triples(self) -> frozenset:
+        """The ``(i, j, k)`` triples held by linear bends."""
+        return frozenset(tuple(t) for t in self.linear.tolist())
+
     def linear_check(self, xyz: torch.Tensor) -> torch.Tensor:
         """0-d bool: some angle became linear, or some linear bend bent (a rebuild is due)."""
         out = torch.zeros((), dtype=torch.bool, device=xyz.device)
@@ -133,7 +137,9 @@ def _linear(p: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
 
 
 def _dihedral(p: torch.Tensor) -> torch.Tensor:
-    return dihedral_from_bonds(p[..., 1, :] - p[..., 0, :], p[..., 2, :] - p[..., 1, :], p[..., 3, :] - p[..., 2, :])
+    return dihedral_from_bonds(
+        p[..., 1, :] - p[..., 0, :], p[..., 2, :] - p[..., 1, :], p[..., 3, :] - p[..., 2, :]
+    )
 
 
 def _oop(p: torch.Tensor) -> torch.Tensor:
@@ -268,13 +274,15 @@ def _dihedrals(center, xyz, bonds, same, out: dict) -> None:
             if n in center:
                 continue
             a = _angles_all(xyz, n, end, nxt)
-            (lin if ((a > math.pi - _DIHEDRAL_LINEAR) | (a < _DIHEDRAL_LINEAR)).any() else nonlin).append(int(n))
+            (lin if ((a > math.pi - _DIHEDRAL_LINEAR) | (a < _DIHEDRAL_LINEAR)).any() else nonlin).append(
+                int(n)
+            )
         return nonlin, lin
 
     left, lin_l = sides(center[0], center[1])
     right, lin_r = sides(center[-1], center[-2])
     if center[0] < center[-1]:
-        weak_center = sum(not same[a, b] for a, b in zip(center, center[1:]))
+        weak_center = sum(not same[a, b] for a, b in zip(center, center[1:], strict=False))
         for i in left:
             for j in right:
                 if i == j:
@@ -296,6 +304,7 @@ def build_primitives(
     extra: tuple[tuple[int, ...], ...] = (),
     frozen: tuple[int, ...] = (),
     out_of_plane: bool = True,
+    linear: frozenset = frozenset(),
 ) -> Primitives:
     """The primitive internal coordinates of a molecule (or cluster) at ``xyz``.
 
@@ -307,6 +316,8 @@ def build_primitives(
             dihedrals even if the rules leave them out (constraints).
         frozen: atoms whose Cartesian components are primitives (frozen atoms).
         out_of_plane: include out-of-plane angles of three-coordinate centres.
+        linear: ``(i, j, k)`` triples that were linear before (a rebuild): they
+            stay linear down to 170 degrees (hysteresis), new ones from 175.
 
     Returns:
         a :class:`Primitives` on the CPU (``.to(device)`` to move it).
@@ -316,18 +327,19 @@ def build_primitives(
     numbers = np.asarray(numbers, dtype=np.int64)
     n = len(numbers)
     bonds, same = _bonds(xyz, numbers)
-    weak_bond = {(i, j): int(not same[i, j]) for i, j in zip(*np.nonzero(np.triu(bonds)))}
-    angles, linear, refs = {}, [], []
+    weak_bond = {(i, j): int(not same[i, j]) for i, j in zip(*np.nonzero(np.triu(bonds)), strict=False)}
+    angles, bends, refs = {}, [], []
     for j in range(n):
         nb = np.flatnonzero(bonds[j])
         for i, k in combinations(nb, 2):
             a = _angles_all(xyz, i, j, k)
             weak = int(not same[i, j]) + int(not same[j, k])
-            if (a > LINEAR).any():
+            was = (int(i), j, int(k)) in linear or (int(k), j, int(i)) in linear
+            if (a > (UNLINEAR if was else LINEAR)).any():
                 if len(nb) == 2:  # an sp centre: linear bends; otherwise the other angles hold it
                     axis = xyz[0, k] - xyz[0, i]
                     for ref in _perpendicular(axis / np.linalg.norm(axis)):
-                        linear += [(int(i), j, int(k)), (int(k), j, int(i))]
+                        bends += [(int(i), j, int(k)), (int(k), j, int(i))]
                         refs += [ref, ref]
             elif (a > _SMALL_ANGLE).all():
                 angles[(int(i), j, int(k))] = weak
@@ -348,7 +360,7 @@ def build_primitives(
         if key not in table and key[::-1] not in table:
             table[key] = 1
     cart = [(a, c) for a in frozen for c in range(3)]
-    weak = [*weak_bond.values(), *angles.values(), *[0] * len(linear), *dihedrals.values(), *oop.values()]
+    weak = [*weak_bond.values(), *angles.values(), *[0] * len(bends), *dihedrals.values(), *oop.values()]
 
     def idx(rows, k):
         return torch.tensor(list(rows), dtype=torch.long).reshape(-1, k)
@@ -357,7 +369,7 @@ def build_primitives(
         n_atoms=n,
         bond=idx(weak_bond, 2),
         angle=idx(angles, 3),
-        linear=idx(linear, 3),
+        linear=idx(bends, 3),
         linear_ref=torch.tensor(np.asarray(refs, dtype=float).reshape(-1, 3)),
         dihedral=idx(dihedrals, 4),
         oop=idx(oop, 4),

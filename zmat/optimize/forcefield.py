@@ -8,7 +8,7 @@ one (eV, Angstrom). Its topology comes from the starting geometry:
 * angles ``k (cos theta - cos theta0)^2`` with ``theta0`` from the vertex's
   number of bonds (4: 109.47, 3: 120 degrees; 2: 180 for carbon, where the
   term is ``2 k (1 + cos theta)``, harmonic in the angle; N, O, S: 109.47);
-* a threefold torsion ``v (1 + cos 3 phi)`` about every bond;
+* a threefold torsion ``v (1 + cos 3 phi)`` about every bond not at an sp centre;
 * a soft repulsion ``eps (sigma / r)^12`` between atoms three or more bonds apart.
 """
 
@@ -53,12 +53,14 @@ class ToyForceField(torch.nn.Module):
         d = np.linalg.norm(xyz[:, None] - xyz[None], axis=-1)
         bonded = (d < 1.2 * (rc[:, None] + rc[None])) & ~np.eye(n, dtype=bool)
         bonds = np.argwhere(np.triu(bonded))
-        angles, cos0 = [], []
+        angles, cos0, linear = [], [], set()
         for j in range(n):
             nb = np.flatnonzero(bonded[j])
             theta0 = {3: 2 * math.pi / 3, 2: math.pi}.get(len(nb), math.acos(-1 / 3))
             if numbers[j] in (7, 8, 15, 16):  # lone pairs: tetrahedral
                 theta0 = math.acos(-1 / 3)
+            if theta0 == math.pi:
+                linear.add(j)
             for i, k in combinations(nb, 2):
                 angles.append((i, j, k))
                 cos0.append(math.cos(theta0))
@@ -67,7 +69,11 @@ class ToyForceField(torch.nn.Module):
             for j, k in bonds
             for i in np.flatnonzero(bonded[j])
             for m in np.flatnonzero(bonded[k])
-            if i != k and m != j and i != m
+            if i != k
+            and m != j
+            and i != m
+            and j not in linear
+            and k not in linear  # no torsion about sp atoms
         ]
         hops = shortest_path(bonded, unweighted=True)
         pairs = np.argwhere(np.triu(hops >= 3, 1))

@@ -30,8 +30,18 @@ import numpy as np
 import torch
 from ase.data import covalent_radii
 
-from .coordinates import Primitives, build_primitives, values, wilson_b
-from .steps import BOHR, HARTREE, back_transform, bfgs, cubic_search, model_hessian, reduced_space, trust_step, wrap
+from .coordinates import build_primitives, values, wilson_b
+from .steps import (
+    BOHR,
+    HARTREE,
+    back_transform,
+    bfgs,
+    cubic_search,
+    model_hessian,
+    reduced_space,
+    trust_step,
+    wrap,
+)
 
 __all__ = ["InternalStepper", "Result", "minimize", "scan"]
 
@@ -82,7 +92,9 @@ def _parse_constraints(constraints, n: int, bsz: int) -> tuple[dict, tuple[int, 
         if value is not None:
             value = torch.as_tensor(value, dtype=torch.float64).reshape(-1)
             if value.numel() not in (1, bsz):
-                raise ValueError(f"constraint {key!r}: one value or one per conformer ({bsz}), got {value.numel()}")
+                raise ValueError(
+                    f"constraint {key!r}: one value or one per conformer ({bsz}), got {value.numel()}"
+                )
         fixed[atoms] = value
     return fixed, frozen
 
@@ -154,9 +166,15 @@ class InternalStepper:
 
     def rebuild(self, x: torch.Tensor) -> None:
         """New primitives at ``x`` (bohr), a fresh model Hessian, no history."""
-        extra = tuple(self.fixed)
-        self.prims = build_primitives(x * BOHR, self.numbers, extra=extra, frozen=self.frozen,
-                                      out_of_plane=self.out_of_plane).to(self.device)
+        was = self.prims.linear_triples() if hasattr(self, "prims") else frozenset()
+        self.prims = build_primitives(
+            x * BOHR,
+            self.numbers,
+            extra=tuple(self.fixed),
+            frozen=self.frozen,
+            out_of_plane=self.out_of_plane,
+            linear=was,
+        ).to(self.device)
         idx = [self.prims.find(a) for a in self.fixed]
         idx += [self.prims.kind_slice("cartesian").start + k for k in range(3 * len(self.frozen))]
         self.cidx = torch.tensor(idx, dtype=torch.long, device=self.device)
@@ -182,11 +200,19 @@ class InternalStepper:
         return eye - Uc.transpose(1, 2) @ torch.linalg.solve(A, Uc)
 
     def _to_targets(self, U: torch.Tensor, iq: torch.Tensor) -> torch.Tensor:
-        """``(B, r)``: the least step that moves the constrained coordinates from ``iq`` to their targets."""
+        """``(B, r)``: the least step that moves the constrained coordinates from ``iq`` to their targets
+        (at most 0.3 bohr or radian each per step)."""
         Uc = U[:, self.cidx, :]
         A = Uc @ Uc.transpose(1, 2) + 1e-12 * torch.eye(len(self.cidx), dtype=U.dtype, device=U.device)
         delta = wrap(self.targets - iq[:, self.cidx], self.periodic[self.cidx])
+        delta = delta.clamp(-0.3, 0.3)  # far targets in steps: the back-transformation stays near-linear
         return (Uc.transpose(1, 2) @ torch.linalg.solve(A, delta[..., None]))[..., 0]
+
+    def _off_target(self, q: torch.Tensor) -> torch.Tensor:
+        """``(B,)`` bool: some constrained coordinate is more than 1e-6 from its target."""
+        if not self.constrained:
+            return torch.zeros(q.shape[0], dtype=torch.bool, device=q.device)
+        return wrap(self.targets - q[:, self.cidx], self.periodic[self.cidx]).abs().amax(-1) > 1e-6
 
     def _cartesian(self, xyz, grad):
         bsz, n = xyz.shape[:2]
@@ -212,7 +238,9 @@ class InternalStepper:
         gq = (Binv.transpose(1, 2) @ gx[..., None])[..., 0]
         return self._fmax(Bm, U, self._free_projector(U), gq, gx).to(grad.dtype)
 
-    def step(self, xyz: torch.Tensor, energy: torch.Tensor, grad: torch.Tensor, active: torch.Tensor | None = None):
+    def step(
+        self, xyz: torch.Tensor, energy: torch.Tensor, grad: torch.Tensor, active: torch.Tensor | None = None
+    ):
         """One step from an evaluated geometry.
 
         Args:
@@ -246,7 +274,10 @@ class InternalStepper:
 
         d = wrap(self.best_q - q, self.periodic)
         t, Ei = cubic_search(E, self.best_E, (gq * d).sum(-1), (self.best_g * d).sum(-1))
-        t, Ei = torch.where(first, 0.0, t), torch.where(first, E, Ei)
+        # while constraints are still on their way to their targets, energies of different points are
+        # not comparable: no line search, and the current point counts as the best
+        moving = self._off_target(q)
+        t, Ei = torch.where(first | moving, 0.0, t), torch.where(first | moving, E, Ei)
         iq = q + t[:, None] * d
         ig = gq + t[:, None] * (self.best_g - gq)
 
@@ -266,7 +297,14 @@ class InternalStepper:
         dE = (gr * s).sum(-1) + 0.5 * (s * (Hr @ s[..., None])[..., 0]).sum(-1)
         pred_q = iq + (U @ s[..., None])[..., 0]
         x_new, _ = back_transform(
-            self.prims, x, q, wrap(pred_q - q, self.periodic), Binv, self.periodic, self.back_iterations
+            self.prims,
+            x,
+            q,
+            wrap(pred_q - q, self.periodic),
+            Binv,
+            self.periodic,
+            self.back_iterations,
+            refresh=int(self.constrained),
         )
         if self.frozen:
             x_new[:, list(self.frozen)] = self.x0[:, list(self.frozen)]
@@ -274,7 +312,7 @@ class InternalStepper:
         def keep_old(new, old):
             return torch.where(active.reshape(-1, *[1] * (new.ndim - 1)), new, old)
 
-        better = first | (E < self.best_E)
+        better = first | moving | (E < self.best_E)
         self.H, self.trust = keep_old(H, self.H), trust
         self.best_q = keep_old(torch.where(better[:, None], q, self.best_q), self.best_q)
         self.best_g = keep_old(torch.where(better[:, None], gq, self.best_g), self.best_g)
@@ -295,7 +333,9 @@ def _evaluate(energy, xyz: torch.Tensor):
         e = energy(x)
         if not isinstance(e, torch.Tensor) or e.shape != (xyz.shape[0],):
             got = tuple(e.shape) if isinstance(e, torch.Tensor) else type(e).__name__
-            raise ValueError(f"energy(xyz) must return a tensor of shape ({xyz.shape[0]},), one per conformer, got {got}")
+            raise ValueError(
+                f"energy(xyz) must return a tensor of shape ({xyz.shape[0]},), one per conformer, got {got}"
+            )
         (g,) = torch.autograd.grad(e.sum(), x)
     return e.detach(), g
 
@@ -357,7 +397,7 @@ def minimize(
         >>> def energy(x):  # a harmonic O-H bond pair and H-O-H angle, eV
         ...     r1, r2 = (x[:, 1] - x[:, 0]).norm(dim=-1), (x[:, 2] - x[:, 0]).norm(dim=-1)
         ...     cos = ((x[:, 1] - x[:, 0]) * (x[:, 2] - x[:, 0])).sum(-1) / (r1 * r2)
-        ...     return 20 * ((r1 - 0.96) ** 2 + (r2 - 0.96) ** 2) + 2 * (cos - math.cos(1.82)) ** 2
+        ...     return 20 * ((r1 - 0.96) ** 2 + (r2 - 0.96) ** 2) + 2 * (cos + 0.247) ** 2
         >>> xyz = torch.tensor([[0.0, 0, 0], [1.0, 0, 0], [-0.3, 0.9, 0]], dtype=torch.float64)
         >>> res = zmat.optimize.minimize(energy, xyz, fmax=1e-4, numbers=[8, 1, 1])
         >>> bool(res.converged[0]), round(float((res.xyz[0, 1] - res.xyz[0, 0]).norm()), 3)

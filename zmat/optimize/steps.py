@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from .coordinates import Primitives, values
+from .coordinates import Primitives, values, wilson_b
 
 BOHR = 0.52917721092  # Angstrom
 HARTREE = 27.211386245988  # eV
@@ -63,7 +63,9 @@ def model_hessian(prims: Primitives, xyz: torch.Tensor, radii: torch.Tensor) -> 
         parts.append(0.15 * rho(a[:, 0], a[:, 1]))
     for dih in (prims.dihedral, prims.oop):
         if len(dih):
-            parts.append(0.005 * rho(dih[:, 0], dih[:, 1]) * rho(dih[:, 1], dih[:, 2]) * rho(dih[:, 2], dih[:, 3]))
+            parts.append(
+                0.005 * rho(dih[:, 0], dih[:, 1]) * rho(dih[:, 1], dih[:, 2]) * rho(dih[:, 2], dih[:, 3])
+            )
     if len(prims.cartesian):
         parts.append(xyz.new_full((xyz.shape[0], len(prims.cartesian)), 0.5))
     return torch.diag_embed(torch.cat(parts, -1))
@@ -198,6 +200,7 @@ def back_transform(
     Binv: torch.Tensor,
     periodic: torch.Tensor,
     iterations: int = 10,
+    refresh: int = 0,
 ):
     """Cartesians whose internal coordinates are ``q + dq``.
 
@@ -205,22 +208,28 @@ def back_transform(
     ``B^+`` ``(B, 3N, P)`` from the starting geometry (a fixed Jacobian:
     cheap, and linear convergence for the small steps of an optimisation).
     Keeps, per conformer, the iterate with the smallest residual (so a step
-    that diverges falls back to the first, pyberny's rule).
+    that diverges falls back to the first, pyberny's rule). ``refresh``:
+    further rounds of ``iterations``, each with ``B^+`` of the best iterate
+    so far (Newton's method: constraints then hold to rounding).
 
     Returns ``(xyz, q)``: ``(B, N, 3)`` and its values ``(B, P)``.
     """
     bsz, n = xyz.shape[:2]
     target = q + dq
-    x, qx, r = xyz, q, dq
+    x, r = xyz, dq
     best_x, best_q = xyz, q
     best = torch.full((bsz,), float("inf"), dtype=xyz.dtype, device=xyz.device)
-    for _ in range(iterations):
-        x = x + (Binv @ r[..., None]).reshape(bsz, n, 3)
-        qx = values(prims, x)
-        r = wrap(target - qx, periodic)
-        size = r.abs().amax(-1) if r.shape[-1] else best.new_zeros(bsz)
-        better = size < best
-        best = torch.where(better, size, best)
-        best_x = torch.where(better[:, None, None], x, best_x)
-        best_q = torch.where(better[:, None], qx, best_q)
+    for round_ in range(1 + refresh):
+        if round_:
+            x, r = best_x, wrap(target - best_q, periodic)
+            Binv = reduced_space(wilson_b(prims, x))[1]
+        for _ in range(iterations):
+            x = x + (Binv @ r[..., None]).reshape(bsz, n, 3)
+            qx = values(prims, x)
+            r = wrap(target - qx, periodic)
+            size = r.abs().amax(-1) if r.shape[-1] else best.new_zeros(bsz)
+            better = size < best
+            best = torch.where(better, size, best)
+            best_x = torch.where(better[:, None, None], x, best_x)
+            best_q = torch.where(better[:, None], qx, best_q)
     return best_x, best_q

@@ -169,7 +169,7 @@ def in_chain_modified(atoms) -> np.ndarray:
     standard = set(RESIDUES) | set(NUCLEOTIDES) | set(WATER)
     if set(np.unique(atoms.res_name).tolist()) <= standard:
         return out
-    bounds = struc.get_residue_starts(atoms, add_exclusive_stop=True)
+    bounds = struc.get_residue_starts(atoms, add_exclusive_stop=True, extra_categories=("res_name",))
     res_names = atoms.res_name[bounds[:-1]].tolist()
 
     def bonded(i: int, j: int, kind: str) -> bool:  # residue i's link atom to residue j's
