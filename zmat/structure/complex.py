@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ..clash import exclusions_from_bonds, vdw_radii
-from ..protein import atom37
+from ..protein.atom37 import ATOM_ORDER, aatype_from_names, to_atom14, to_atom37
 from ..protein.frames import superpose_on_atoms
 from ..protein.io import write_atoms
 from ..protein.topology import TORSION_NAMES
@@ -47,7 +47,7 @@ class _ProteinView:
     def __init__(self, c: Complex) -> None:
         prot = c.family == "protein"
         ri = c.parsed.residue
-        heavy37 = np.isin(c.atom_names, list(atom37.ATOM_ORDER)) & (c.elements != "H")
+        heavy37 = np.isin(c.atom_names, list(ATOM_ORDER)) & (c.elements != "H")
         self.residue_index = np.where(prot[ri] & heavy37, (np.cumsum(prot) - 1)[ri], -1)
         self.atom_names, self.res_names, self.n_atoms = c.atom_names, c.res_names[prot], c.n_atoms
         self._n = int(prot.sum())
@@ -297,17 +297,17 @@ class Complex:
     def aatype(self) -> torch.Tensor:
         """``(P,)`` int64 AlphaFold residue types of the structure's P amino-acid residues
         (file order; nucleotides, ligands and modified residues are not among them)."""
-        return torch.from_numpy(atom37.aatype_from_names(self._protein_view.res_names))
+        return torch.from_numpy(aatype_from_names(self._protein_view.res_names))
 
     def to_atom37(self, xyz=None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(..., P, 37, 3)`` positions of the amino-acid residues and their ``(P, 37)`` mask,
         as ``Protein.to_atom37`` gives for the protein alone (hydrogens left out);
         ``xyz``: ``(..., N, 3)`` in this structure's atom order, default ``self.xyz``."""
-        return atom37.to_atom37(self._protein_view, self.xyz if xyz is None else xyz)
+        return to_atom37(self._protein_view, self.xyz if xyz is None else xyz)
 
     def to_atom14(self, xyz=None) -> tuple[torch.Tensor, torch.Tensor]:
         """As :meth:`to_atom37`, in atom14 (``OXT`` dropped)."""
-        return atom37.to_atom14(self._protein_view, self.xyz if xyz is None else xyz)
+        return to_atom14(self._protein_view, self.xyz if xyz is None else xyz)
 
     # ------------------------------------------------------------- output
     def to_structure(self, xyz=None):
