@@ -34,16 +34,23 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "results" / "train"
 
 #: window length, window stride, model width / depth, training steps, batch, diffusion steps T,
-#: number of samples, clash weight
+#: number of samples, clash weight, clash guidance scale at sampling time (examples' ``sample``)
 SIZES = {
-    "tiny": dict(length=12, stride=8, width=32, depth=1, steps=20, batch=16, T=10, samples=16, weight=0.2),
+    "tiny": dict(
+        length=12, stride=8, width=32, depth=1, steps=20, batch=16, T=10, samples=16, weight=0.2, guidance=1.0
+    ),
     "quick": dict(
-        length=24, stride=4, width=64, depth=3, steps=600, batch=32, T=100, samples=256, weight=0.2
+        length=24, stride=4, width=64, depth=3, steps=600, batch=32, T=100, samples=256, weight=0.2,
+        guidance=1.0,
     ),
     "full": dict(
-        length=48, stride=2, width=128, depth=4, steps=4000, batch=64, T=400, samples=1024, weight=0.2
+        length=48, stride=2, width=128, depth=4, steps=4000, batch=64, T=400, samples=1024, weight=0.2,
+        guidance=1.0,
     ),
-}
+}  # fmt: skip
+#: the table's columns: set name, header
+COLUMNS = [("train", "train windows"), ("own", "own loss"), ("own+clash", "own + clash"),
+           ("own+guidance", "own + guidance"), ("own+clash+guidance", "own+clash + guidance")]  # fmt: skip
 RAMA_BINS = 18  # 20-degree bins: a few thousand angles fill them (36 x 36 would be mostly sampling noise)
 
 
@@ -130,11 +137,14 @@ def compare(m: dict, ref: dict) -> dict:
 
 
 # ------------------------------------------------------------------ the two trainings
-def run(size: str = "quick", seed: int = 0, weight: float | None = None, log=print) -> dict:
-    """Both trainings and their metrics; a dict ready for JSON (plus ``_sets`` for the plots)."""
+def run(size: str = "quick", seed: int = 0, weight: float | None = None, log=print, guidance=None) -> dict:
+    """Both trainings, each sampled without and with clash guidance, and their metrics; a dict
+    ready for JSON (plus ``_sets`` for the plots and ``_models``, ``_bb``, ``_sched``)."""
     ex, cfg = example(), dict(SIZES[size])
     if weight is not None:
         cfg["weight"] = weight
+    if guidance is not None:
+        cfg["guidance"] = guidance
     L = cfg["length"]
     train_w = ex.load_windows(L, cfg["stride"], held_out=False)
     held_w = ex.load_windows(L, cfg["stride"], held_out=True)
@@ -162,10 +172,18 @@ def run(size: str = "quick", seed: int = 0, weight: float | None = None, log=pri
     pick = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed))[: cfg["samples"]]
     sets = {"held-out": structure_metrics(ex, bb, ex.wrap(held_w - mean)),
             "train": structure_metrics(ex, bb, data[pick])}  # fmt: skip
-    for name, model in models.items():
-        x = ex.sample(model, sched, cfg["samples"], L, torch.Generator().manual_seed(seed + 1))
-        sets[name] = structure_metrics(ex, bb, x)
-    rows = {name: compare(sets[name], sets["held-out"]) for name in ("train", "own", "own+clash")}
+    sample_s = {}
+    for name, model in models.items():  # the same noise for all four
+        for g in (0.0, cfg["guidance"]):
+            key = name + ("+guidance" if g else "")
+            gen = torch.Generator().manual_seed(seed + 1)
+            t1 = time.perf_counter()
+            x = ex.sample(model, sched, cfg["samples"], L, gen, bb=bb, guidance=g)
+            sample_s[key] = time.perf_counter() - t1
+            sets[key] = structure_metrics(ex, bb, x)
+    rows = {name: compare(sets[name], sets["held-out"]) for name, _ in COLUMNS}
+    for name, sec in sample_s.items():
+        rows[name]["sample_s"] = sec
     warm = slice(min(5, cfg["steps"] - 1), None)  # the first steps warm up the allocator
     for name in steps:
         rows[name]["ms_per_step"] = 1000 * float(np.median(times[name][warm]))
@@ -174,6 +192,7 @@ def run(size: str = "quick", seed: int = 0, weight: float | None = None, log=pri
         "size": size, "seed": seed, "config": cfg, "threads": torch.get_num_threads(),
         "data": {**n_chains, "train_windows": len(train_w), "held_out_windows": len(held_w)},
         "rows": rows, "wall_s": round(time.perf_counter() - t0, 1), "_sets": sets,
+        "_models": models, "_bb": bb, "_sched": sched,
     }  # fmt: skip
 
 
@@ -203,22 +222,27 @@ ROWS = [  # key, label, format
     ("ca_i_i2_js", "CA(i)-CA(i+2) JS", "{:.4f}"),
     ("ca_i_i2_w1", "CA(i)-CA(i+2) W1 (A)", "{:.4f}"),
     ("ms_per_step", "ms per training step", "{:.1f}"),
+    ("sample_s", "s to draw the samples (T steps)", "{:.2f}"),
 ]
 
 
 def table(res: dict) -> str:
-    """Markdown table: one column per set (train windows = the data's own floor)."""
-    r = res["rows"]
-    out = ["| metric | train windows | own loss | own + clash | ratio |", "|---|---|---|---|---|"]
+    """Markdown table: one column per set (train windows = the data's own floor) and the ratios
+    of each variant to the own loss."""
+    r, variants = res["rows"], [c for c, _ in COLUMNS[2:]]
+    head = [h for _, h in COLUMNS] + [f"{h} / own" for _, h in COLUMNS[2:]]
+    out = ["| metric | " + " | ".join(head) + " |", "|---" * (len(head) + 1) + "|"]
     for key, label, fmt in ROWS:
-        cells = [fmt.format(r[s][key]) if key in r[s] else "" for s in ("train", "own", "own+clash")]
-        a, b = r["own"].get(key), r["own+clash"].get(key)
-        ratio = f"{b / a:.2f}" if a else ("0 / 0" if a == 0 and b == 0 else "")
-        out.append(f"| {label} | " + " | ".join(cells) + f" | {ratio} |")
+        cells = [fmt.format(r[s][key]) if key in r[s] else "" for s, _ in COLUMNS]
+        for v in variants:
+            a, b = r["own"].get(key), r[v].get(key)
+            cells.append(f"{b / a:.2f}" if a and b is not None else ("0 / 0" if a == 0 and b == 0 else ""))
+        out.append(f"| {label} | " + " | ".join(cells) + " |")
     a, b = r["own"]["ms_per_step"], r["own+clash"]["ms_per_step"]
     d, c = res["data"], res["config"]
     out.append("")
-    out.append(f"Extra loss: {100 * (b - a) / b:.0f}% of a training step with it. Seed {res['seed']}; "
+    out.append(f"Extra loss: {100 * (b - a) / b:.0f}% of a training step with it. Guidance: scale "
+               f"{c['guidance']} in the last 20% of the steps. Seed {res['seed']}; "
                f"{d['entries']} entries ({len(d['held_out_entries'])} held out), {d['train_residues']} + "
                f"{d['held_out_residues']} residues, {d['train_windows']} train / {d['held_out_windows']} "
                f"held-out windows of {c['length']}; {c['steps']} steps of {c['batch']}, T = {c['T']}, "
@@ -232,8 +256,8 @@ def plots(res: dict, out: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sets, names = res["_sets"], ("held-out", "own", "own+clash")
-    fig, axes = plt.subplots(1, 3, figsize=(12, 4), sharey=True)
+    sets, names = res["_sets"], ("held-out", "own", "own+clash", "own+guidance", "own+clash+guidance")
+    fig, axes = plt.subplots(1, len(names), figsize=(4 * len(names), 4), sharey=True)
     for ax, name in zip(axes, names, strict=True):
         a = sets[name]["angles"]
         ax.hist2d(np.degrees(a[:, 1:-1, 0].reshape(-1)), np.degrees(a[:, 1:-1, 1].reshape(-1)),
@@ -265,16 +289,25 @@ def main(argv=None) -> int:
     p.add_argument("--full", action="store_true", help="same as --size full")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--weight", type=float, help="clash + violation weight (default per size)")
+    p.add_argument("--guidance", type=float, help="clash guidance scale at sampling (default per size)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: a shared machine)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--no-plot", action="store_true")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
-    res = run("full" if a.full else a.size, a.seed, a.weight, log=lambda s: print(s, file=sys.stderr))
+    res = run(
+        "full" if a.full else a.size,
+        a.seed,
+        a.weight,
+        log=lambda s: print(s, file=sys.stderr),
+        guidance=a.guidance,
+    )
     a.out.mkdir(parents=True, exist_ok=True)
     text = table(res)
     (a.out / "table.md").write_text(text + "\n")
-    (a.out / "results.json").write_text(json.dumps({k: v for k, v in res.items() if k != "_sets"}, indent=1))
+    (a.out / "results.json").write_text(
+        json.dumps({k: v for k, v in res.items() if not k.startswith("_")}, indent=1)
+    )
     print(text)
     if not a.no_plot:
         print("wrote " + ", ".join(str(x) for x in plots(res, a.out)))

@@ -201,5 +201,7 @@ def test_torsion_diffusion():
     assert 0 < eps < 2 and extra > 0  # the clash term is on by default
     (ms,) = floats(r"([\d.]+) ms per training step", out)
     assert ms > 0
-    frac, amount = floats(r"samples with a clash: ([\d.]+); clash per sample ([\d.]+) A", out)
+    frac, amount = floats(r"guidance 0: samples with a clash: ([\d.]+); clash per sample ([\d.]+) A", out)
     assert 0 <= frac <= 1 and math.isfinite(amount)
+    frac, amount = floats(r"guidance 1: samples with a clash: ([\d.]+); clash per sample ([\d.]+) A", out)
+    assert 0 <= frac <= 1 and math.isfinite(amount)  # guidance is on by default
