@@ -4,7 +4,9 @@ Two trainings of ``examples/torsion_diffusion.py``'s model, identical but for th
 same initial weights, seeds, batches, noise and steps; the steps interleaved, so that both
 see the same machine load and their times compare): FoldingDiff's own loss, and the same
 plus ``zmat.clash_loss`` and the peptide-bond terms of ``structural_violations`` on the
-decoded predicted ``x0`` (weight ``abar_t``). Samples of each are compared with held-out
+decoded predicted ``x0`` (weight ``abar_t``). Each model is sampled twice from the same
+noise: plainly and with clash guidance (the ``clash_loss`` gradient of the decoded predicted
+``x0`` on the DDPM mean in the last steps, ``--guidance``). Samples are compared with held-out
 windows: clashes (AlphaFold's definition), violations, Ramachandran, radius of gyration,
 CA(i)-CA(i+2) distances; and the time per training step.
 
