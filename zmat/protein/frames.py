@@ -44,6 +44,7 @@ from .build import DEFAULT_TORSIONS, backbone_table, ideal_cd_angle
 from .topology import IDEAL, PRO_DEFAULT_CHI, RESIDUES, TORSION_NAMES
 
 __all__ = [
+    "superpose_on_atoms",
     "apply_frames",
     "atom14_from_frames",
     "atom37_from_frames",
@@ -75,6 +76,17 @@ def rigid_from_three_points(x1: torch.Tensor, x2: torch.Tensor, x3: torch.Tensor
     e2 = safe_unit(u2, safe_unit(perp, ex[2]))
     e3 = torch.linalg.cross(e1, e2, dim=-1)
     return torch.stack([e1, e2, e3], -1), x2
+
+
+def superpose_on_atoms(x: torch.Tensor, ref: torch.Tensor, atoms: tuple[int, int, int]) -> torch.Tensor:
+    """``x`` ``(..., N, 3)`` moved rigidly so that its three ``atoms`` ``(a0, a1, a2)`` (a tree's
+    fixed start: the root, its BOND child and the PLANAR row's atom) sit as in ``ref`` ``(N, 3)``."""
+    a0, a1, a2 = atoms
+    R0, t0 = rigid_from_three_points(x[..., a2, :], x[..., a0, :], x[..., a1, :])
+    y = ref.to(x)
+    R1, t1 = rigid_from_three_points(y[a2], y[a0], y[a1])
+    M = R1 @ R0.transpose(-1, -2)
+    return torch.einsum("...ij,...nj->...ni", M, x - t0[..., None, :]) + t1
 
 
 def backbone_frames(atom37: torch.Tensor):
