@@ -151,8 +151,9 @@ def test_fuzz_ragged_violation_batches(cuts, seed, shuffle):
 
 
 # ---------------------------------------------------------------- flows: the orientation chart
-def test_cos_beta_outside_its_range_gives_nan_not_a_bad_rotation():
-    """Issue 31: cos beta = 1.5 built a non-orthonormal rotation (the first bond 1.5x too long)."""
+def test_cos_beta_outside_its_range_is_clamped_not_a_bad_rotation():
+    """Issue 31: cos beta = 1.5 built a non-orthonormal rotation (the first bond 1.5x too long); it is
+    clamped to the pole (a proper rotation), with a zero gradient there."""
     from zmat.flows import InternalCoordinateTransform
     from zmat.testing import DispatchAudit
 
@@ -163,14 +164,16 @@ def test_cos_beta_outside_its_range_gives_nan_not_a_bad_rotation():
     torch.testing.assert_close(T(q), xyz, atol=1e-12, rtol=0)
     cos_beta = torch.nonzero(T.kind == 4).reshape(-1)  # COS_BETA
     bad = q.clone()
-    bad[0, cos_beta[0]] = 1.5
-    bad[1, cos_beta[1]] = -1 - 1e-12
-    x = T(bad)
-    assert torch.isnan(x[0, 1:4]).all() and torch.isfinite(x[0, 4:]).all() and torch.isfinite(x[0, 0]).all()
-    assert torch.isnan(x[1, 5]).all() and torch.isfinite(x[1, :5]).all()
-    edge = q.clone()
-    edge[:, cos_beta] = 1.0  # the pole is in range
-    assert torch.isfinite(T(edge)).all()
+    bad[0, cos_beta[0]], bad[1, cos_beta[1]] = 1.5, -3.0
+    pole = q.clone()
+    pole[0, cos_beta[0]], pole[1, cos_beta[1]] = 1.0, -1.0
+    x = T(bad.requires_grad_(True))
+    assert torch.equal(x, T(pole))
+    r = zmat.to_internal(x.detach(), table)
+    bonds = zmat.to_internal(xyz, table)[..., 0]
+    torch.testing.assert_close(r[..., 0], bonds, atol=1e-12, rtol=0)  # the bonds are kept
+    (g,) = torch.autograd.grad(x.sum(), bad)
+    assert g[0, cos_beta[0]] == 0 and g[1, cos_beta[1]] == 0
     with DispatchAudit() as audit:
         T(q)
     assert audit.syncs == []
