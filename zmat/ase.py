@@ -18,7 +18,9 @@ angles and dihedrals (``examples/geometry_optimisation.py``).
 Conventions: lengths in Angstrom, angles in radians, energies in the
 calculator's unit (eV for ASE's calculators). Dummy atoms (``'X'``) are not
 passed to the calculator; their rows get the gradient of the real atoms they
-place. One structure per call (a calculator is not batched); the positions go
+place. ASE constraints on ``atoms`` (``FixAtoms``, ...) are not applied: the
+energy and its gradient are the calculator's own (freeze rows of ``C`` to
+constrain internal coordinates). One structure per call (a calculator is not batched); the positions go
 to the host, so this is interop code, not a hot path. The backward uses the
 forces of the forward call: first derivatives only.
 """
@@ -42,8 +44,10 @@ class _CalculatorEnergy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, xyz: torch.Tensor, atoms) -> torch.Tensor:
         atoms.positions = xyz.detach().to("cpu", torch.float64).numpy()
-        energy = float(atoms.get_potential_energy())
-        forces = torch.as_tensor(atoms.get_forces(), dtype=xyz.dtype).to(xyz.device)
+        # the calculator's own energy and forces: an ASE constraint (FixAtoms zeroes forces) would make
+        # -F differ from dE/dx, and constraints in internal coordinates are the caller's to impose
+        energy = float(atoms.get_potential_energy(apply_constraint=False))
+        forces = torch.as_tensor(atoms.get_forces(apply_constraint=False), dtype=xyz.dtype).to(xyz.device)
         ctx.save_for_backward(forces)
         return torch.tensor(energy, dtype=xyz.dtype, device=xyz.device)
 
