@@ -391,8 +391,8 @@ def minimize(
         ``steps``, ``fmax`` ``(B,)``).
 
     Raises:
-        ValueError / TypeError: bad shapes or constraints, ``energy`` not
-        returning ``(B,)``.
+        ValueError: bad shapes or constraints, or ``energy`` not returning ``(B,)``.
+        TypeError: ``xyz`` not floating point, ``constraints`` not a dict.
 
     Example:
         >>> def energy(x):  # a harmonic O-H bond pair and H-O-H angle, eV
