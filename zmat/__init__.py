@@ -10,7 +10,8 @@ The public API (stable names, see ``docs/conventions.md``)::
 ``zmat.gaussian`` reads and writes Gaussian z-matrix text; ``zmat.testing``
 (imported on its own) has checks for your own code.
 
-The protein and all-atom packages (``zmat.protein``, ``zmat.structure``) are
+The protein, all-atom and optimisation packages (``zmat.protein``, ``zmat.structure``,
+``zmat.optimize``) are
 imported on first use (``zmat.protein.from_pdb`` or ``import zmat.protein``):
 their residue templates are most of what ``import zmat`` would otherwise cost.
 """
@@ -40,6 +41,7 @@ __all__ = [
     "flows",
     "gaussian",
     "log_det_jacobian",
+    "optimize",
     "protein",
     "rmsd",
     "structure",
@@ -51,7 +53,7 @@ __all__ = [
 __version__ = "0.1.0"
 
 #: subpackages imported on first attribute access (PEP 562), not by ``import zmat``
-_LAZY = ("protein", "structure")
+_LAZY = ("optimize", "protein", "structure")
 
 
 def __getattr__(name: str):
