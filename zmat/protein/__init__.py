@@ -56,7 +56,7 @@ from ..structure.complex import TORSION_KEYS, Complex
 from ..structure.complex_batch import ComplexBatch
 from ..structure.hydrogens import Protonation
 from ..transform import dihedrals
-from .atom37 import atom14_to_atom37, atom37_to_atom14
+from .atom37 import atom14_alt_positions, atom14_to_atom37, atom37_to_atom14, compute_renamed_ground_truth
 from .atom37_io import from_atom14, from_atom37
 from .build import (
     DEFAULT_TORSIONS,
@@ -109,8 +109,10 @@ __all__ = [
     "clash_pairs",
     "rigid_from_three_points",
     "structural_violations",
+    "atom14_alt_positions",
     "atom14_to_atom37",
     "atom37_to_atom14",
+    "compute_renamed_ground_truth",
     "from_atom14",
     "from_atom37",
     "CHI_ATOMS",
