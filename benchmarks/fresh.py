@@ -66,10 +66,8 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-DATA = ROOT / "tests" / "data"
-AMINO = "ACDEFGHIKLMNPQRSTVWY"
-SECTIONS = ("fresh", "latency", "busy", "scaling", "limits")
+from .sections import AMINO, DATA, ROOT, SECTIONS, markdown, table  # noqa: F401 (table, markdown: the report)
+
 #: the sections ``python -m benchmarks --suite X`` runs after its grid
 SUITE_SECTIONS = {"quick": ("fresh", "latency"), "fresh": SECTIONS, "full": SECTIONS}
 
@@ -534,22 +532,22 @@ def run_latency(compile_: bool = False, rounds: int = 3) -> list[dict]:
 
     kernel, load = _kernel_load()
     out = []
-    for name, table, C0 in latency_cases():
+    for name, tab, C0 in latency_cases():
         C = C0.clone().requires_grad_(True)
         g = torch.ones_like(C)
-        rec = {"section": "latency", "case": name, "atoms": table.n_atoms, "kernel": kernel}
+        rec = {"section": "latency", "case": name, "atoms": tab.n_atoms, "kernel": kernel}
         if kernel:
             rec["kernel load"] = load
-        rec["ops fwd"], rec["ops bwd"] = count_ops(table, C0)
-        fns = {"eager": lambda c, table=table: zmat.to_xyz(c, table)}
+        rec["ops fwd"], rec["ops bwd"] = count_ops(tab, C0)
+        fns = {"eager": lambda c, tab=tab: zmat.to_xyz(c, tab)}
         if compile_:
-            zmat.to_xyz(C, table)  # plans built eagerly, outside the graph
+            zmat.to_xyz(C, tab)  # plans built eagerly, outside the graph
             fns["compiled"] = torch.compile(fns["eager"], dynamic=False)
         modes = [(how, fn, None) for how, fn in fns.items()]
         if kernel:
             modes.append(("torch", fns["eager"], _NoKernel))
             with _NoKernel():
-                rec["torch ops fwd"], rec["torch ops bwd"] = count_ops(table, C0)
+                rec["torch ops fwd"], rec["torch ops bwd"] = count_ops(tab, C0)
         times: dict = {}
         for _ in range(rounds if kernel else 1):
             for how, fn, ctx in modes:
@@ -716,59 +714,6 @@ def _table_shapes(n: int) -> dict:
     star = np.full((n, 3), -1, np.int64)
     star[1:, 0] = 0
     return {"chain": chain, "roots": np.full((n, 3), -1, np.int64), "star": star}
-
-
-# ------------------------------------------------------------------ report
-def _fmt(v) -> str:
-    if isinstance(v, float):
-        if v < 1e-3:
-            return f"{v * 1e6:.3g} us"
-        if v < 1:
-            return f"{v * 1e3:.3g} ms"
-        return f"{v:.3g}"
-    return str(v)
-
-
-def _ratio_keys(rec: dict) -> set:
-    return {
-        k
-        for k in rec
-        if k.endswith(("slowdown", "slowdown old", "slowdown new", "/ cached", "ratio", "/ zmat fwd+bwd"))
-    }
-
-
-def _cell(rec: dict, key: str) -> str:
-    if key == "fraction":  # of a machine limit (``benchmarks/limits.py``)
-        return f"{rec[key]:.1%}"
-    return f"{rec[key]:.2f}x" if key in _ratio_keys(rec) else _fmt(rec.get(key, ""))
-
-
-def _sections(records: list[dict]):
-    """Per section with records: its name, column keys and formatted rows."""
-    for section in (*SECTIONS, "compare"):
-        recs = [r for r in records if r.get("section") == section]
-        if recs:
-            keys = [k for k in dict.fromkeys(k for r in recs for k in r) if k != "section"]
-            rows = [[_cell(r, k) if k in r else "" for k in keys] for r in recs]
-            yield section, keys, rows
-
-
-def table(records: list[dict]) -> str:
-    """Plain-text tables, one per section."""
-    lines = []
-    for section, keys, cells in _sections(records):
-        w = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
-        lines += ["", f"{section}:", "  " + "  ".join(k.ljust(w[i]) for i, k in enumerate(keys))]
-        lines += ["  " + "  ".join(c.ljust(w[i]) for i, c in enumerate(row)) for row in cells]
-    return "\n".join(lines)
-
-
-def markdown(records: list[dict]) -> str:
-    out = []
-    for section, keys, rows in _sections(records):
-        out += [f"\n**{section}**\n", "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-        out += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(out)
 
 
 # ---------------------------------------------------------------- running

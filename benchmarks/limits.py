@@ -140,7 +140,7 @@ def protein_batch1(name: str = "1ubi"):
     """(row, atoms, step): batch-1 fwd+bwd of a PDB file's table, float32."""
     from zmat.protein import from_pdb
 
-    from .fresh import DATA
+    from .sections import DATA
 
     p = from_pdb(DATA / f"{name}.pdb")
     return f"{name} batch 1 fwd+bwd", p.n_atoms, _kernel_step(p.internal.float(), p.table)
@@ -150,7 +150,7 @@ def protein_batch(n_seq: int, length: int):
     """(row, atoms, step): a ``ProteinBatch`` of random sequences, cached fwd+bwd."""
     from zmat.protein import ProteinBatch
 
-    from .fresh import AMINO
+    from .sections import AMINO
 
     rng = np.random.default_rng(0)
     batch = ProteinBatch(["".join(rng.choice(list(AMINO), length)) for _ in range(n_seq)])
@@ -229,7 +229,7 @@ def main(argv=None) -> list[dict]:
     p = argparse.ArgumentParser(prog="python -m benchmarks.limits", description=__doc__.split("\n\n")[0])
     p.add_argument("--tiny", action="store_true", help="smoke test: tiny sizes, short repeats")
     a = p.parse_args(argv)
-    from .fresh import table
+    from .sections import table
 
     records = run(a.tiny)
     print(table(records))

@@ -83,6 +83,7 @@ SCRIPTS = {
     "gpu": "benchmarks.gpu",
     "protein_tensors": "benchmarks.protein_tensors",  # AlphaFold tensors, frames, violation losses
     "flows": "benchmarks.flows",  # zmat.flows.InternalCoordinateTransform vs bgflow's algorithm
+    "optimize": "benchmarks.optimize",  # zmat.optimize vs geomeTRIC, Sella, pyberny, ASE (Baker set)
 }
 
 SUITES = {"quick": QUICK, "methods": METHODS, "targets": TARGETS, "full": FULL, "tiny": TINY, "fresh": []}

@@ -8,18 +8,19 @@ topology's bonds. :class:`zmat.flows.InternalCoordinateTransform` with
 ``normalize_angles=True`` is the bijection between the ``3 N = 66`` Cartesian
 coordinates and ``q``: bonds, angles / pi and torsions in ``[0, 1]``, plus the
 molecule's position and orientation (``T.circular`` marks the periodic
-entries). A flow from zuko models ``q``: masked autoregressive rational-quadratic
-splines, *circular* ones (Rezende et al. 2020: a circular shift, then a
-spline pinned at both ends) on the torsions and orientation angles, ordinary
-ones on the rest, after an affine map of every entry onto ``[-pi, pi]`` (the
-bounded entries by their bounds, the others by the training range with a
-margin), over a uniform base on that box.
+entries). ``zmat.flows.zuko_flow(T, q_train)`` is the flow from zuko that models
+``q``: ``zmat.flows.BoxTransform`` maps every entry affinely onto ``[-pi, pi]``
+(the bounded entries by their bounds, the others by the training range with a
+margin), then masked autoregressive rational-quadratic splines, *circular* ones
+(Rezende et al. 2020: a circular shift, then a spline pinned at both ends) on
+the torsions and orientation angles, ordinary ones on the rest, over a uniform
+base on that box. ``--plain`` trains zuko's plain ``NSF`` on the same ``q``
+instead, for comparison.
 
 The likelihood is reported in Cartesian space, per structure, in nats
 (positions in Angstrom)::
 
-    log p(xyz) = log p_flow(z) + log|dz/dq| - log|det dxyz/dq|
-                                               (T.log_abs_det_jacobian(q, xyz))
+    log p(xyz) = log p_flow(q) - log|det dxyz/dq|   (T.log_abs_det_jacobian(q, xyz))
 
 before and after training, on the training frames and on held-out frames.
 Then it samples structures (``T(q)``), prints the fraction of frames in the
@@ -42,15 +43,12 @@ Needs the extras ``md`` (MDAnalysis) and ``flows`` (zuko); matplotlib for the pl
 from __future__ import annotations
 
 import argparse
-import math
 import tempfile
 import time
-from functools import partial
 from pathlib import Path
 
 import torch
 import zuko
-from zuko.transforms import ComposedTransform, MonotonicRQSTransform
 
 import zmat
 from zmat import flows, md
@@ -58,74 +56,20 @@ from zmat import flows, md
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 
 
-class MaskedCircularShift(torch.distributions.Transform):
-    """zuko's circular shift ``x -> (x mod 2 pi) - pi`` on the periodic entries only (identity elsewhere)."""
-
-    bijective = True
-    domain = codomain = torch.distributions.constraints.real
-
-    def __init__(self, mask: torch.Tensor) -> None:
-        super().__init__()
-        self.mask = mask
-
-    def _call(self, x):
-        return torch.where(self.mask, torch.remainder(x, 2 * math.pi) - math.pi, x)
-
-    _inverse = _call  # the shift by pi is its own inverse on [-pi, pi]
-
-    def log_abs_det_jacobian(self, x, y):
-        return torch.zeros_like(x)
+def make_flow(T, q_train, args) -> zuko.flows.Flow:
+    """The library's flow (box, circular splines on ``T.circular``, uniform base), or with
+    ``--plain`` zuko's plain NSF on the same ``q``, for comparison."""
+    if args.plain:
+        hidden = (args.hidden, args.hidden)
+        return zuko.flows.NSF(q_train.shape[1], transforms=args.transforms, hidden_features=hidden)
+    return flows.zuko_flow(T, q_train, transforms=args.transforms, hidden=args.hidden, bins=args.bins)
 
 
-def mixed_spline(*phi, mask: torch.Tensor) -> ComposedTransform:
-    """Per entry: a circular spline where ``mask`` (the periodic entries), a plain spline elsewhere."""
-    return ComposedTransform(MaskedCircularShift(mask), MonotonicRQSTransform(*phi, bound=math.pi))
-
-
-def make_flow(circular: torch.Tensor, transforms: int, hidden: int, bins: int) -> zuko.flows.Flow:
-    d = len(circular)
-    flow = zuko.flows.MAF(
-        d,
-        transforms=transforms,
-        hidden_features=(hidden, hidden),
-        univariate=partial(mixed_spline, mask=circular),
-        shapes=[(bins,), (bins,), (bins - 1,)],
-    )
-    box = math.pi + 1e-5
-    flow.base = zuko.flows.UnconditionalDistribution(
-        zuko.distributions.BoxUniform, torch.full((d,), -box), torch.full((d,), box), buffer=True
-    )
-    return flow
-
-
-class Box:
-    """The affine map of every entry of ``q`` onto ``[-pi, pi]``: bounded entries (periodic, ``cos
-    beta``) by their bounds, the others by the training range widened by ``margin`` on each side
-    (and kept inside the transform's bounds: bonds > 0, angles in [0, 1])."""
-
-    def __init__(self, T: flows.InternalCoordinateTransform, q_train: torch.Tensor, margin: float = 0.5):
-        lo, hi = q_train.amin(0), q_train.amax(0)
-        width = (hi - lo).clamp_min(1e-6)
-        lo = torch.maximum(lo - margin * width, T.lower)
-        hi = torch.minimum(hi + margin * width, T.upper)
-        fixed = T.circular | (T.kind == flows.COS_BETA)
-        self.lo = torch.where(fixed, T.lower, lo)
-        self.hi = torch.where(fixed, T.upper, hi)
-        self.scale = 2 * math.pi / (self.hi - self.lo)
-        self.log_det = self.scale.log().sum()  # log|dz/dq|, a constant
-
-    def __call__(self, q):
-        return (q - self.lo) * self.scale - math.pi
-
-    def inv(self, z):
-        return (z + math.pi) / self.scale + self.lo
-
-
-def cartesian_log_prob(flow, box: Box, T, q: torch.Tensor) -> torch.Tensor:
+def cartesian_log_prob(flow, T, q: torch.Tensor) -> torch.Tensor:
     """``log p(xyz)`` of the structures ``T(q)`` under the flow, ``(B,)`` in float64."""
     with torch.no_grad():
-        lp = flow().log_prob(box(q).float()).double()
-    return lp + box.log_det - T.log_abs_det_jacobian(q)
+        lp = flow().log_prob(q.float()).double()
+    return lp - T.log_abs_det_jacobian(q)
 
 
 def check_log_det(T, q: torch.Tensor) -> float:
@@ -190,6 +134,7 @@ def main(argv=None) -> None:
     ap.add_argument("--samples", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rotate", action="store_true", help="augment with random rotations about the root")
+    ap.add_argument("--plain", action="store_true", help="a plain zuko NSF on q instead, for comparison")
     ap.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "zmat_boltzmann_generator.png")
     args = ap.parse_args(argv)
     torch.manual_seed(args.seed)
@@ -205,12 +150,11 @@ def main(argv=None) -> None:
     print(f"{int(T.circular.sum())} periodic entries (torsions, 2 orientation angles) get circular splines")
 
     print(f"log|det dxyz/dq| vs slogdet of the autograd Jacobian: {check_log_det(T, q[:4]):.1e}")
-    box = Box(T, q_train)
-    flow = make_flow(T.circular, args.transforms, args.hidden, args.bins)
-    z_train = box(q_train).float()
+    flow = make_flow(T, q_train, args)
+    z_train = q_train.float()
 
     def nll(qs):
-        return float(-cartesian_log_prob(flow, box, T, qs).mean())
+        return float(-cartesian_log_prob(flow, T, qs).mean())
 
     before = nll(q_train), nll(q_test)
     print(f"Cartesian NLL before: train {before[0]:.2f}, held out {before[1]:.2f} nats per structure")
@@ -219,14 +163,14 @@ def main(argv=None) -> None:
     t0 = time.perf_counter()
     for step in range(args.steps):
         idx = torch.randint(len(z_train), (args.batch,))
-        batch = box(rotated(T, q_train[idx])).float() if args.rotate else z_train[idx]
+        batch = rotated(T, q_train[idx]).float() if args.rotate else z_train[idx]
         loss = -flow().log_prob(batch).mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
         sched.step()
         if (step + 1) % max(1, args.steps // 5) == 0:
-            print(f"  step {step + 1}: NLL(z) {float(loss):.2f}")
+            print(f"  step {step + 1}: NLL(q) {float(loss.detach()):.2f}")
     seconds = time.perf_counter() - t0
     after = nll(q_train), nll(q_test)
     print(f"Cartesian NLL after: train {after[0]:.2f}, held out {after[1]:.2f} nats per structure")
@@ -234,7 +178,7 @@ def main(argv=None) -> None:
 
     with torch.no_grad():
         z = flow().sample((args.samples,)).double()
-    xyz_samples = T(box.inv(z))
+    xyz_samples = T(z)
     sel = "resname ACE and name C", "resname ALA and name N", "resname ALA and name CA"
     sel += "resname ALA and name C", "resname NME and name N"
     c0, n, ca, c, n1 = (int(ag.select_atoms(s)[0].ix) for s in sel)  # Universe indices = group indices here

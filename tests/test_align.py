@@ -77,3 +77,28 @@ def test_small_rmsd_above_the_threshold_is_exact():
     expected = rmsd(a * 1e3, b * 1e3) / 1e3  # same fit, scaled far from the threshold
     torch.testing.assert_close(rmsd(a, b), expected, rtol=1e-6, atol=0)
     assert rmsd(a, b) > 1e-11
+
+
+@pytest.mark.parametrize("name", ["cyclohexane_chair", "MIL53_small"])
+def test_superpose_transform_matches_biotite_and_scipy(name):
+    """``return_transform=True``: the motion ``(R, t)`` is biotite's ``superimpose``'s (applied to
+    other coordinates in the mobile frame) and scipy's ``align_vectors`` rotation, on a batch of
+    perturbed, rotated copies of a real structure."""
+    struc = pytest.importorskip("biotite.structure")
+    ref = np.asarray(ase.io.read(DATA / f"{name}.xyz").positions, np.float64)
+    rng = np.random.default_rng(2)
+    rots = Rotation.random(3, random_state=4).as_matrix()
+    mobile = np.stack([(ref + 0.1 * rng.standard_normal(ref.shape)) @ r.T + rng.normal(size=3) for r in rots])
+    mob, tgt = torch.as_tensor(mobile), torch.as_tensor(ref).expand(3, -1, -1)
+    moved, R, t = superpose(mob, tgt, return_transform=True)
+    assert R.shape == (3, 3, 3) and t.shape == (3, 3)
+    other = rng.standard_normal((5, 3))  # coordinates that were not fitted: the same motion moves them
+    for k in range(3):
+        _, motion = struc.superimpose(ref, mobile[k])  # biotite works in float32
+        np.testing.assert_allclose(moved[k].numpy(), motion.apply(mobile[k]), atol=2e-5)
+        moved_other = (torch.as_tensor(other) @ R[k].T + t[k]).numpy()
+        np.testing.assert_allclose(moved_other, motion.apply(other), atol=2e-5)
+        p, q = mobile[k] - mobile[k].mean(0), ref - ref.mean(0)
+        np.testing.assert_allclose(R[k].numpy(), Rotation.align_vectors(q, p)[0].as_matrix(), atol=1e-10)
+    torch.testing.assert_close(moved, mob @ R.mT + t[:, None, :], atol=1e-12, rtol=0)
+    torch.testing.assert_close(superpose(mob, tgt), moved)

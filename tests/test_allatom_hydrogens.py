@@ -89,10 +89,14 @@ def test_file_hydrogens_kept_and_rebuilt_exactly():
     np.testing.assert_array_equal(p.to_structure().coord, atoms.coord)
     x = zmat.to_xyz(p.internal, p.table)
     assert float((superpose(x, p.xyz) - p.xyz).abs().max()) < 1e-8
-    # every hydrogen is a row on its own heavy atom
-    h = np.flatnonzero(p.elements == "H")
+    # every hydrogen is a row on its own heavy atom, but the tree's root (the N-terminal H1:
+    # a leaf, so the N-terminus keeps psi and every row is rigid), whose child is its N
+    refs = p.parsed.refs
+    h = np.flatnonzero((p.elements == "H") & (refs[:, 0] >= 0))
     bonded = {tuple(sorted(b)) for b in p.parsed.bonds.tolist()}
-    assert all(tuple(sorted((int(i), int(p.parsed.refs[i, 0])))) in bonded for i in h)
+    assert all(tuple(sorted((int(i), int(refs[i, 0])))) in bonded for i in h)
+    (root,) = np.flatnonzero(refs[:, 0] < 0)
+    assert p.atom_names[root] == "H1" and p.atom_names[np.flatnonzero(refs[:, 0] == root)] == ["N"]
     # without hydrogens=True the same file is heavy atoms only
     assert (from_structure(atoms, ligands=True).elements != "H").all()
 

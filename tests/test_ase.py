@@ -35,6 +35,22 @@ def test_internal_gradient_matches_finite_differences():
     assert (g[~present] == 0).all()
 
 
+def test_constrained_atoms_keep_the_calculators_gradient():
+    """An ASE constraint (FixAtoms zeroes the fixed atom's forces) does not change dE/dC (issue 31)."""
+    from ase.constraints import FixAtoms, Hookean
+
+    text = "C\nC 1 1.5\nC 2 1.5 1 109.5\nC 3 1.5 2 109.5 1 60.0\nC 4 1.5 3 109.5 2 -60.0"
+    zm = zmat.ZMatrix.from_string(text)
+    present = torch.as_tensor(zm.table.refs >= 0)
+    for constraint in (FixAtoms(indices=[4]), Hookean(a1=0, a2=4, rt=1.0, k=5.0)):
+        atoms = zm.to_atoms()
+        atoms.set_constraint(constraint)
+        energy = InternalEnergy(zm, EMT(), atoms=atoms)
+        _, g = energy.energy_and_gradient()
+        fd = _central_differences(lambda c, e=energy: float(e(c).detach()), zm.internal, present, h=1e-6)
+        assert torch.allclose(g, fd, atol=1e-5) and g[4, 0].abs() > 1.0
+
+
 def test_gradient_to_shared_variables_with_dummies():
     """baker_ts_09: dummy atoms, shared lengths and dihedrals used as D and -D."""
     zm = zmat.ZMatrix.read(DATA / "baker_ts_09.gzmat")

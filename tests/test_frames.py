@@ -99,6 +99,34 @@ def test_atoms_from_frames_on_real_structure():
     assert (pos14[:, 1] - pos[:, 1]).abs().max() < 1e-12  # CA is the origin
 
 
+def test_nan_torsions_take_the_defaults():
+    """Issue 31: the measured C-terminal psi is NaN, so the last O was NaN and structural_violations
+    NaN; NaN means "not given" (psi -45 deg, chis the builder's defaults), with a zero gradient."""
+    import math
+
+    p = zp.from_pdb(DATA / "1l2y.pdb")
+    pos, _ = p.to_atom37()
+    R, t = zp.backbone_frames(pos)
+    tor = p.torsion_tensor().clone().requires_grad_(True)
+    assert torch.isnan(tor[-1, 1])
+    pos37, m37 = zp.atom37_from_frames(R, t, p.aatype, tor)
+    v = zp.structural_violations(pos37, p.aatype, m37)
+    assert torch.isfinite(pos37).all() and torch.isfinite(v["loss"])
+    given = torch.nan_to_num(tor.detach(), nan=0.0)
+    given[-1, 1] = math.radians(-45.0)
+    nan_chi = torch.isnan(tor.detach()[:, 3:])
+    given[:, 3:] = torch.where(nan_chi, torch.tensor([-60.0, 180, 180, 180]).deg2rad().double(), given[:, 3:])
+    assert torch.equal(pos37, zp.atom37_from_frames(R, t, p.aatype, given)[0])
+    (g,) = torch.autograd.grad(pos37.square().sum(), tor)
+    assert torch.isfinite(g).all() and g[-1, 1] == 0 and g.abs().sum() > 0
+    pro = zp.Protein.from_sequence("GPG")  # proline: NaN chi1, chi2 close the ring (PRO_DEFAULT_CHI)
+    x, _ = zp.atom14_from_frames(
+        *zp.backbone_frames(pro.to_atom37()[0]), pro.aatype, torch.full((3, 7), torch.nan)
+    )
+    n_cd = (x[1, 6] - x[1, 0]).norm()
+    assert abs(float(n_cd) - 1.47) < 0.05
+
+
 def test_backbone_frames_from_torsions_exact():
     seq = "ACDEFGHIKL"
     tor = torch.randn(len(seq), 7, dtype=F64, generator=torch.Generator().manual_seed(1)) * 2

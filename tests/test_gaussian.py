@@ -157,6 +157,9 @@ def test_parser_units_and_atomic_numbers():
         ("O\nH 1 R\nVariables:\nR=1\nR=2\n", 5, "defined twice"),
         ("O\nH 1 R\nVariables:\nR=x1\n", 4, "not a number"),
         ("# hf\n\ntitle\n\nO\nH 1 1.0\n", 5, "charge and multiplicity"),
+        # issue 31: one sign at most
+        ("O\nH 1 0.9\nH 1 0.9 2 --A\n\nA= 90\n", 3, "at most one sign"),
+        ("O\nH 1 0.9\nH 1 0.9 2 +-A\n\nA= 90\n", 3, "at most one sign"),
     ],
 )
 def test_malformed_input_names_the_line(text, line, fragment):
@@ -173,3 +176,38 @@ def test_missing_sections_raise():
         parse("\n\n")
     with pytest.raises(ValueError, match="title"):
         parse("# hf\n\n")
+
+
+def test_route_and_constants_are_written_back():
+    """Issue 31: the route line was written as '#', a Constants: section as Variables:."""
+    text = "%chk=a.chk\n#P HF/6-31G(d) Opt Units=(Bohr,Rad)\n\ntitle\n\n0 1\nC\nC 1 R\nC 2 R 1 A\n"
+    zm = parse(text + "  Variables:\nR= 2.8\n  Constants:\nA= 1.9\n")
+    assert zm.route == "#P HF/6-31G(d) Opt Units=(Bohr,Rad)" and zm.constants == {"A"}
+    out = to_string(zm, variables=True)
+    assert out.splitlines()[0] == "#P HF/6-31G(d) Opt"  # values are written in Angstrom and degrees
+    assert out.split("Constants:")[1].split() == ["A=", _angle_str(zm.values[2, 1], 10)]
+    assert "A=" not in out.split("Constants:")[0]
+    back = parse(out)
+    assert back.constants == {"A"} and back.route == "#P HF/6-31G(d) Opt"
+    np.testing.assert_allclose(back.values, zm.values, atol=1e-9)
+    z = zmat.ZMatrix.from_string("C\nC 1 R\nC 2 R 1 A\n  Variables:\nR= 1.5\n  Constants:\nA= 109.5")
+    assert z.constants == ("A",) and z.copy().constants == ("A",)
+    assert "Constants:\nA= 109.5" in z.to_string() and "Constants" not in parse(to_string(parse("C\n"))).route
+    with pytest.raises(ValueError, match="constant 'B' is not one of the variables"):
+        zmat.ZMatrix(z.symbols, z.internal, z.table, variables=z.variable_uses, constants=["B"])
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "fragment"),
+    [
+        ("O\nH 1 0.9\nH 1 0.9 2 190.0\n", 3, "bond angle 190 degrees (3.316125579 rad) is outside [0, 180]"),
+        ("O\nH 1 0.9\nH 1 0.9 2 -A\n\nA= 90\n", 3, "bond angle -90 degrees"),
+        ("# hf units=rad\n\nt\n\n0 1\nO\nH 1 0.9\nH 1 0.9 2 3.5\n", 8, "(3.5 rad) is outside"),
+        ("! zmat-order: 2 1 3\nO\nH 1 0.9\nH 1 0.9 2 200\n", 4, "(row 2): bond angle 200 degrees"),
+    ],
+)
+def test_zmatrix_from_a_file_names_the_line_of_a_bad_angle(text, line, fragment):
+    """Issue 31: an angle beyond 180 degrees in a file got the constructor's advice about radians."""
+    with pytest.raises(ValueError, match=re.escape(fragment)) as info:
+        zmat.ZMatrix.from_string(text)
+    assert str(info.value).startswith(f"line {line} ") and "radians" not in str(info.value)

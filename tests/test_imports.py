@@ -1,10 +1,15 @@
 """zmat's modules import each other without a circle, and none imports one of zmat's own
 modules inside a function except at an optional extra's boundary (issue 21): read from the
-sources, so a new circle or a lazy import fails here."""
+sources, so a new circle or a lazy import fails here. The one documented exception: the
+subpackages ``zmat/__init__.py`` loads on first attribute access (``LAZY_PACKAGES``), which
+``import zmat`` must not import (issue 32), timed against ``import torch``."""
 
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import zmat
@@ -14,6 +19,11 @@ ROOT = Path(zmat.__file__).parent
 LAZY = {
     ("zmat.zmatrix", "zmat.rdkit"): "zmat.rdkit imports RDKit, an optional extra `import zmat` must not need",
     ("zmat.__main__", "zmat._kernel"): "`python -m zmat build-kernel`, an entry point, compiles it on demand",
+}
+#: attributes of the package imported on first access by its module ``__getattr__``
+LAZY_PACKAGES = {
+    "protein": "residue templates and ideal geometry: most of what `import zmat` would cost",
+    "structure": "the all-atom package (CCD, nucleotides, ligands), imported by zmat.protein",
 }
 
 
@@ -99,3 +109,44 @@ def test_a_circle_is_found():
 def test_no_lazy_import_of_zmat_modules():
     _, lazy = graph()
     assert sorted(set(lazy) - set(LAZY)) == []
+
+
+def test_the_lazy_packages_are_the_documented_ones():
+    assert zmat._LAZY == tuple(LAZY_PACKAGES)
+    assert set(LAZY_PACKAGES) <= set(zmat.__all__) and set(LAZY_PACKAGES) <= set(dir(zmat))
+    try:
+        zmat.no_such_attribute  # noqa: B018
+    except AttributeError as err:
+        assert "no_such_attribute" in str(err)
+    else:
+        raise AssertionError("an unknown attribute must raise AttributeError")
+
+
+def _python(code: str, env: dict) -> str:
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_import_zmat_is_light(tmp_path):
+    """In a fresh interpreter with bytecode cached (as after an install): ``import zmat`` imports no
+    lazy package, costs little beside ``import torch`` (issue 32: 0.3 s; 0.8 s with the structure
+    package on a loaded 2-core machine), and every way of reaching the packages still works."""
+    env = {**os.environ, "PYTHONPYCACHEPREFIX": str(tmp_path), "PYTHONPATH": str(ROOT.parent)}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    _python("import zmat.protein", env)  # writes the bytecode
+    out = _python(
+        "import sys, time\n"
+        "t0 = time.perf_counter(); import torch; t1 = time.perf_counter(); import zmat\n"
+        "t2 = time.perf_counter()\n"
+        f"print(t1 - t0, t2 - t1, *['zmat.' + name in sys.modules for name in {tuple(LAZY_PACKAGES)}])\n"
+        "assert zmat.protein.from_pdb and zmat.structure.complex.Complex and 'zmat.protein' in sys.modules\n"
+        "import zmat.protein.atom37\n"
+        "from zmat import protein\n"
+        "from zmat.protein import from_pdb\n",
+        env,
+    )
+    torch_s, zmat_s, *loaded = out.split()
+    assert loaded == ["False"] * len(LAZY_PACKAGES), out
+    # 0.3 s, plus room for a loaded machine (torch's own import time grows with the load)
+    assert float(zmat_s) < 0.3 + 0.03 * float(torch_s), out

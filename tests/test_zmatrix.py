@@ -235,11 +235,19 @@ def test_find_looks_up_a_row_by_its_atoms():
         if d >= 0:
             assert zm.find(i, b, a, d) == zm.find(d, a, b, i) == zm.find(np.array([d, a, b, i])) == (i, 2)
             assert zm.find(i, b, a) == zm.find(a, b, i) == (i, 1) and zm.find(b, i) == (i, 0)
-    i, (b, a, d) = 5, refs[5].tolist()
+    i, (b, a, d) = 3, refs[3].tolist()
     with pytest.raises(ValueError, match=f"no row holds the dihedral {i}-{a}-{b}-{d}"):
         zm.find(i, a, b, d)
     with pytest.raises(ValueError, match="2, 3 or 4 atoms"):
         zm.find(1)
+    # issue 31: -1 matched row 0's missing bond reference; 0.5 was truncated to 0
+    for bad, atom in (((-1, 0), -1), ((0, -1), -1), ((len(zm), 0), len(zm))):
+        with pytest.raises(ValueError, match=f"atom {atom} is out of range"):
+            zm.find(*bad)
+    for bad in ((0.5, 1), (True, 1), ("1", 0)):
+        with pytest.raises(TypeError, match="atom indices must be integers"):
+            zm.find(*bad)
+    assert zm.find(torch.tensor(1), np.int64(0)) == (1, 0)
 
 
 def test_written_values_have_a_sane_precision():

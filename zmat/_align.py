@@ -37,16 +37,24 @@ def kabsch_rotation(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return vh.transpose(-1, -2) @ (diag.unsqueeze(-1) * u.transpose(-1, -2))
 
 
-def superpose(mobile: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+def superpose(mobile: torch.Tensor, target: torch.Tensor, return_transform: bool = False):
     """``mobile`` moved onto ``target`` by the best proper rigid motion (Kabsch).
 
     Args:
         mobile: ``(..., N, 3)`` positions to move.
         target: ``(..., N, 3)`` positions to fit, same shape.
+        return_transform: also return the motion ``(R, t)``, so that other
+            coordinates in ``mobile``'s frame (an edited structure, the rest of
+            a file) can be moved the same way: ``x @ R.mT + t[..., None, :]``.
 
     Returns:
         ``(..., N, 3)``: ``mobile`` rotated (``det R = +1``) and translated so
-        that the sum of squared distances to ``target`` is smallest.
+        that the sum of squared distances to ``target`` is smallest. With
+        ``return_transform=True``, ``(moved, R, t)``: ``R`` ``(..., 3, 3)``
+        and ``t`` ``(..., 3)`` with ``moved == mobile @ R.mT + t[..., None, :]``
+        (biotite's ``superimpose`` returns the same motion as an
+        ``AffineTransformation``; scipy's ``Rotation.align_vectors(target -
+        target_centre, mobile - mobile_centre)`` the same ``R``).
         Differentiable; the gradient goes through an SVD and is unstable where
         two singular values of the covariance coincide (e.g. linear molecules).
 
@@ -58,11 +66,19 @@ def superpose(mobile: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         >>> rot = torch.linalg.matrix_exp(torch.tensor([[0, -1.0, 0], [1, 0, 0], [0, 0, 0]]).double())
         >>> torch.allclose(superpose(a @ rot.T + 1, a), a)
         True
+        >>> moved, R, t = superpose(a @ rot.T + 1, a, return_transform=True)
+        >>> torch.allclose(R, rot.T) and torch.allclose(moved, (a @ rot.T + 1) @ R.mT + t)
+        True
     """
     _check(mobile, target)
     cm, ct = mobile.mean(-2, keepdim=True), target.mean(-2, keepdim=True)
     p, q = mobile - cm, target - ct
-    return p @ kabsch_rotation(p, q).transpose(-1, -2) + ct
+    R = kabsch_rotation(p, q)
+    moved = p @ R.transpose(-1, -2) + ct
+    if not return_transform:
+        return moved
+    t = (ct - cm @ R.transpose(-1, -2)).squeeze(-2)
+    return moved, R, t
 
 
 def rmsd(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

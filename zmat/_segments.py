@@ -147,6 +147,18 @@ class Segments(NamedTuple):
     starts: torch.Tensor | None
 
 
+def _agree(sizes: np.ndarray, batch, who: str) -> None:
+    """``batch`` (where host data) must be the rows' structures that ``ptr`` gives."""
+    _, host = index_arg(batch, "batch", "cpu", who)
+    want = segment_ids(sizes)
+    if host is not None and host.shape == want.shape and not np.array_equal(host, want):
+        k = int(np.flatnonzero(host != want)[0])
+        raise ValueError(
+            f"{who}: ptr and batch disagree: row {k} is in structure {int(want[k])} by ptr, "
+            f"{int(host[k])} by batch (give one of them)"
+        )
+
+
 def segments(ptr, batch, n: int, device, who: str = "clash_loss", rows: str = "xyz") -> Segments:
     """:class:`Segments` from ``ptr`` (a :class:`zmat.batch.Ragged` too) and/or ``batch``."""
     sizes = None
@@ -162,6 +174,8 @@ def segments(ptr, batch, n: int, device, who: str = "clash_loss", rows: str = "x
                     f"{host[:4].tolist()}{' ...' if len(host) > 4 else ''} ending at {host[-1]}"
                 )
         count, first = ptr.shape[0] - 1, ptr[:-1]
+        if batch is not None and sizes is not None:
+            _agree(sizes, batch, who)
         if batch is None:
             index = torch.arange(count, device=device).repeat_interleave(ptr[1:] - first, output_size=n)
             return Segments(count, index, sizes, first)

@@ -18,19 +18,24 @@ angles and dihedrals (``examples/geometry_optimisation.py``).
 Conventions: lengths in Angstrom, angles in radians, energies in the
 calculator's unit (eV for ASE's calculators). Dummy atoms (``'X'``) are not
 passed to the calculator; their rows get the gradient of the real atoms they
-place. One structure per call (a calculator is not batched); the positions go
+place. ASE constraints on ``atoms`` (``FixAtoms``, ...) are not applied: the
+energy and its gradient are the calculator's own (freeze rows of ``C`` to
+constrain internal coordinates). One structure per call (a calculator is not batched); the positions go
 to the host, so this is interop code, not a hot path. The backward uses the
 forces of the forward call: first derivatives only.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+from ase.optimize.optimize import Optimizer as _AseOptimizer
 from torch.autograd.function import once_differentiable
 
+from .optimize import InternalStepper
 from .zmatrix import ZMatrix
 
-__all__ = ["InternalEnergy", "potential_energy"]
+__all__ = ["InternalEnergy", "InternalOptimizer", "potential_energy"]
 
 
 class _CalculatorEnergy(torch.autograd.Function):
@@ -39,8 +44,10 @@ class _CalculatorEnergy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, xyz: torch.Tensor, atoms) -> torch.Tensor:
         atoms.positions = xyz.detach().to("cpu", torch.float64).numpy()
-        energy = float(atoms.get_potential_energy())
-        forces = torch.as_tensor(atoms.get_forces(), dtype=xyz.dtype).to(xyz.device)
+        # the calculator's own energy and forces: an ASE constraint (FixAtoms zeroes forces) would make
+        # -F differ from dE/dx, and constraints in internal coordinates are the caller's to impose
+        energy = float(atoms.get_potential_energy(apply_constraint=False))
+        forces = torch.as_tensor(atoms.get_forces(apply_constraint=False), dtype=xyz.dtype).to(xyz.device)
         ctx.save_for_backward(forces)
         return torch.tensor(energy, dtype=xyz.dtype, device=xyz.device)
 
@@ -135,3 +142,112 @@ class InternalEnergy:
         """Energy at the z-matrix variables ``values`` (``(V,)``, :attr:`ZMatrix.variable_uses` order),
         differentiable in them: a shared variable's gradient sums its uses (with their signs)."""
         return self(self.zm.internal_from_variables(values))
+
+
+class InternalOptimizer(_AseOptimizer):
+    """An ASE optimiser that steps in redundant internal coordinates (:mod:`zmat.optimize`).
+
+    ``InternalOptimizer(atoms).run(fmax=0.05)`` works with any ASE calculator:
+    bonds (ring closures, hydrogen bonds, contacts between fragments), angles,
+    linear bends, dihedrals and out-of-plane angles, a model Hessian updated
+    by BFGS, RFO / trust-radius steps (pyberny's algorithm). ASE's semantics:
+    ``run`` returns whether the largest per-atom force norm fell below
+    ``fmax``; ``nsteps`` counts steps (energy evaluations minus one);
+    ``trajectory`` and ``logfile`` as every ASE optimiser.
+
+    Args:
+        atoms: an ``ase.Atoms`` with a calculator (no cell filters: the
+            coordinates are the atoms' positions). A ``FixAtoms`` constraint
+            on it freezes those atoms.
+        logfile, trajectory, restart, append_trajectory: as ASE's optimisers
+            (``restart`` files are not written: the state is tensors).
+        constraints: :func:`zmat.optimize.minimize`'s (bonds, angles,
+            dihedrals held; ``"frozen"`` atoms); then convergence is judged
+            on the forces left after removing the constraint forces.
+        trust: initial trust radius (bohr / radian).
+
+    Example:
+        >>> from ase.build import molecule
+        >>> from ase.calculators.emt import EMT
+        >>> atoms = molecule("CH4"); atoms.rattle(0.05, seed=0); atoms.calc = EMT()
+        >>> opt = InternalOptimizer(atoms, logfile=None)
+        >>> opt.run(fmax=0.01)
+        True
+    """
+
+    def __init__(
+        self,
+        atoms,
+        restart=None,
+        logfile="-",
+        trajectory=None,
+        append_trajectory: bool = False,
+        *,
+        constraints=None,
+        trust: float = 0.3,
+        **kwargs,
+    ) -> None:
+        from ase import Atoms
+
+        if not isinstance(atoms, Atoms):
+            raise TypeError(
+                f"InternalOptimizer needs an ase.Atoms (no cell filters), got {type(atoms).__name__}"
+            )
+        self.zmat_constraints = dict(constraints or {})
+        self.trust = trust
+        self.stepper = None
+        super().__init__(
+            atoms,
+            restart=restart,
+            logfile=logfile,
+            trajectory=trajectory,
+            append_trajectory=append_trajectory,
+            **kwargs,
+        )
+
+    def _constraints(self) -> dict:
+        from ase.constraints import FixAtoms
+
+        out = dict(self.zmat_constraints)
+        frozen = [int(a) for a in np.atleast_1d(out.pop("frozen", []))]
+        for c in self.atoms.constraints:
+            if not isinstance(c, FixAtoms):
+                raise ValueError(
+                    f"InternalOptimizer: ASE constraint {type(c).__name__} is not supported; "
+                    "use FixAtoms, or constraints={...} for bonds, angles and dihedrals"
+                )
+            frozen += [int(a) for a in c.get_indices()]
+        if frozen:
+            out["frozen"] = sorted(set(frozen))
+        return out
+
+    def _state(self):
+        x = torch.as_tensor(self.atoms.get_positions(), dtype=torch.float64)[None]
+        g = -torch.as_tensor(self.atoms.get_forces(), dtype=torch.float64)[None]
+        if self.stepper is None:
+            self.stepper = InternalStepper(x, self.atoms.numbers, self._constraints(), trust=self.trust)
+        return x, g
+
+    def initialize(self) -> None:
+        self.stepper = None
+
+    def read(self):
+        raise NotImplementedError("InternalOptimizer does not restart from a file")
+
+    def step(self, *args, **kwargs) -> None:
+        x, g = self._state()
+        if self.stepper.needs_rebuild(x):
+            self.stepper.rebuild(self.stepper._internal(x))
+        e = torch.tensor([self.atoms.get_potential_energy()], dtype=torch.float64)
+        _, x_new = self.stepper.step(x, e, g)
+        self.atoms.set_positions(x_new[0].numpy())
+
+    def _fmax(self) -> float:
+        x, g = self._state()
+        return float(self.stepper.fmax(x, g)[0])
+
+    def converged(self, *args, **kwargs) -> bool:
+        return self._fmax() < self.fmax
+
+    def gradient_converged(self, gradient) -> bool:
+        return self._fmax() < self.fmax

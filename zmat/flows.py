@@ -33,7 +33,14 @@ from ._geometry import safe_atan2, safe_norm, tiny
 from .table import ConstructionTable, as_table, index_tensor
 from .transform import to_xyz
 
-__all__ = ["InternalCoordinateTransform", "log_det_jacobian"]
+__all__ = [
+    "BoxTransform",
+    "InternalCoordinateTransform",
+    "MaskedCircularShift",
+    "log_det_jacobian",
+    "mixed_spline",
+    "zuko_flow",
+]
 
 # What each entry of q (viewed as (N, 3)) holds; angles and periodic entries are normalised.
 CARTESIAN, BOND, ANGLE, PERIODIC, COS_BETA = range(5)
@@ -165,7 +172,11 @@ class InternalCoordinateTransform(Transform):
     ``log|det d xyz / d q|`` (computed from ``q``), ``T.inv``'s its negative.
     Degenerate input (zero bonds, straight angles, ``cos beta = +-1``,
     collinear first atoms) gives finite values and gradients (the log-det is
-    clamped as in :func:`log_det_jacobian`).
+    clamped as in :func:`log_det_jacobian`). A ``cos beta`` outside ``[-1, 1]``
+    (outside ``T.lower``, ``T.upper``) is no orientation: ``T(q)`` gives NaN
+    positions for that tree (no error, which would sync the device; a flow keeps
+    ``cos beta`` in range with a bounded transform, e.g. a ``tanh`` or a spline
+    on ``[-1, 1]``).
 
     Example:
         >>> table = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0]]
@@ -242,6 +253,7 @@ class InternalCoordinateTransform(Transform):
 
     def _call(self, q: torch.Tensor) -> torch.Tensor:
         _check_tensor(q, "q")
+        q = _in_chart(self, q)
         shape = self.forward_shape(q.shape)
         t = self._tensors(q.device, q.dtype)
         c = self._scale(q.reshape(-1, self.n_atoms, 3), t, inverse=False)  # (B, N, 3)
@@ -458,6 +470,19 @@ def _matrix_to_euler(u: torch.Tensor, v: torch.Tensor, w: torch.Tensor, bond: to
     ok = norm > 0
     cos_beta = torch.where(ok, bond[2] / torch.where(ok, norm, 1.0), u[2])
     return alpha, cos_beta, gamma
+
+
+# ---------------------------------------------------------------- the orientation chart
+def _in_chart(T: InternalCoordinateTransform, q: torch.Tensor) -> torch.Tensor:
+    """``q`` with NaN where a ``cos beta`` entry lies outside ``[-1, 1]``: that tree's positions are
+    then NaN, not a silently non-orthonormal "rotation". No error: a check would sync the device
+    in every step (test it yourself: ``((q < T.lower) | (q > T.upper)).any()``). A select, no sync;
+    the mask is copied to each device once."""
+    masks = T.__dict__.setdefault("_cos_beta", {})
+    mask = masks.get(q.device)
+    if mask is None:
+        mask = masks[q.device] = (T.kind == COS_BETA).to(q.device)
+    return torch.where(mask & (q.abs() > 1), torch.nan, q)
 
 
 # ---------------------------------------------------------------- the plan
@@ -728,3 +753,185 @@ def _check_rows(refs, nref, is_fixed, label, roots) -> None:
             f"atom {i} refers to fixed atom {refs[i, c]} but its free tree (root {root_of[i]}) has no "
             "third atom (b, a, -1) to carry the tree's frame: add one, or fix the tree's first atoms"
         )
+
+
+# ------------------------------------------------- the pieces a flow puts around the transform
+
+
+class BoxTransform(Transform):
+    """The affine map of every entry of ``q`` onto ``[-bound, bound]``, and which entries are circular.
+
+    ``z = (q - lower) / (upper - lower) * 2 bound - bound``, entry by entry: what a
+    spline flow over a uniform (or uniform-on-the-circle) base needs between
+    :class:`InternalCoordinateTransform`'s ``q`` and its splines. Made from data with
+    :meth:`fit`; its tensors are what flow libraries take:
+
+    - zuko: ``zuko.flows.UnconditionalTransform(BoxTransform, box.lower, box.upper,
+      box.circular, buffer=True)`` as a flow's first layer (:func:`zuko_flow` builds the
+      whole flow);
+    - normflows: train on ``box(q)`` with ``CircularAutoregressiveRationalQuadraticSpline(d,
+      ..., ind_circ=box.circular_indices.tolist(), tail_bound=box.bound)`` and add
+      ``box.log_abs_det_jacobian(q, z)`` to the log-density.
+
+    Args:
+        lower, upper: ``(D,)`` finite bounds of the entries, ``lower < upper`` (checked by
+            :meth:`fit`, not here: zuko rebuilds the transform at every call, and a check of
+            values would wait for the device each time).
+        circular: ``(D,)`` bool, the periodic entries (their bounds are one period).
+        bound: half the width of the box.
+
+    Attributes:
+        lower, upper, circular, bound: as given; ``circular_indices``: ``(n_circular,)`` int64.
+
+    ``log_abs_det_jacobian(q, z)`` is ``sum log(2 bound / (upper - lower))``, a constant, of
+    shape ``q.shape[:-1]``. Any leading batch dimensions; the output has ``q``'s dtype.
+
+    Example:
+        >>> T = InternalCoordinateTransform([[-1, -1, -1], [0, -1, -1], [1, 0, -1]], normalize_angles=True)
+        >>> q = T.inv(torch.randn(100, 3, 3, dtype=torch.float64))
+        >>> box = BoxTransform.fit(T, q)
+        >>> z = box(q)
+        >>> bool(z.abs().max() <= math.pi) and bool(torch.allclose(box.inv(z), q))
+        True
+    """
+
+    bijective = True
+    domain = codomain = constraints.independent(constraints.real, 1)
+
+    def __init__(self, lower, upper, circular, bound: float = math.pi, cache_size: int = 0) -> None:
+        super().__init__(cache_size=cache_size)
+        self.lower, self.upper = torch.as_tensor(lower), torch.as_tensor(upper)
+        self.circular = torch.as_tensor(circular, dtype=torch.bool, device=self.lower.device)
+        shapes = {tuple(self.lower.shape), tuple(self.upper.shape), tuple(self.circular.shape)}
+        if len(shapes) != 1 or self.lower.ndim != 1:
+            raise ValueError(f"lower, upper and circular must have one shape (D,), got {sorted(shapes)}")
+        self.bound = float(bound)
+        self.scale = 2 * self.bound / (self.upper - self.lower)
+
+    @classmethod
+    def fit(
+        cls, T: InternalCoordinateTransform, q: torch.Tensor, margin: float = 0.5, bound: float = math.pi
+    ):
+        """The box of ``T``'s entries for data ``q``: the periodic entries and ``cos beta`` by ``T``'s
+        bounds, the others by the range of ``q`` widened by ``margin`` times its width on each side
+        (kept inside ``T.lower``, ``T.upper``: bonds stay positive, angles in ``[0, pi]``).
+
+        Args:
+            T: the transform whose entries ``q`` holds.
+            q: ``(B, 3 N)`` training data, ``T.inv(xyz)``.
+            margin: the widening, a fraction of each entry's range in ``q`` (held-out data
+                outside the box has zero density).
+            bound: half the width of the box.
+        """
+        if q.ndim != 2 or q.shape[-1] != 3 * T.n_atoms:
+            raise ValueError(f"q must have shape (B, {3 * T.n_atoms}), got {tuple(q.shape)}")
+        bad = torch.nonzero(~torch.isfinite(q))
+        if len(bad):
+            raise ValueError(
+                f"q[{int(bad[0, 0])}, {int(bad[0, 1])}] is not finite: the box needs finite data"
+            )
+        t_lo, t_hi = T.lower.to(q), T.upper.to(q)
+        lo, hi = q.detach().amin(0), q.detach().amax(0)
+        width = (hi - lo).clamp_min(1e-6)
+        lo = torch.maximum(lo - margin * width, t_lo)
+        hi = torch.minimum(hi + margin * width, t_hi)
+        fixed = (T.circular | (T.kind == COS_BETA)).to(q.device)
+        return cls(torch.where(fixed, t_lo, lo), torch.where(fixed, t_hi, hi), T.circular, bound)
+
+    @property
+    def circular_indices(self) -> torch.Tensor:
+        return torch.nonzero(self.circular).flatten()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({len(self.lower)} entries, {int(self.circular.sum())} circular)"
+
+    def _call(self, q: torch.Tensor) -> torch.Tensor:
+        return (q - self.lower.to(q)) * self.scale.to(q) - self.bound
+
+    def _inverse(self, z: torch.Tensor) -> torch.Tensor:
+        return (z + self.bound) / self.scale.to(z) + self.lower.to(z)
+
+    def log_abs_det_jacobian(self, q: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        return self.scale.to(q).log().sum().expand(q.shape[:-1])
+
+
+class MaskedCircularShift(Transform):
+    """``x -> (x mod 2 bound) - bound`` on the entries where ``mask`` (identity elsewhere): zuko's
+    circular shift (Rezende et al. 2020) on the periodic entries only. Before a spline pinned at
+    ``+-bound`` it makes a circular spline; its own inverse on ``[-bound, bound]``; volume-preserving.
+
+    Args:
+        mask: ``(D,)`` bool, the circular entries; bound: half the period.
+    """
+
+    bijective = True
+    domain = codomain = constraints.real
+
+    def __init__(self, mask, bound: float = math.pi, cache_size: int = 0) -> None:
+        super().__init__(cache_size=cache_size)
+        self.mask, self.bound = torch.as_tensor(mask, dtype=torch.bool), float(bound)
+
+    def _call(self, x: torch.Tensor) -> torch.Tensor:
+        shifted = torch.remainder(x, 2 * self.bound) - self.bound
+        return torch.where(self.mask.to(x.device), shifted, x)
+
+    _inverse = _call
+
+    def log_abs_det_jacobian(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(x)
+
+
+def mixed_spline(*phi, mask, bound: float = math.pi):
+    """zuko's univariate transform of a mixed flow: a circular rational-quadratic spline where
+    ``mask``, an ordinary one (on ``[-bound, bound]``) elsewhere. ``phi``: zuko's spline parameters."""
+    from zuko.transforms import ComposedTransform, MonotonicRQSTransform
+
+    return ComposedTransform(MaskedCircularShift(mask, bound), MonotonicRQSTransform(*phi, bound=bound))
+
+
+def zuko_flow(
+    T: InternalCoordinateTransform,
+    q: torch.Tensor,
+    transforms: int = 3,
+    hidden: int = 64,
+    bins: int = 8,
+    margin: float = 0.5,
+):
+    """A zuko flow over ``T``'s ``q``: :class:`BoxTransform` fitted to ``q``, then masked
+    autoregressive rational-quadratic splines (circular on ``T.circular``), over a uniform base.
+
+    The flow models ``q`` (float32; its log-density includes the box's constant), so the
+    density of positions is ``flow().log_prob(q.float()) - T.log_abs_det_jacobian(q)``, and
+    ``T(flow().sample((n,)).double())`` samples structures (``examples/boltzmann_generator.py``).
+    Needs zuko (the extra ``flows``).
+
+    Args:
+        T: the transform; q: ``(B, 3 N)`` training data ``T.inv(xyz)`` (sets the box).
+        transforms, hidden, bins: autoregressive layers, hidden width (two layers), spline bins.
+        margin: as for :meth:`BoxTransform.fit`.
+
+    Returns:
+        a ``zuko.flows.Flow``: ``flow()`` is the distribution over ``q``.
+    """
+    try:
+        import zuko
+    except ImportError as err:  # pragma: no cover - exercised only without the extra
+        raise ImportError("zmat.flows.zuko_flow needs zuko: pip install 'zmat[flows]'") from err
+    from functools import partial
+
+    box = BoxTransform.fit(T, q.double(), margin)
+    d, edge = len(box.lower), box.bound + 1e-5  # the base's edge: splines map [-pi, pi] onto itself
+    maf = zuko.flows.MAF(
+        d,
+        transforms=transforms,
+        hidden_features=(hidden, hidden),
+        univariate=partial(mixed_spline, mask=box.circular, bound=box.bound),
+        shapes=[(bins,), (bins,), (bins - 1,)],
+    )
+    first = zuko.flows.UnconditionalTransform(
+        BoxTransform, box.lower.float(), box.upper.float(), box.circular, bound=box.bound, buffer=True
+    )
+    base = zuko.flows.UnconditionalDistribution(
+        zuko.distributions.BoxUniform, torch.full((d,), -edge), torch.full((d,), edge), buffer=True
+    )
+    return zuko.flows.Flow([first, maf.transform], base)

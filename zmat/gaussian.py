@@ -21,15 +21,20 @@ A Gaussian input file, or just its molecule specification:
   label (``C1``, ``H12``), or an atomic number; ``X`` (or ``Xn``) is a dummy
   atom. References are 1-based line numbers or atom labels and must point to
   earlier lines. Values are numbers (Fortran ``1.0D0`` too), variable names, or
-  negated variable names (``-D1``). Angles are in degrees and lengths in
-  Angstrom, unless the route says ``Units=Bohr``/``AU`` or ``Units=Rad``.
+  variable names with one sign (``-D1``; ``--D1`` is an error). Angles are in degrees and lengths in
+  Angstrom, unless the route says ``Units=Bohr``/``AU`` or ``Units=Rad``. Bond
+  angles are read as written, as ``ase.io.zmatrix`` does (a negative one
+  included); :class:`~zmat.ZMatrix` refuses those outside ``[0, 180]`` degrees,
+  naming the line (:attr:`GaussianZMatrix.lines`).
   Cartesian lines and the two-angle form (final flag ``1``/``-1``) are not
   supported. A row with fewer references than ``min(line, 3)`` is a zmat
   extension (a new root or a partial row in a forest); Gaussian rejects it.
 * variables after a ``Variables:`` (or ``Constants:``) line, or after the blank
   line that ends the z-matrix: ``NAME= value``, ``NAME=value`` or
   ``NAME value``, up to the next blank line. Anything after that (basis sets,
-  further sections) is ignored.
+  further sections) is ignored. The names defined under ``Constants:`` are
+  recorded (:attr:`GaussianZMatrix.constants`) and written back under
+  ``Constants:``.
 
 Any error is a ``ValueError`` that names the line number and quotes the line.
 
@@ -39,7 +44,9 @@ first atom at the origin, second on ``+x``, third in the ``xy``-plane on the
 
 File format (write)
 -------------------
-Rows are written in construction order (every reference on an earlier line, as
+The route section read is written back (``#`` when there was none), without
+its ``Units=`` keyword since values are written in Angstrom and degrees; Link 0
+lines are not kept. Rows are written in construction order (every reference on an earlier line, as
 Gaussian requires), references as 1-based line numbers, values as plain numbers
 or, with ``variables=True``, as variables: the names (and signs, ``-D1``) that
 ``zm.variables`` records, or when it records none, ``R<k>``, ``A<k>``, ``D<k>``
@@ -99,6 +106,11 @@ class GaussianZMatrix:
         variables: per row, the variable token each present value was given by
             (``"R1"``, ``"-D3"``), or ``None`` for a literal number; may be
             empty (no variables).
+        route: the route section (``"#P HF/6-31G(d) Opt"``), ``""`` for a bare z-matrix.
+        constants: upper-case names of the variables defined under ``Constants:``
+            (Gaussian holds them fixed in an optimisation).
+        lines: the 1-based line of the text each row was read from (empty when
+            not read from text).
     """
 
     symbols: list[str]
@@ -108,6 +120,9 @@ class GaussianZMatrix:
     charge: int = 0
     multiplicity: int = 1
     variables: list[list[str | None]] = dataclasses.field(default_factory=list)
+    route: str = ""
+    constants: frozenset[str] = frozenset()
+    lines: list[int] = dataclasses.field(default_factory=list)
 
 
 # ======================================================================= write
@@ -181,6 +196,13 @@ def _angle_str(x: float, decimals: int | None = None) -> str:
     return text if "." in text or "E" in text.upper() else text + ".0"
 
 
+def _written_route(route: str) -> str:
+    """The route to write: the one read (``#`` when none), without its ``Units=`` keyword (the
+    values are written in Angstrom and degrees)."""
+    route = re.sub(r"\s*\bunits\s*(=\s*\([^)]*\)|=\s*\S+|\([^)]*\))", "", route.strip(), flags=re.IGNORECASE)
+    return route if route.startswith("#") else "#"
+
+
 def to_string(zm: GaussianZMatrix, *, variables: bool = False, decimals: int | None = 10) -> str:
     """Gaussian-style z-matrix text of ``zm``; :func:`parse` reads it back.
 
@@ -218,11 +240,12 @@ def to_string(zm: GaussianZMatrix, *, variables: bool = False, decimals: int | N
         nums = [str(r + 1) for r in order]
         for k in range(0, len(nums), 20):
             out.append("! zmat-order: " + " ".join(nums[k : k + 20]))
-    out += ["#", "", zm.title.strip() or "zmat", "", f"{zm.charge} {zm.multiplicity}"]
+    out += [_written_route(zm.route), "", zm.title.strip() or "zmat", "", f"{zm.charge} {zm.multiplicity}"]
     kept = any(t for toks in zm.variables for t in toks)  # else every value gets a name
     tokens = zm.variables if kept else [[] for _ in zm.symbols]
     defined: dict[str, tuple[str, int, float]] = {}  # upper-case name -> (value text, row, value)
-    var_lines = []
+    var_lines: list[str] = []
+    const_lines: list[str] = []
     width = max(len(s) for s in zm.symbols)
     for k, row in enumerate(order):
         fields = [zm.symbols[row].ljust(width)]
@@ -238,7 +261,7 @@ def to_string(zm: GaussianZMatrix, *, variables: bool = False, decimals: int | N
                 key = name.upper()
                 if key not in defined:
                     defined[key] = (text, row, val)
-                    var_lines.append(f"{name}= {text}")
+                    (const_lines if key in zm.constants else var_lines).append(f"{name}= {text}")
                 elif abs(defined[key][2] - val) > 1e-9:  # rounding apart is one value
                     raise ValueError(
                         f"variable {name!r} is {defined[key][0]} in row {defined[key][1]} but "
@@ -249,6 +272,8 @@ def to_string(zm: GaussianZMatrix, *, variables: bool = False, decimals: int | N
         out.append("  ".join(fields).rstrip())
     if variables and var_lines:
         out += ["  Variables:"] + var_lines
+    if variables and const_lines:
+        out += ["  Constants:"] + const_lines
     return "\n".join(out) + "\n\n"
 
 
@@ -457,13 +482,16 @@ def _zmatrix_rows(cur: _Cursor) -> tuple[list[_Line], list[str], list[list[int]]
     return zlines, symbols, rows, tokens
 
 
-def _variables(cur: _Cursor, needed: bool) -> dict[str, str]:
-    """Variable definitions (upper-case name -> decimal string) after the z-matrix."""
+def _variables(cur: _Cursor, needed: bool) -> tuple[dict[str, str], frozenset[str]]:
+    """Variable definitions (upper-case name -> decimal string) after the z-matrix, and the
+    upper-case names of those under a ``Constants:`` header."""
     defs: dict[str, str] = {}
+    constants: set[str] = set()
+    in_constants = False
     cur.skip_blank()
     ln = cur.peek()
     if not needed and not (ln is not None and _HEADER_RE.match(ln.body)):
-        return defs
+        return defs, frozenset()
     while (ln := cur.peek()) is not None:
         if not ln.body:
             cur.skip_blank()
@@ -472,7 +500,9 @@ def _variables(cur: _Cursor, needed: bool) -> dict[str, str]:
                 continue
             break
         cur.pos += 1
-        if _HEADER_RE.match(ln.body):
+        header = _HEADER_RE.match(ln.body)
+        if header:
+            in_constants = header.group(1).lower() == "constants"
             continue
         m = _VAR_RE.match(ln.body)
         if not m:
@@ -485,14 +515,18 @@ def _variables(cur: _Cursor, needed: bool) -> dict[str, str]:
         if name.upper() in defs:
             raise ln.error(f"variable {name!r} is defined twice")
         defs[name.upper()] = val
-    return defs
+        if in_constants:
+            constants.add(name.upper())
+    return defs, frozenset(constants)
 
 
 def _value(tok: str, column: int, defs: dict[str, str], units, ln: _Line) -> float:
     """The value of token ``tok`` in ``column`` (0 length, 1 angle, 2 dihedral), in A and radians."""
     text = _number(tok)
     if text is None:
-        name = tok.lstrip("+-")
+        name = tok[1:] if tok[:1] in "+-" else tok
+        if not _NAME_RE.match(name):
+            raise ln.error(f"{tok!r} is neither a number nor a variable name with at most one sign")
         if name.upper() not in defs:
             raise ln.error(f"unknown variable {name!r}")
         text = defs[name.upper()]
@@ -523,9 +557,12 @@ def _reorder(zm: GaussianZMatrix, line: _Line, spec: str) -> GaussianZMatrix:
     values[perm] = zm.values
     symbols = [""] * n
     variables: list[list[str | None]] = [[] for _ in range(n)]
+    lines = [0] * n
     for k, row in enumerate(order):
-        symbols[row], variables[row] = zm.symbols[k], zm.variables[k]
-    return dataclasses.replace(zm, symbols=symbols, refs=refs, values=values, variables=variables)
+        symbols[row], variables[row], lines[row] = zm.symbols[k], zm.variables[k], zm.lines[k]
+    return dataclasses.replace(
+        zm, symbols=symbols, refs=refs, values=values, variables=variables, lines=lines
+    )
 
 
 def parse(text: str) -> GaussianZMatrix:
@@ -548,13 +585,24 @@ def parse(text: str) -> GaussianZMatrix:
     title, charge, mult, route = _header(cur)
     units = _units(route)
     zlines, symbols, rows, tokens = _zmatrix_rows(cur)
-    defs = _variables(cur, needed=any(_number(t) is None for toks in tokens for t in toks))
+    defs, constants = _variables(cur, needed=any(_number(t) is None for toks in tokens for t in toks))
     values = np.zeros((len(symbols), 3), np.float64)
     for k, (ln, toks) in enumerate(zip(zlines, tokens, strict=True)):
         for c, tok in enumerate(toks):
             values[k, c] = _value(tok, c, defs, units, ln)
     variables = [[None if _number(t) is not None else t for t in toks] for toks in tokens]
-    zm = GaussianZMatrix(symbols, np.asarray(rows, np.int64), values, title, charge, mult, variables)
+    zm = GaussianZMatrix(
+        symbols,
+        np.asarray(rows, np.int64),
+        values,
+        title,
+        charge,
+        mult,
+        variables,
+        route,
+        constants,
+        [ln.no for ln in zlines],
+    )
     return zm if order_comment is None else _reorder(zm, *order_comment)
 
 

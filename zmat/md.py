@@ -18,7 +18,10 @@ order, references may point to later rows):
    its heaviest atom; the second atom is the root's heaviest neighbour, and
    the third the heaviest non-terminal neighbour of the second (else any);
    ties go to the highest index. This is the root
-   ``MDAnalysis.analysis.bat.BAT`` chooses by default.
+   ``MDAnalysis.analysis.bat.BAT`` chooses by default, except that a third
+   atom collinear with the first two in the current frame (within about 0.6
+   degrees: the F trans to the root in octahedral SF6) is passed over for the
+   next one in that order, since the flow's first three atoms must span a plane.
 3. **Order.** Breadth first from the root along the bonds, heavier
    neighbours first (ties: lowest index). Each atom's bond reference ``b`` is
    the bonded atom it was reached from, so a hydrogen always sits on its
@@ -38,6 +41,7 @@ molecules made whole across periodic boundaries), and
 
 from __future__ import annotations
 
+import warnings
 from collections import deque
 from pathlib import Path
 
@@ -84,12 +88,27 @@ def atom_group(atoms):
 def bonds(atoms) -> list[list[int]]:
     """The topology's bonds inside the group: for each atom (group order) its bonded neighbours.
 
+    A topology that bonds only some atoms (PDB files whose CONECT records cover the
+    hetero groups only, as OpenMM and the PDB write them) is completed: the atoms without
+    a bond in residues of several atoms get the bonds MDAnalysis guesses from the current
+    frame's distances (``DefaultGuesser.guess_bonds``, van der Waals radii), with a
+    warning naming them; the topology's own bonds are kept as they are, and an atom
+    alone in its residue (an ion) stays unbonded.
+
     Raises:
         ValueError: the topology has no bonds (guess them first:
             ``atoms.guess_bonds()``, or ``MDAnalysis.Universe(top, traj,
             to_guess=("bonds",))`` in MDAnalysis >= 2.8).
     """
     ag = atom_group(atoms)
+    out = _topology_bonds(ag)
+    for i, j in _guessed_bonds(ag, out):
+        out[i].add(j)
+        out[j].add(i)
+    return [sorted(s) for s in out]
+
+
+def _topology_bonds(ag) -> list[set[int]]:
     if not hasattr(ag, "bonds"):
         raise ValueError(
             "the topology has no bonds: load it with bonds (PSF, TPR, PRMTOP, PDB with CONECT) "
@@ -102,7 +121,33 @@ def bonds(atoms) -> list[list[int]]:
         if i in local and j in local:  # bonds leaving the group are ignored
             out[local[i]].add(local[j])
             out[local[j]].add(local[i])
-    return [sorted(s) for s in out]
+    return out
+
+
+def _guessed_bonds(ag, topology: list[set[int]]) -> list[tuple[int, int]]:
+    """Bonds (group indices) guessed for the atoms the topology leaves unbonded in residues of
+    several atoms: the guessed bonds with such an atom at one end (a warning names them)."""
+    resindex = np.asarray(ag.resindices)
+    _, inverse, counts = np.unique(resindex, return_inverse=True, return_counts=True)
+    lone = np.array([not s for s in topology]) & (counts[inverse] > 1)
+    if not lone.any():
+        return []
+    from MDAnalysis.guesser.default_guesser import DefaultGuesser
+
+    box = ag.universe.trajectory.ts.dimensions
+    pairs = DefaultGuesser(None, box=box).guess_bonds(ag, ag.positions)
+    local = {int(g): k for k, g in enumerate(ag.indices)}
+    guessed = [(local[int(i)], local[int(j)]) for i, j in pairs]  # atom indices of the Universe
+    guessed = [(i, j) for i, j in guessed if lone[i] or lone[j]]
+    names = [f"{a.resname}{a.resid}:{a.name}" for a in ag[np.flatnonzero(lone)[:5]]]
+    more = f" and {int(lone.sum()) - 5} more" if lone.sum() > 5 else ""
+    warnings.warn(
+        f"zmat.md: the topology bonds only some atoms; {int(lone.sum())} atoms in residues of several atoms "
+        f"have no bond ({', '.join(names)}{more}): {len(guessed)} bonds guessed from distances for them "
+        "(load a topology with every bond to silence this)",
+        stacklevel=3,
+    )
+    return guessed
 
 
 def construction_table(atoms) -> ConstructionTable:
@@ -124,10 +169,28 @@ def construction_table(atoms) -> ConstructionTable:
     mass = np.asarray(ag.masses, np.float64)
     refs = np.full((len(ag), 3), -1, np.int64)
     seen = np.zeros(len(ag), bool)
+    xyz = _current_positions(ag)
     for start in range(len(ag)):
         if not seen[start]:
-            _tree(_component(nbrs, start), nbrs, mass, refs, seen)
+            _tree(_component(nbrs, start), nbrs, mass, refs, seen, xyz)
     return ConstructionTable(refs)
+
+
+def _current_positions(ag) -> np.ndarray | None:
+    """The group's positions in the current frame, or None without coordinates."""
+    try:
+        return np.asarray(ag.positions, np.float64)
+    except (AttributeError, ValueError):  # MDAnalysis' NoDataError is both
+        return None
+
+
+def _collinear(xyz: np.ndarray | None, i: int, j: int, k: int) -> bool:
+    """Whether the angle ``i-j-k`` is within about 0.6 degrees of 0 or 180 (sin^2 < 1e-4)."""
+    if xyz is None:
+        return False
+    u, v = xyz[i] - xyz[j], xyz[k] - xyz[j]
+    cross = np.cross(u, v)
+    return float(cross @ cross) < 1e-4 * float(u @ u) * float(v @ v)
 
 
 def _component(nbrs: list[list[int]], start: int) -> list[int]:
@@ -142,7 +205,7 @@ def _component(nbrs: list[list[int]], start: int) -> list[int]:
     return sorted(comp)
 
 
-def _tree(comp: list[int], nbrs, mass: np.ndarray, refs: np.ndarray, seen: np.ndarray) -> None:
+def _tree(comp: list[int], nbrs, mass: np.ndarray, refs: np.ndarray, seen: np.ndarray, xyz=None) -> None:
     """Rules 2-4 for one molecule: fill its rows of ``refs``."""
 
     def heavy_first(atoms):
@@ -160,7 +223,12 @@ def _tree(comp: list[int], nbrs, mass: np.ndarray, refs: np.ndarray, seen: np.nd
         second = heaviest(nbrs[root])
         rest = [a for a in nbrs[second] if a != root]
         inner = [a for a in rest if len(nbrs[a]) > 1]
-        first_children = [second] + ([heaviest(inner or rest)] if rest else [])
+        ranked = sorted(inner, key=lambda a: (mass[a], a), reverse=True)
+        ranked += sorted([a for a in rest if a not in inner], key=lambda a: (mass[a], a), reverse=True)
+        # BAT's third atom (ranked[0]), unless it is collinear with the first two in the current
+        # frame (SF6: the F trans to the root), where the flow's first atoms would be singular
+        bent = [a for a in ranked if not _collinear(xyz, root, second, a)]
+        first_children = [second] + ((bent or ranked)[:1])
         for a, p in zip(first_children, (root, second), strict=False):
             parent[a], seen[a] = p, True
             order.append(a)
@@ -207,7 +275,8 @@ def positions(atoms, start=None, stop=None, step=None, *, dtype=torch.float64, u
         dtype: the tensor's dtype.
         unwrap: with a periodic box, make every molecule whole first
             (``AtomGroup.unwrap(compound="fragments", inplace=False)``, which needs
-            bonds; the Universe is left as it was).
+            bonds; the Universe is left as it was). Bonds missing from a partial
+            topology are guessed as in :func:`bonds` (on a copy of the Universe).
 
     Returns:
         ``(F, N, 3)`` tensor in Angstrom (MDAnalysis' length unit).
@@ -219,11 +288,25 @@ def positions(atoms, start=None, stop=None, step=None, *, dtype=torch.float64, u
     frames = ag.universe.trajectory[start:stop:step]
     if unwrap and ag.universe.trajectory.ts.dimensions is not None and not hasattr(ag, "bonds"):
         raise ValueError("unwrap=True needs bonds to make molecules whole: guess them, or pass unwrap=False")
+    if unwrap and ag.universe.trajectory.ts.dimensions is not None:
+        ag = _completed(ag)
+        frames = ag.universe.trajectory[start:stop:step]
     out = np.empty((len(frames), len(ag), 3), np.float64)
     for k, ts in enumerate(frames):
         whole = unwrap and ts.dimensions is not None
         out[k] = ag.unwrap(compound="fragments", inplace=False) if whole else ag.positions
     return torch.as_tensor(out, dtype=dtype)
+
+
+def _completed(ag):
+    """``ag``, or the same atoms of a copy of its Universe with the bonds :func:`bonds` guesses
+    added (so that ``unwrap`` sees whole molecules)."""
+    guessed = _guessed_bonds(ag, _topology_bonds(ag))
+    if not guessed:
+        return ag
+    u = ag.universe.copy()
+    u.add_bonds([(int(ag.indices[i]), int(ag.indices[j])) for i, j in guessed])
+    return u.atoms[ag.indices]
 
 
 def flow_coordinates(

@@ -44,7 +44,10 @@ class ZMatrix:
             (Angstrom, radians, IUPAC dihedral sign); 0 where the reference is
             missing.
         table: the :class:`~zmat.ConstructionTable` (rows ``(b, a, d)``).
-        title, charge, multiplicity: carried through Gaussian files.
+        title, charge, multiplicity, route: carried through Gaussian files
+            (``route`` is the route section, ``""`` when none).
+        constants: the names (as in :attr:`variable_uses`) of the variables
+            Gaussian holds fixed (a ``Constants:`` section); written back there.
         variable_uses: ``{name: [(row, column, sign), ...]}`` of the
             z-matrix variables (empty when there are none); see the module
             docstring.
@@ -58,6 +61,7 @@ class ZMatrix:
         variables: optional ``{name: [(row, column, sign), ...]}``: the entries
             each variable sets (sign ``+1`` or ``-1``; names are
             case-insensitive, as in Gaussian).
+        constants: names among ``variables`` that are Gaussian constants.
 
     Raises:
         ValueError: lengths or shapes disagree, the table is invalid, a bond
@@ -82,6 +86,8 @@ class ZMatrix:
         charge: int = 0,
         multiplicity: int = 1,
         variables: Mapping[str, Sequence[tuple[int, int, int]]] | None = None,
+        route: str = "",
+        constants: Sequence[str] = (),
     ) -> None:
         self.table = as_table(table)
         n = self.table.n_atoms
@@ -98,6 +104,8 @@ class ZMatrix:
         self.charge = int(charge)
         self.multiplicity = int(multiplicity)
         self.variable_uses = _check_variables(variables or {}, self.table.refs)
+        self.route = str(route)
+        self.constants = _check_constants(constants, self.variable_uses)
         if internal.device.type == "cpu":  # a check on the host costs no sync
             values = internal.detach().to(torch.float64).numpy()
             _check_angles(values, self.table.refs)
@@ -138,6 +146,8 @@ class ZMatrix:
             charge=self.charge,
             multiplicity=self.multiplicity,
             variables=self.variable_uses,
+            route=self.route,
+            constants=self.constants,
         )
 
     @classmethod
@@ -164,7 +174,7 @@ class ZMatrix:
         """
         if len(atoms) == 1 and isinstance(atoms[0], Sequence | np.ndarray | torch.Tensor):
             atoms = tuple(atoms[0])
-        atoms = tuple(int(a) for a in atoms)
+        atoms = tuple(_atom_index(a, len(self)) for a in atoms)
         if len(atoms) not in (2, 3, 4):
             raise ValueError(f"give 2, 3 or 4 atoms (a bond, an angle or a dihedral), got {atoms}")
         refs, k = self.table.refs, len(atoms) - 1
@@ -306,6 +316,7 @@ class ZMatrix:
 
     @classmethod
     def _from_data(cls, data: gaussian.GaussianZMatrix) -> ZMatrix:
+        _check_file_angles(data)
         uses: dict[str, list[tuple[int, int, int]]] = {}
         names: dict[str, str] = {}  # upper-case -> first spelling (Gaussian ignores case)
         for row, toks in enumerate(data.variables):
@@ -321,6 +332,8 @@ class ZMatrix:
             charge=data.charge,
             multiplicity=data.multiplicity,
             variables=uses,
+            route=data.route,
+            constants=[n for n in uses if n.upper() in data.constants],
         )
 
     def write(
@@ -360,6 +373,8 @@ class ZMatrix:
             charge=self.charge,
             multiplicity=self.multiplicity,
             variables=tokens,
+            route=self.route,
+            constants=frozenset(n.upper() for n in self.constants),
         )
         return gaussian.to_string(data, variables=variables, decimals=decimals)
 
@@ -375,6 +390,18 @@ class ZMatrix:
 
 
 # ------------------------------------------------------------------ checks
+def _atom_index(a, n: int) -> int:
+    """An atom index in ``[0, n)``: an integer (Python, numpy or a 0-d integer tensor)."""
+    integer = isinstance(a, torch.Tensor) and not (a.dtype.is_floating_point or a.dtype == torch.bool)
+    if integer and a.ndim == 0:
+        a = int(a)
+    if isinstance(a, bool) or not isinstance(a, int | np.integer):
+        raise TypeError(f"atom indices must be integers, got {a!r} ({type(a).__name__})")
+    if not 0 <= a < n:
+        raise ValueError(f"atom {int(a)} is out of range for a z-matrix of {n} atoms")
+    return int(a)
+
+
 def _check_angles(values: np.ndarray, refs: np.ndarray) -> None:
     """Bond angles in ``[0, pi]``, dihedrals within ``2 pi``: radians, not degrees."""
     theta = np.where(refs[:, 1] >= 0, values[:, 1], 0.0)
@@ -421,6 +448,30 @@ def _check_variables(variables, refs: np.ndarray) -> dict[str, list[tuple[int, i
             raise ValueError(f"variable {name!r} is used for both a length and an angle")
         out[name] = clean
     return out
+
+
+def _check_file_angles(data: gaussian.GaussianZMatrix) -> None:
+    """Bond angles of a file outside ``[0, 180]`` degrees: an error naming the line (the
+    constructor's advice, radians rather than degrees, is wrong for a file)."""
+    theta = np.where(data.refs[:, 1] >= 0, data.values[:, 1], 0.0)
+    bad = np.nonzero((theta < -1e-9) | (theta > math.pi + 1e-9))[0]
+    if len(bad) and data.lines:
+        i = int(bad[0])
+        raise ValueError(
+            f"line {data.lines[i]} (row {i}): bond angle {math.degrees(theta[i]):.10g} degrees "
+            f"({theta[i]:.10g} rad) is outside [0, 180] degrees"
+        )
+
+
+def _check_constants(constants, uses: dict) -> tuple[str, ...]:
+    """``constants`` as the spellings of :attr:`ZMatrix.variable_uses`; each must be a variable."""
+    spelling = {name.upper(): name for name in uses}
+    out = []
+    for name in constants:
+        if str(name).upper() not in spelling:
+            raise ValueError(f"constant {name!r} is not one of the variables {sorted(spelling.values())}")
+        out.append(spelling[str(name).upper()])
+    return tuple(dict.fromkeys(out))
 
 
 def _check_variable_values(uses: dict[str, list[tuple[int, int, int]]], values: np.ndarray) -> None:

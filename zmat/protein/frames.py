@@ -40,10 +40,11 @@ from .._geometry import safe_unit
 from ..table import ConstructionTable
 from ..transform import to_xyz
 from .atom37 import ATOM14_NAMES, RESTYPE_3, RESTYPE_ATOM14_MASK, UNK, atom14_to_atom37
-from .build import backbone_table, ideal_cd_angle
-from .topology import IDEAL, RESIDUES, TORSION_NAMES
+from .build import DEFAULT_TORSIONS, backbone_table, ideal_cd_angle
+from .topology import IDEAL, PRO_DEFAULT_CHI, RESIDUES, TORSION_NAMES
 
 __all__ = [
+    "superpose_on_atoms",
     "apply_frames",
     "atom14_from_frames",
     "atom37_from_frames",
@@ -75,6 +76,17 @@ def rigid_from_three_points(x1: torch.Tensor, x2: torch.Tensor, x3: torch.Tensor
     e2 = safe_unit(u2, safe_unit(perp, ex[2]))
     e3 = torch.linalg.cross(e1, e2, dim=-1)
     return torch.stack([e1, e2, e3], -1), x2
+
+
+def superpose_on_atoms(x: torch.Tensor, ref: torch.Tensor, atoms: tuple[int, int, int]) -> torch.Tensor:
+    """``x`` ``(..., N, 3)`` moved rigidly so that its three ``atoms`` ``(a0, a1, a2)`` (a tree's
+    fixed start: the root, its BOND child and the PLANAR row's atom) sit as in ``ref`` ``(N, 3)``."""
+    a0, a1, a2 = atoms
+    R0, t0 = rigid_from_three_points(x[..., a2, :], x[..., a0, :], x[..., a1, :])
+    y = ref.to(x)
+    R1, t1 = rigid_from_three_points(y[a2], y[a0], y[a1])
+    M = R1 @ R0.transpose(-1, -2)
+    return torch.einsum("...ij,...nj->...ni", M, x - t0[..., None, :]) + t1
 
 
 def backbone_frames(atom37: torch.Tensor):
@@ -229,6 +241,16 @@ def _row_tensors(dtype, device):
 
 
 @functools.lru_cache(maxsize=16)
+def _default_torsions(dtype, device) -> torch.Tensor:
+    """``(21, 7)``: the torsions used where NaN is given, per residue type (``build.DEFAULT_TORSIONS``;
+    proline's chi1, chi2 ``PRO_DEFAULT_CHI``, which close its ring), copied to a device once."""
+    out = np.tile(np.asarray(DEFAULT_TORSIONS), (UNK + 1, 1))
+    chi1 = TORSION_NAMES.index("chi1")
+    out[RESTYPE_3.index("PRO"), chi1 : chi1 + 2] = PRO_DEFAULT_CHI
+    return torch.as_tensor(out, dtype=dtype, device=device)
+
+
+@functools.lru_cache(maxsize=16)
 def _forest(aatype_bytes: bytes, device: str):
     """Table over the existing atoms of the residues (one tree each; absent
     slots left out: thousands of lone roots would slow ``to_xyz`` down),
@@ -263,7 +285,11 @@ def atom14_from_frames(R: torch.Tensor, t: torch.Tensor, aatype, torsions: torch
             cached): pass a CPU tensor or a list, and a CUDA step makes no
             device-to-host sync.
         torsions: ``(..., L, 7)`` in ``TORSION_NAMES`` order (phi, psi, omega,
-            chi1..chi4); psi and the chis are used, NaN allowed where unused.
+            chi1..chi4); psi and the chis are used. NaN means "not given", as in
+            :mod:`zmat.protein.build`: ``DEFAULT_TORSIONS`` (psi -45 deg,
+            chi1 -60, chi2..chi4 180; proline's chi1, chi2 ``PRO_DEFAULT_CHI``),
+            with a zero gradient. The C-terminal psi of a measured structure is
+            NaN (no next N): its O is placed at psi -45 deg.
 
     Returns:
         ``(..., L, 14, 3)`` positions (0 for absent slots) and the
@@ -283,6 +309,8 @@ def atom14_from_frames(R: torch.Tensor, t: torch.Tensor, aatype, torsions: torch
     base = ideal[a]  # (M, 14, 3)
     col = tors[a]  # (M, 14)
     tor = torch.gather(torsions.reshape(-1, 7), 1, col.clamp(min=0))
+    default = torch.gather(_default_torsions(dt, dev)[a], 1, col.clamp(min=0))
+    tor = torch.where(torch.isnan(tor), default, tor)  # NaN: not given (no sync: a select)
     dihedral = torch.where(col >= 0, base[..., 2] + tor, base[..., 2])
     internal = _close_prolines(base, dihedral, flat_aa).reshape(-1, 3).index_select(0, cells)
     local = to_xyz(internal, table)

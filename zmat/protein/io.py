@@ -133,7 +133,13 @@ def parse_atoms(atoms, chain=None) -> ParsedAtoms:
     # file index of every layout atom (atoms in residue order, template order within)
     xyz = coord[where[:L][where[:L] >= 0]]
     lay = dataclasses.replace(lay, bonds=np.concatenate([lay.bonds, disulfide_bonds(xyz, lay)]))
-    if _warn_coincident(xyz, lay, atoms.res_id[starts[:-1]], chain_ids):
+    res_ids = atoms.res_id[starts[:-1]]
+
+    def label(i: int) -> str:
+        k = lay.residue_index[i]
+        return f"{chain_ids[k]} {lay.res_names[k]} {res_ids[k]} {lay.atom_names[i]}"
+
+    if warn_coincident(xyz, label):
         lay = _reroute_degenerate_rows(lay, xyz)
     return ParsedAtoms(lay, xyz, atoms.res_id[starts[:-1]], atoms.ins_code[starts[:-1]], chain_ids)
 
@@ -179,22 +185,18 @@ def _peptide_bonds(coord: np.ndarray, where: np.ndarray, chain_ids: np.ndarray) 
     return np.concatenate([[False], ok & (dist <= PEPTIDE_BOND_MAX)])
 
 
-def _warn_coincident(xyz: np.ndarray, lay: Layout, res_ids, chain_ids) -> None:
-    """Warn (naming them) about atoms closer than ``COINCIDENT_MAX``: internal coordinates
-    through such atoms (a zero bond, an undefined angle or dihedral) do not rebuild them."""
+def warn_coincident(xyz: np.ndarray, label) -> bool:
+    """Warn (naming them, ``label(i)``: atom ``i``'s chain, residue and name) about atoms closer
+    than ``COINCIDENT_MAX``: internal coordinates through such atoms (a zero bond, an undefined
+    angle or dihedral) do not rebuild them. True when there are any."""
     from scipy.spatial import cKDTree  # imported when used: slow to import (import zmat)
 
-    ij = cKDTree(xyz).query_pairs(COINCIDENT_MAX, output_type="ndarray").reshape(-1, 2)
+    ok = np.flatnonzero(np.isfinite(xyz).all(1))  # atoms without a position are not compared
+    ij = ok[cKDTree(xyz[ok]).query_pairs(COINCIDENT_MAX, output_type="ndarray").reshape(-1, 2)]
     if not len(ij):
         return False
     ij = ij[np.lexsort((ij[:, 1], ij[:, 0]))]
-    ri = lay.residue_index
-
-    def name(i):
-        k = ri[i]
-        return f"{chain_ids[k]} {lay.res_names[k]} {res_ids[k]} {lay.atom_names[i]}"
-
-    shown = "; ".join(f"{name(i)} / {name(j)}" for i, j in ij[:5])
+    shown = "; ".join(f"{label(i)} / {label(j)}" for i, j in ij[:5])
     more = f" and {len(ij) - 5} more pairs" if len(ij) > 5 else ""
     warnings.warn(
         f"{len(ij)} pairs of atoms coincide (closer than {COINCIDENT_MAX} A): {shown}{more}; bond "
@@ -207,17 +209,30 @@ def _warn_coincident(xyz: np.ndarray, lay: Layout, res_ids, chain_ids) -> None:
 
 
 def _reroute_degenerate_rows(lay: Layout, xyz: np.ndarray) -> Layout:
-    """Rows whose angle or dihedral reference is undefined at these coordinates (``x_a`` on
-    ``x_b``, or ``x_d, x_a, x_b`` collinear) take, instead, the nearest ancestors of ``b``
-    that define them, so ``to_xyz(p.internal, p.table)`` still gives ``p.xyz``. Such rows
-    are no longer canonical (no ideal values, no torsion)."""
-    refs = lay.refs.copy()
+    """:func:`reroute_degenerate` on a layout's rows; such rows are no longer canonical (no
+    ideal values, no torsion)."""
+    refs = reroute_degenerate(lay.refs, xyz)
+    changed = (refs != lay.refs).any(1)
+    if not changed.any():
+        return lay
+    mask = lay.ideal_mask.copy()
+    mask[changed, 1:] = False
+    slot = np.where(changed, -1, lay.torsion_slot)
+    return dataclasses.replace(lay, refs=refs, ideal_mask=mask, torsion_slot=slot)
+
+
+def reroute_degenerate(refs: np.ndarray, xyz: np.ndarray) -> np.ndarray:
+    """``(N, 3)`` rows in which those whose angle or dihedral reference is undefined at these
+    coordinates (``x_a`` on ``x_b``, or ``x_d, x_a, x_b`` collinear) take, instead, the nearest
+    ancestors of ``b`` that define them, so ``to_xyz(to_internal(xyz, rows), rows)`` still gives
+    ``xyz``; ``refs`` itself where nothing changes or the new rows would have a cycle."""
+    old, refs = refs, refs.copy()
     full = np.flatnonzero(
         (refs[:, 2] >= 0) & (np.linalg.norm(xyz - xyz[refs[:, 0]], axis=-1) > COINCIDENT_MAX)
     )
     bad = [int(v) for v in full if not _defines_frame(xyz, *refs[v])]
     if not bad:
-        return lay
+        return old
     for v in bad:
         b = int(refs[v, 0])
         chain = []  # ancestors of b, nearest first
@@ -234,12 +249,8 @@ def _reroute_degenerate_rows(lay: Layout, xyz: np.ndarray) -> Layout:
     try:
         ConstructionTable(refs)
     except ValueError:  # a cycle: keep the rows (the warning has been given)
-        return lay
-    changed = (refs != lay.refs).any(1)
-    mask = lay.ideal_mask.copy()
-    mask[changed, 1:] = False
-    slot = np.where(changed, -1, lay.torsion_slot)
-    return dataclasses.replace(lay, refs=refs, ideal_mask=mask, torsion_slot=slot)
+        return old
+    return refs
 
 
 def _defines_frame(xyz: np.ndarray, b: int, a: int, d: int) -> bool:

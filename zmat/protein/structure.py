@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from ..clash import alphafold_radii, exclusions_from_bonds
-from ..structure.allatom import has_nucleotides, parse_complex
+from ..structure.allatom import needs_complex, parse_complex
 from ..structure.complex import Complex
 from ..table import BOND, PLANAR, ROOT
 from ..transform import dihedrals, to_internal, to_xyz
@@ -41,7 +41,7 @@ from .build import (
     protein_layout,
     to_xyz_from_torsions,
 )
-from .frames import rigid_from_three_points
+from .frames import superpose_on_atoms
 from .layout import N_TORSIONS, Layout, residue_types, sequence_of
 from .topology import TORSION_NAMES
 
@@ -245,12 +245,7 @@ class Protein:
             >>> xyz = p.xyz_from_torsions(t)  # (N, 3), differentiable in t
         """
         x = to_xyz(self.internal_from_torsions(torsions, geometry), self.table, method=method)
-        a0, a1, a2 = self._frame_atoms
-        R0, t0 = rigid_from_three_points(x[..., a2, :], x[..., a0, :], x[..., a1, :])
-        y = self.xyz.to(x)
-        R1, t1 = rigid_from_three_points(y[a2], y[a0], y[a1])
-        M = R1 @ R0.transpose(-1, -2)
-        return torch.einsum("...ij,...nj->...ni", M, x - t0[..., None, :]) + t1
+        return superpose_on_atoms(x, self.xyz, self._frame_atoms)
 
     def with_torsions(self, torsions, geometry: str = "own") -> Protein:
         """A copy of this protein (same atoms, annotations) with its coordinates from
@@ -362,7 +357,8 @@ def from_pdb(
     Returns:
         :class:`Protein` over the heavy atoms of the standard residues; a
         :class:`~zmat.protein.Complex` over every kept atom when the structure
-        has nucleotides, or ``hydrogens`` or ``ligands`` is set
+        has nucleotides or in-chain modified residues (MSE, 5MU...), or
+        ``hydrogens`` or ``ligands`` is set
         (``docs/allatom.md``).
 
     Raises:
@@ -379,7 +375,7 @@ def from_pdb(
 
 def from_structure(atoms, chain=None, hydrogens=False, ligands=False) -> Protein:
     """A :class:`Protein` from a ``biotite.structure.AtomArray`` (see :func:`from_pdb`)."""
-    if hydrogens or ligands or has_nucleotides(atoms, chain):
+    if hydrogens or ligands or needs_complex(atoms, chain):
         return Complex(parse_complex(atoms, chain=chain, hydrogens=hydrogens, ligands=ligands))
     lay, xyz, res_ids, ins_codes, res_chain_ids = io.parse_atoms(atoms, chain=chain)
     return Protein(

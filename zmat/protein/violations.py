@@ -57,6 +57,7 @@ import numpy as np
 import torch
 
 from .._segments import on_host, per_row_t, segments
+from .._segments import ptr as segment_ptr
 from .._serial import serial
 from ..clash import candidate_pairs, clash_loss
 from . import _stereo
@@ -113,7 +114,7 @@ def _consecutive(residue_index, seg, dtype):
 
 def _pad_both(x: torch.Tensor, reduce):
     """Per residue from per consecutive pair: combine pair k-1 and pair k."""
-    z = torch.zeros_like(x[..., :1])
+    z = x.new_zeros(*x.shape[:-1], 1)  # not zeros_like(x[..., :1]): one residue has no pair
     return reduce(torch.cat([x, z], -1), torch.cat([z, x], -1))
 
 
@@ -483,7 +484,8 @@ def structural_violations(atom37, aatype, mask, residue_index=None, tolerance_fa
             ``[0, 20]``; out of range raises on the CPU, and counts as unknown (20)
             on other devices, where checking would sync).
         mask: ``(L, 37)`` or ``(..., L, 37)`` atom mask.
-        residue_index: ``(..., L)`` residue numbers; default ``0..L-1``.
+        residue_index: ``(..., L)`` residue numbers; default ``0..L-1`` (ragged:
+            consecutive within each structure).
         tolerance_factor: AlphaFold's ``violation_tolerance_factor`` (12).
         clash_overlap_tolerance: AlphaFold's ``clash_overlap_tolerance`` (1.5 A).
         pairs: optional clash pair list from :func:`clash_pairs` (then no host sync).
@@ -491,7 +493,10 @@ def structural_violations(atom37, aatype, mask, residue_index=None, tolerance_fa
         ptr, batch: a ragged batch of residues, PyTorch Geometric's way: ``ptr``
             ``(B + 1,)`` offsets, or ``batch`` ``(L,)`` the structure of each residue
             (as ``zmat.clash_loss``). No pair across two structures counts, and
-            the per-structure values are ``(B,)``: the same as B calls.
+            the per-structure values are ``(B,)``: the same as B calls. An unsorted
+            ``batch`` (host data) is sorted (stably) first: structure ``b`` is its
+            residues in input order, per-residue outputs come back in input order.
+            Where both are host data, ``ptr`` and ``batch`` must agree.
 
     Returns:
         dict of tensors (``...`` the batch shape, or ``(B,)`` for a ragged
@@ -511,7 +516,8 @@ def structural_violations(atom37, aatype, mask, residue_index=None, tolerance_fa
     Raises:
         ValueError: for an atom37 without residues, shapes of ``aatype``,
             ``mask``, ``residue_index``, ``ptr`` or ``batch`` that do not match
-            atom37, or (CPU) an ``aatype`` out of range.
+            atom37 (or each other), ``pairs`` with an unsorted ``batch``, or (CPU)
+            an ``aatype`` out of range.
 
     Example:
         >>> p = zmat.protein.from_pdb("tests/data/1ubi.pdb")
@@ -520,12 +526,18 @@ def structural_violations(atom37, aatype, mask, residue_index=None, tolerance_fa
         >>> rate = float(v["violations_per_residue"])  # fraction of residues violating
     """
     ragged = ptr is not None or batch is not None
+    numbered = residue_index is not None
     aatype, mask, residue_index = _inputs(atom37, aatype, mask, residue_index, ragged)
     if not ragged and pairs is not None and serial(atom37):
         args = (tolerance_factor, clash_overlap_tolerance, pairs, openfold_compatible)
         return _host_violations(atom37, aatype, mask, residue_index, *args)
     dev, L = atom37.device, atom37.shape[-3]
     seg = segments(ptr, batch, L, dev, "structural_violations", "atom37") if ragged else None
+    if seg is not None and seg.starts is None:  # an unsorted batch: each structure's residues in order
+        if pairs is not None:
+            raise ValueError("structural_violations: pairs= needs a sorted batch (residues by structure)")
+        args = (tolerance_factor, clash_overlap_tolerance, None, openfold_compatible)
+        return _sorted_first(seg, atom37, aatype, mask, residue_index if numbered else None, args)
     res, count = (None, None) if seg is None else (seg.index, seg.count)
     pos14, exists14 = atom37_to_atom14(atom37, aatype, mask)
     bonds = between_residue_bond_loss(
@@ -580,6 +592,20 @@ def structural_violations(atom37, aatype, mask, residue_index=None, tolerance_fa
         "violations_per_residue": metric(per_residue),
         "loss": loss,
     }
+
+
+def _sorted_first(seg, atom37, aatype, mask, residue_index, args):
+    """:func:`structural_violations` of an unsorted ragged batch (``seg``, sizes on the host): the
+    residues sorted stably by structure, the per-residue and per-atom outputs put back in input
+    order."""
+    order = torch.sort(seg.index, stable=True).indices
+    inv = torch.empty_like(order).scatter_(0, order, torch.arange(len(order), device=order.device))
+    take = lambda x: None if x is None else x.index_select(0, order)  # noqa: E731
+    sorted_ptr = torch.as_tensor(segment_ptr(seg.sizes))
+    inputs = (take(atom37), take(aatype), take(mask), take(residue_index))
+    v = structural_violations(*inputs, *args, ptr=sorted_ptr)
+    per_row = lambda k: "per_residue_" in k or "per_atom_" in k  # noqa: E731
+    return {k: x.index_select(0, inv) if per_row(k) else x for k, x in v.items()}
 
 
 # ------------------------------------------------------------- serial CPU path

@@ -1,4 +1,4 @@
-"""All-atom structures: proteins, DNA, RNA, hydrogens and ligands in one tree.
+"""All-atom structures: proteins, DNA, RNA, hydrogens and ligands, a tree per chain in one table.
 
 :func:`parse_complex` turns a ``biotite`` ``AtomArray`` into a
 :class:`ComplexAtoms`: every kept atom (file order within a residue, then the
@@ -7,36 +7,50 @@ table over all of them, and the atoms of every polymer torsion. What is kept:
 
 * polymer residues, always: the 20 amino acids (``zmat/protein/topology.py``)
   and the nucleotides DA DC DG DT A C G U (``zmat/structure/nucleic.py``), every
-  heavy atom the CCD entry names (``OXT``, ``OP3`` included);
+  heavy atom the CCD entry names (``OXT``, ``OP3`` included), the resolved ones
+  of a partially resolved residue; modified residues linked into a chain
+  (:func:`in_chain_modified`: MSE, SEP, 5MU, abasic sites), linked by their CCD
+  linking type;
 * ``hydrogens``: the file's hydrogens, and the missing ones completed
   (``zmat/structure/hydrogens.py``);
-* ``ligands``: every other residue but water (ligands, cofactors, ions,
-  modified residues), bonds from its CCD entry (``zmat/structure/ccd.py``).
+* ``ligands``: every other residue but water (ligands, cofactors, ions),
+  bonds from its CCD entry (``zmat/structure/ccd.py``).
 
 An atom whose name its residue's CCD entry does not know is skipped with a
-warning naming it; an unknown residue (no CCD entry) with ``ligands=True``,
-and a nucleotide missing a sugar-ring atom, raise ``ValueError``.
+warning naming it; an unknown residue (no CCD entry) with ``ligands=True``
+raises ``ValueError``.
 
 The construction table is one tree over every kept atom, so
 ``zmat.to_xyz(internal, table)`` reproduces the coordinates up to one rigid
-motion. Bond references (the tree) follow the chemistry: every atom of a
-polymer residue its template parent (amino acids: the rows of
-``topology.py``; nucleotides: ``nucleic.py``), every hydrogen its heavy atom,
-a ligand grows breadth first over its bonds; what the bonds do not reach (a
-new chain, a chain break, a ligand, an ion) hangs off the nearest placed atom
-by a *virtual* bond whose internal coordinates are measured. The root is a
-heavy atom of the first residue with a single bond (``_leaf_near``), so no row
-is position-anchored. Rows are
-``PROPER`` (``(b, parent(b), angle reference of b)``, the dihedral column
+motion, but it is made of one tree per chain: every connected piece (a chain,
+or its part up to a break; a ligand; an ion) is grown over the bonds that a
+tree may follow (bonds within residues and polymer links, never a disulfide
+or another cross-link) from its own root, the first heavy atom without a
+template parent (a chain's first ``N``, ``P`` or ``O5'``; a ligand's first
+heavy atom). Bond references follow the chemistry: every atom of a polymer
+residue its template parent (amino acids: the rows of ``topology.py``;
+nucleotides: ``nucleic.py``; a modified residue in a chain is entered through
+its link atom), every hydrogen its heavy atom, the rest breadth first over
+bonds. The first piece's root is moved to a leaf beside it (the N-terminal
+``H1``, a phosphate oxygen; ``_leaf_root``), and its first three atoms are
+the structure's *frame*: every other piece's root hangs off them, its row
+``(r2, r1, r0)`` and its first children's rows (measured values) being that
+piece's six rigid-body coordinates. No torsion moves the frame, so a torsion
+edit moves only atoms of its own piece downstream of the rotated bond. Rows
+are ``PROPER`` (``(b, parent(b), angle reference of b)``, the dihedral column
 being a torsion about ``parent(b)-b``), except that the children of one atom
-are ``OFFSET`` on one representative child (a torsion atom of the template,
+are ``OFFSET`` on one representative child (the atom of a named torsion,
 else the first heavy child, else the first child): rotating that torsion
-moves the whole group, hydrogens included (methyl and hydroxyl rotors are the
-dihedral of their first hydrogen).
+moves the whole group, hydrogens included (methyl and hydroxyl rotors are
+the dihedral of their first hydrogen); the roots hung off the frame stay
+``PROPER`` rows of their own. No row is position-anchored. Coincident atoms
+warn and their rows go around them (``zmat.protein.io.reroute_degenerate``,
+as for proteins).
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
 import warnings
 from collections import deque
@@ -45,14 +59,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._segments import segment_ids, starts
-from ..protein.io import chain_mask
+from ..protein.io import chain_mask, reroute_degenerate, warn_coincident
 from ..protein.topology import CHI_ATOMS, RESIDUES, TORSION_NAMES
 from .ccd import ccd_residue
-from .hydrogens import Protonation, extra_names, place, wanted
+from .hydrogens import LINK_ATOMS, Protonation, extra_names, file_names, missing, place
 from .ligands import rotatable_bonds, torsion_rows
-from .nucleic import NUCLEIC_TORSIONS, NUCLEOTIDES, RING_ATOMS, nucleic_parents, torsion_atoms
+from .nucleic import NUCLEIC_TORSIONS, NUCLEOTIDES, nucleic_parents, torsion_atoms
 
-__all__ = ["QUAD_NAMES", "WATER", "ComplexAtoms", "has_nucleotides", "parse_complex"]
+__all__ = ["QUAD_NAMES", "WATER", "ComplexAtoms", "in_chain_modified", "needs_complex", "parse_complex"]
 
 WATER = ("HOH", "DOD", "WAT", "H2O")
 #: C(i)-N(i+1) and O3'(i)-P(i+1) distances above this (Angstrom) are chain breaks.
@@ -68,6 +82,7 @@ _PROTEIN_QUADS = {
     "psi": ("N", "CA", "C", "+N"),
     "omega": ("CA", "C", "+N", "+CA"),
 }
+_N_DIHEDRALS = len(TORSION_NAMES) + 7  # QUAD_NAMES before nu0..nu4
 _NUCLEIC_KEYS = {"P", "O5'", "C5'", "C4'", "C3'", "O3'", "C2'", "C4", "C2"}  # torsion atoms
 
 
@@ -112,17 +127,64 @@ class ComplexAtoms:
     linked: np.ndarray
 
 
-def has_nucleotides(atoms, chain=None) -> bool:
+def needs_complex(atoms, chain=None) -> bool:
     """True when ``atoms`` (restricted to ``chain``, a chain ID or list) has a
-    nucleotide; False for anything without residue names (the caller's type check
-    reports it)."""
+    nucleotide or an in-chain modified residue (:func:`in_chain_modified`), which a
+    ``Protein`` cannot hold; False for anything without residue names (the caller's
+    type check reports it)."""
     names = getattr(atoms, "res_name", None)
     if not isinstance(names, np.ndarray):
         return False
-    nuc = np.isin(names, NUCLEOTIDES)
-    if chain is not None:
-        nuc &= np.isin(atoms.chain_id, [chain] if isinstance(chain, str) else list(chain))
-    return bool(nuc.any())
+    mask = chain_mask(atoms, chain)
+    if np.isin(names[mask], NUCLEOTIDES).any():
+        return True
+    return atoms.coord.ndim == 2 and bool(in_chain_modified(atoms)[mask].any())  # not a stack
+
+
+@functools.cache
+def _polymer_kind(name: str) -> str:
+    """``backbone_kind`` of a residue name from its CCD linking type alone (cheap: no
+    component is parsed), ``""`` for water, non-polymer types and names without an entry."""
+    import biotite.structure.info as info
+
+    if name in WATER:
+        return ""
+    if name in RESIDUES or name in NUCLEOTIDES:
+        return family_of(name)
+    try:
+        link = str(info.link_type(name) or "").upper()
+    except KeyError:
+        return ""
+    return "protein" if "PEPTIDE" in link else "nucleic" if "DNA" in link or "RNA" in link else ""
+
+
+def in_chain_modified(atoms) -> np.ndarray:
+    """``(n,)`` bool: the atoms of non-standard residues that belong to a polymer
+    (MSE, SEP, 5MU, abasic sites...): a peptide or nucleotide linking type in the CCD,
+    and linked (``C-N`` / ``O3'-P`` at most ``LINK_MAX``) to a neighbour of the same
+    chain and backbone. The CCD is asked only about residues so linked."""
+    import biotite.structure as struc
+
+    out = np.zeros(atoms.array_length(), bool)
+    standard = set(RESIDUES) | set(NUCLEOTIDES) | set(WATER)
+    if set(np.unique(atoms.res_name).tolist()) <= standard:
+        return out
+    bounds = struc.get_residue_starts(atoms, add_exclusive_stop=True, extra_categories=("res_name",))
+    res_names = atoms.res_name[bounds[:-1]].tolist()
+
+    def bonded(i: int, j: int, kind: str) -> bool:  # residue i's link atom to residue j's
+        if i < 0 or j >= len(res_names) or atoms.chain_id[bounds[i]] != atoms.chain_id[bounds[j]]:
+            return False
+        y, x = LINK_ATOMS[kind]
+        a, b = atoms[bounds[i] : bounds[i + 1]], atoms[bounds[j] : bounds[j + 1]]
+        xa, yb = a.coord[a.atom_name == x], b.coord[b.atom_name == y]
+        near = len(xa) and len(yb) and np.linalg.norm(xa[0] - yb[0]) <= LINK_MAX
+        return bool(near) and _polymer_kind(res_names[i]) == _polymer_kind(res_names[j]) == kind
+
+    for r, name in enumerate(res_names):
+        if name not in standard and any(bonded(r - 1, r, k) or bonded(r, r + 1, k) for k in LINK_ATOMS):
+            out[bounds[r] : bounds[r + 1]] = True
+    return out
 
 
 def family_of(res_name: str) -> str:
@@ -138,6 +200,7 @@ def family_of(res_name: str) -> str:
 class _Res:
     name: str
     family: str
+    kind: str  # the backbone it links into: "protein", "nucleic", "" (backbone_kind)
     chain: str
     res_id: int
     ins_code: str
@@ -157,8 +220,8 @@ def _select(atoms, chain, hydrogens: bool, ligands: bool):
     keep = ~np.isin(atoms.res_name, WATER)
     if not hydrogens:
         keep &= ~np.isin(np.char.upper(atoms.element.astype(str)), ["H", "D"])
-    if not ligands:
-        keep &= np.isin(atoms.res_name, list(RESIDUES) + list(NUCLEOTIDES))
+    if not ligands:  # polymers, modified residues in them included
+        keep &= np.isin(atoms.res_name, list(RESIDUES) + list(NUCLEOTIDES)) | in_chain_modified(atoms)
     atoms = atoms[keep & chain_mask(atoms, chain)]
     if atoms.array_length() == 0:
         raise ValueError("no polymer residue or ligand left in the structure")
@@ -169,17 +232,21 @@ def _residues(atoms) -> list[_Res]:
     """The kept residues, atoms by their CCD names (first of a name wins)."""
     import biotite.structure as struc
 
-    starts = struc.get_residue_starts(atoms, add_exclusive_stop=True)
+    # a change of name starts a residue too: two residues sharing chain, number and insertion
+    # code (biotite's 1xnr has U129 / G129) stay two
+    starts = struc.get_residue_starts(atoms, add_exclusive_stop=True, extra_categories=("res_name",))
     out = []
     for s, e in zip(starts[:-1], starts[1:], strict=True):
         name = str(atoms.res_name[s])
         fam = family_of(name)
         ccd = ccd_residue(name)  # raises, naming the residue, without a CCD entry
-        known = set(ccd.atom_names.tolist()) | set(extra_names(name, fam))
+        kind = backbone_kind(name, fam)
+        known = set(ccd.atom_names.tolist()) | set(extra_names(name, kind))
         label = f"{name} {atoms.chain_id[s]}{atoms.res_id[s]}{atoms.ins_code[s]}"
         res = _Res(
             name,
             fam,
+            kind,
             str(atoms.chain_id[s]),
             int(atoms.res_id[s]),
             str(atoms.ins_code[s]),
@@ -192,6 +259,11 @@ def _residues(atoms) -> list[_Res]:
         for i in range(s, e):
             a = str(atoms.atom_name[i])
             if a in res.names:
+                warnings.warn(
+                    f"residue {label}: atom {a!r} appears again (a repeated residue number?); the "
+                    "first one is kept",
+                    stacklevel=4,
+                )
                 continue
             if a not in known:
                 warnings.warn(f"residue {label}: atom {a!r} is not in its CCD entry; skipped", stacklevel=4)
@@ -200,10 +272,6 @@ def _residues(atoms) -> list[_Res]:
             res.elements.append(str(atoms.element[i]).capitalize())
             res.xyz.append(atoms.coord[i].astype(np.float64))
             res.added.append(False)
-        if fam == "nucleic":
-            lacking = [x for x in RING_ATOMS if x not in res.names]
-            if lacking:
-                raise ValueError(f"nucleotide {label} lacks sugar-ring atom(s) {lacking}")
         out.append(res)
     return out
 
@@ -211,25 +279,18 @@ def _residues(atoms) -> list[_Res]:
 def backbone_kind(res_name: str, family: str) -> str:
     """``"protein"``, ``"nucleic"`` or ``""``: the polymer backbone a residue
     links into (a modified residue by its CCD type, e.g. ``L-PEPTIDE LINKING``)."""
-    if family != "ligand":
-        return family
-    link = ccd_residue(res_name).link_type.upper()
-    return "protein" if "PEPTIDE" in link else "nucleic" if "DNA" in link or "RNA" in link else ""
-
-
-_LINK_ATOMS = {"protein": ("C", "N"), "nucleic": ("O3'", "P")}
+    return family if family != "ligand" else _polymer_kind(res_name)
 
 
 def _linked(residues: list[_Res]) -> np.ndarray:
     """``(R,)``: residue ``k`` is covalently linked to ``k - 1`` in its polymer
     (same chain and backbone, ``C-N`` / ``O3'-P`` at most ``LINK_MAX``)."""
     out = np.zeros(len(residues), bool)
-    kinds = [backbone_kind(r.name, r.family) for r in residues]
     for k in range(1, len(residues)):
         p, q = residues[k - 1], residues[k]
-        if p.chain != q.chain or not kinds[k] or kinds[k - 1] != kinds[k]:
+        if p.chain != q.chain or not q.kind or p.kind != q.kind:
             continue
-        x, y = _LINK_ATOMS[kinds[k]]
+        y, x = LINK_ATOMS[q.kind]
         if x in p.names and y in q.names:
             d = np.linalg.norm(p.xyz[p.names.index(x)] - q.xyz[q.names.index(y)])
             out[k] = d <= LINK_MAX
@@ -249,28 +310,45 @@ def _disulfides(residues: list[_Res]) -> list[tuple[int, int]]:
 
 
 def _complete_hydrogens(residues: list[_Res], linked: np.ndarray, opts: Protonation) -> None:
+    """Add every residue's missing hydrogens (``hydrogens.missing``) after its atoms;
+    warn, naming them, where coincident or collinear heavy atoms leave no direction."""
     bridged = {k for pair in _disulfides(residues) for k in pair}
+    degenerate = []
     for k, res in enumerate(residues):
         nxt = k + 1 < len(residues) and linked[k + 1]
+        res.names = file_names(res.name, res.kind, bool(linked[k]), res.names)
         heavy = {a for a, e in zip(res.names, res.elements, strict=True) if e != "H"}
+        have = [a for a, e in zip(res.names, res.elements, strict=True) if e == "H"]
         coords = {a: x for a, x in zip(res.names, res.xyz, strict=True) if a in heavy}
         prev_c = None
-        if linked[k] and res.family == "protein" and "C" in residues[k - 1].names:
+        if linked[k] and res.kind == "protein" and "C" in residues[k - 1].names:
             p = residues[k - 1]
             prev_c = p.xyz[p.names.index("C")]
-        for h, x in wanted(res.name, res.family, bool(linked[k]), nxt, opts, heavy):
-            if h in res.names or (k in bridged and h == "HG"):  # no thiol H on a disulfide
+        label = f"chain {res.chain} residue {res.name} {res.res_id}{res.ins_code}"
+        for h, x in missing(res.name, res.kind, bool(linked[k]), nxt, opts, heavy, have):
+            if k in bridged and h == "HG":  # no thiol H on a disulfide
                 continue
+            xyz, ok = place(res.name, res.kind, h, x, coords, prev_c, label)
+            if not ok:
+                degenerate.append(f"{res.chain} {res.name} {res.res_id}{res.ins_code} {h}")
             res.names.append(h)
             res.elements.append("H")
-            res.xyz.append(place(res.name, res.family, h, x, coords, prev_c))
+            res.xyz.append(xyz)
             res.added.append(True)
+    if degenerate:
+        more = f" and {len(degenerate) - 5} more" if len(degenerate) > 5 else ""
+        warnings.warn(
+            f"{len(degenerate)} completed hydrogens have coincident or collinear heavy reference atoms, "
+            f"placed at their bond length in an arbitrary direction: {'; '.join(degenerate[:5])}{more}",
+            stacklevel=4,
+        )
 
 
 # ------------------------------------------------------------------- graph
 def _bonds(residues: list[_Res], first: np.ndarray, linked: np.ndarray):
-    """``(E, 2)`` bonds and ``(E,)`` orders: CCD bonds within residues (extra
-    hydrogens on their heavy atom), polymer links, disulfides."""
+    """``(E, 2)`` bonds, ``(E,)`` orders and ``(E,)`` whether a tree may follow the bond:
+    CCD bonds within residues (extra hydrogens on their heavy atom) and polymer links yes,
+    disulfides (cross-links) no."""
     pairs, orders = [], []
     for k, res in enumerate(residues):
         ccd = ccd_residue(res.name)
@@ -281,19 +359,21 @@ def _bonds(residues: list[_Res], first: np.ndarray, linked: np.ndarray):
             if a in idx and b in idx:
                 pairs.append((idx[a], idx[b]))
                 orders.append(o)
-        for h, x in extra_names(res.name, res.family).items():
+        for h, x in extra_names(res.name, res.kind).items():
             if h in idx and x in idx and h not in set(names.tolist()):
                 pairs.append((idx[h], idx[x]))
                 orders.append(1)
         if linked[k]:
             p = residues[k - 1]
-            x, y = _LINK_ATOMS[backbone_kind(res.name, res.family)]
+            y, x = LINK_ATOMS[res.kind]
             pairs.append((first[k - 1] + p.names.index(x), idx[y]))
             orders.append(1)
+    n_tree = len(pairs)
     for i, j in _disulfides(residues):
         pairs.append((first[i] + residues[i].names.index("SG"), first[j] + residues[j].names.index("SG")))
         orders.append(1)
-    return np.array(pairs, np.int64).reshape(-1, 2), np.array(orders, np.int64)
+    tree = np.arange(len(pairs)) < n_tree
+    return np.array(pairs, np.int64).reshape(-1, 2), np.array(orders, np.int64), tree
 
 
 def _preferred(residues: list[_Res], first: np.ndarray, linked: np.ndarray, bonds: np.ndarray, n: int):
@@ -324,6 +404,9 @@ def _preferred(residues: list[_Res], first: np.ndarray, linked: np.ndarray, bond
                 if a in idx:
                     pref[idx[a]] = resolve(p)
                     key[idx[a]] = a in _NUCLEIC_KEYS
+        elif linked[k]:  # a modified residue in a chain: entered through its link atom
+            y, x = LINK_ATOMS[res.kind]
+            pref[idx[y]], key[idx[y]] = prev_idx[x], True
         for a, e in zip(res.names, res.elements, strict=True):
             if e == "H":
                 nb = heavy_of.get(idx[a], [])
@@ -331,80 +414,115 @@ def _preferred(residues: list[_Res], first: np.ndarray, linked: np.ndarray, bond
     return pref, key
 
 
-def _tree(
-    n: int, pref: np.ndarray, bonds: np.ndarray, xyz: np.ndarray, heavy: np.ndarray, residue: np.ndarray
-):
-    """Parents and placement order of the module doc's tree."""
+def _tree(n: int, pref: np.ndarray, bonds: np.ndarray, heavy: np.ndarray):
+    """Parents, placement order and ``virtual`` (the roots hung off the frame) of the
+    module doc's trees. ``bonds``: the bonds a tree may follow (no cross-links). Linear in
+    atoms and components: the components first, then one breadth-first growth each."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    has = np.flatnonzero(pref >= 0)
+    edges = np.concatenate([bonds.reshape(-1, 2), np.stack([has, pref[has]], 1)])
+    graph = coo_matrix((np.ones(len(edges)), (edges[:, 0], edges[:, 1])), shape=(n, n))
+    n_comp, label = connected_components(graph, directed=False)
+    # per component its root: the first heavy atom without a preferred parent (a chain's
+    # first N / P / O5', a ligand's first heavy atom); the components in file order
+    by = np.lexsort((np.arange(n), ~heavy, pref >= 0, label))
+    root_of = by[np.r_[True, label[by][1:] != label[by][:-1]]]  # indexed by label
+    lowest = np.full(n_comp, n, np.int64)
+    np.minimum.at(lowest, label, np.arange(n))
     children = [[] for _ in range(n)]
-    for v in np.flatnonzero(pref >= 0).tolist():
+    for v in has.tolist():
         children[pref[v]].append(v)
     nbrs = [[] for _ in range(n)]
     for i, j in bonds.tolist():
         nbrs[i].append(j)
         nbrs[j].append(i)
     parent = np.full(n, -1, np.int64)
-    depth = np.zeros(n, np.int64)
     placed = np.zeros(n, bool)
+    virtual = np.zeros(n, bool)
     order: list[int] = []
-    queue: deque[int] = deque()
+    frame: list[int] = []  # the first three atoms down the tree: every other root hangs off them
+    for root in root_of[np.argsort(lowest)].tolist():
+        grown = _grow(root, children, nbrs, pref, parent, placed)
+        if not order:
+            grown = _leaf_root(grown, parent)
+        elif len(frame) < 3:  # tiny first components (ions): the frame grows through the next
+            parent[grown[0]] = frame[-1]
+        else:
+            parent[grown[0]] = frame[2]
+            virtual[grown[0]] = True
+        if len(frame) < 3:  # extend the frame along first children
+            kids: dict[int, int] = {}
+            for v in grown[1:]:
+                kids.setdefault(int(parent[v]), v)
+            v = grown[0]
+            while v is not None and len(frame) < 3:
+                frame.append(v)
+                v = kids.get(v)
+        order += grown
+    return parent, order, virtual
+
+
+def _grow(root: int, children, nbrs, pref: np.ndarray, parent: np.ndarray, placed: np.ndarray) -> list[int]:
+    """One component's atoms in placement order from ``root`` (parents written into
+    ``parent``): template children first, then breadth first over bonds, atoms without a
+    template parent before those with one (ring closures, missing atoms, ligands)."""
+    placed[root] = True
+    out, queue = [root], deque([root])
     frontier: list[tuple[int, int, int]] = []  # (has a preferred parent, atom, parent)
-    deep: list[int] = []  # placed atoms of depth >= 2 (virtual-link anchors)
-
-    def put(v: int, p: int) -> None:
-        placed[v], parent[v] = True, p
-        depth[v] = depth[p] + 1 if p >= 0 else 0
-        order.append(v)
-        queue.append(v)
-        if depth[v] >= 2:
-            deep.append(v)
-
-    scan = 0
-    while len(order) < n:
+    while True:
         while queue:
             u = queue.popleft()
             for c in children[u]:
                 if not placed[c]:
-                    put(c, u)
+                    placed[c], parent[c] = True, u
+                    out.append(c)
+                    queue.append(c)
             for c in nbrs[u]:
                 if not placed[c]:
                     heapq.heappush(frontier, (int(pref[c] >= 0), c, u))
         while frontier and placed[frontier[0][1]]:
             heapq.heappop(frontier)
-        if frontier:
-            _, v, p = heapq.heappop(frontier)
-            put(v, p)
-            continue
-        if len(order) == n:
-            break
-        while placed[scan]:
-            scan += 1
-        free = np.flatnonzero(~placed[scan:] & (pref[scan:] < 0))
-        v = scan + int(free[0]) if len(free) else scan
-        if not order:  # the first root: a leaf of the first component if it has one
-            v = _leaf_near(v, nbrs, heavy, residue)
-        anchors = np.array(deep if deep else order, np.int64)
-        p = int(anchors[np.argmin(np.linalg.norm(xyz[anchors] - xyz[v], axis=1))]) if len(anchors) else -1
-        put(v, p)
-    return parent, order
+        if not frontier:
+            return out
+        _, v, p = heapq.heappop(frontier)
+        placed[v], parent[v] = True, p
+        out.append(v)
+        queue.append(v)
 
 
-def _leaf_near(v: int, nbrs: list[list[int]], heavy: np.ndarray, residue: np.ndarray) -> int:
-    """``v`` if it has at most one bond, else the lowest-index heavy atom of its residue
-    with exactly one (a carbonyl or phosphate oxygen), else ``v``. A root with a single
-    child keeps every row rigid: its child is ``BOND``, the first grandchild ``PLANAR``
-    on it, all other rows ``PROPER`` / ``OFFSET`` (a root with several children makes
-    the later ones, and the chain under them, position-anchored). A heavy leaf, so that
-    every hydrogen keeps a row on its heavy atom."""
-    if len(nbrs[v]) <= 1:
-        return v
-    same = np.flatnonzero((residue == residue[v]) & heavy)
-    leaves = [int(u) for u in same if len(nbrs[u]) == 1]
-    return leaves[0] if leaves else v
+def _leaf_root(grown: list[int], parent: np.ndarray) -> list[int]:
+    """The structure's first tree re-rooted, if its root has several children, at a leaf
+    (a child of the root if one is a leaf: the N-terminal ``H1``, a phosphate oxygen). A
+    root with a single child keeps every row rigid: its child ``BOND``, the first grandchild
+    ``PLANAR``, every other row ``PROPER`` / ``OFFSET`` (further children of a root would be
+    position-anchored)."""
+    root = grown[0]
+    nkids: dict[int, int] = {}
+    for v in grown[1:]:
+        nkids[int(parent[v])] = nkids.get(int(parent[v]), 0) + 1
+    if nkids.get(root, 0) <= 1:
+        return grown
+    leaves = [v for v in grown[1:] if v not in nkids]
+    near = [v for v in leaves if parent[v] == root]
+    leaf = (near or leaves)[0]
+    path = [leaf]
+    while path[-1] != root:
+        path.append(int(parent[path[-1]]))
+    parent[path[1:]] = path[:-1]
+    parent[leaf] = -1
+    on_path = set(path)
+    return path + [v for v in grown if v not in on_path]
 
 
-def _rows(parent: np.ndarray, order: list[int], key: np.ndarray, heavy: np.ndarray) -> np.ndarray:
+def _rows(
+    parent: np.ndarray, order: list[int], key: np.ndarray, heavy: np.ndarray, virtual: np.ndarray
+) -> np.ndarray:
     """Rows over the tree (module doc): PROPER, OFFSET on a representative
-    sibling; the tree's first atoms BOND / PLANAR, their siblings on them."""
+    sibling; the tree's first atoms BOND / PLANAR, their siblings on them. The
+    ``virtual`` roots (other chains, ligands) stay PROPER rows of their own: no
+    torsion of the frame's atoms turns them."""
     n = len(parent)
     refs = np.full((n, 3), -1, np.int64)
     ang = np.full(n, -1, np.int64)
@@ -430,6 +548,7 @@ def _rows(parent: np.ndarray, order: list[int], key: np.ndarray, heavy: np.ndarr
     # one representative per group of proper siblings; the others OFFSET on it
     rank = np.where(key, 0, np.where(heavy, 1, 2)) * n + np.arange(n)
     best = np.full(n, -1, np.int64)
+    proper &= ~virtual
     for v in np.flatnonzero(proper).tolist():
         p = parent[v]
         if best[p] < 0 or rank[v] < rank[best[p]]:
@@ -482,7 +601,8 @@ def parse_complex(atoms, chain=None, hydrogens=False, ligands: bool = False) -> 
 
     Raises:
         ValueError: unknown chain, nothing left, a residue without a CCD
-            entry, a nucleotide without its sugar ring.
+            entry, a missing hydrogen without heavy atoms to place it from
+            (naming chain, residue and atom).
     """
     opts = hydrogens if isinstance(hydrogens, Protonation) else Protonation()
     residues = _residues(_select(atoms, chain, bool(hydrogens), ligands))
@@ -494,16 +614,28 @@ def parse_complex(atoms, chain=None, hydrogens=False, ligands: bool = False) -> 
     n = int(sizes.sum())
     xyz = np.array([x for r in residues for x in r.xyz], np.float64).reshape(n, 3)
     elements = np.array([e for r in residues for e in r.elements], "U2")
-    bonds, orders = _bonds(residues, first, linked)
+    bonds, orders, tree_ok = _bonds(residues, first, linked)
     pref, key = _preferred(residues, first, linked, bonds, n)
     residue = segment_ids(sizes)
-    parent, order = _tree(n, pref, bonds, xyz, elements != "H", residue)
-    refs = _rows(parent, order, key, elements != "H")
+    heavy = elements != "H"
+    parent, order, virtual = _tree(n, pref, bonds[tree_ok], heavy)
+    quads = _quads(residues, first, linked)
+    last = quads[:, :_N_DIHEDRALS, 3]
+    key[last[last >= 0]] = True  # a torsion's atom represents its siblings (not the ring nu)
+    refs = _rows(parent, order, key, heavy, virtual)
+    atom_names = np.array([a for r in residues for a in r.names], "U6")
+
+    def label(i: int) -> str:
+        r = residues[residue[i]]
+        return f"{r.chain} {r.name} {r.res_id}{r.ins_code} {atom_names[i]}"
+
+    if warn_coincident(xyz, label):
+        refs = reroute_degenerate(refs, xyz)
     fam = np.array([r.family for r in residues])
     poly = np.cumsum(fam != "ligand") - 1
-    lig_rows, lig_quads, lig_res = _ligand_torsions(fam, first, sizes, bonds, orders, elements, parent, refs)
+    lig_rows, lig_quads, lig_res = _ligand_torsions(fam, residue, bonds, orders, elements, parent, refs)
     return ComplexAtoms(
-        atom_names=np.array([a for r in residues for a in r.names], "U6"),
+        atom_names=atom_names,
         elements=elements,
         residue=residue,
         xyz=xyz,
@@ -511,14 +643,14 @@ def parse_complex(atoms, chain=None, hydrogens=False, ligands: bool = False) -> 
         res_names=np.array([r.name for r in residues], "U5"),
         res_ids=np.array([r.res_id for r in residues], np.int64),
         ins_codes=np.array([r.ins_code for r in residues], "U1"),
-        chain_ids=np.array([r.chain for r in residues], "U4"),
+        chain_ids=np.array([r.chain for r in residues], str),  # as long as the file's
         hetero=np.array([r.hetero for r in residues], bool),
         family=fam,
         polymer_index=np.where(fam != "ligand", poly, -1),
         bonds=bonds,
         bond_orders=orders,
         refs=refs,
-        quads=_quads(residues, first, linked),
+        quads=quads,
         key=key,
         ligand_rows=lig_rows,
         ligand_quads=lig_quads,
@@ -527,12 +659,23 @@ def parse_complex(atoms, chain=None, hydrogens=False, ligands: bool = False) -> 
     )
 
 
-def _ligand_torsions(fam, first, sizes, bonds, orders, elements, parent, refs):
-    rows, quads, res = [np.zeros(0, np.int64)], [np.zeros((0, 4), np.int64)], [np.zeros(0, np.int64)]
-    for k in np.flatnonzero(fam == "ligand").tolist():
-        atoms = np.arange(first[k], first[k] + sizes[k])
-        r, q = torsion_rows(rotatable_bonds(atoms, bonds, orders, elements), parent, refs)
-        rows.append(r)
-        quads.append(q)
-        res.append(np.full(len(r), k, np.int64))
-    return np.concatenate(rows), np.concatenate(quads), np.concatenate(res)
+def _ligand_torsions(fam, residue, bonds, orders, elements, parent, refs):
+    """The ligands' rotatable-bond torsions (``ComplexAtoms.ligand_rows`` .. ``ligand_residue``),
+    each ligand's bonds grouped once (linear in atoms and ligands)."""
+    ri = residue[bonds[:, 0]]
+    inside = np.flatnonzero((ri == residue[bonds[:, 1]]) & (fam[ri] == "ligand"))
+    inside = inside[np.argsort(ri[inside], kind="stable")]
+    cuts = np.searchsorted(ri[inside], np.flatnonzero(fam == "ligand"), side="left")
+    ends = np.searchsorted(ri[inside], np.flatnonzero(fam == "ligand"), side="right")
+    rot, owner = [np.zeros((0, 2), np.int64)], [np.zeros(0, np.int64)]
+    for k, s, e in zip(np.flatnonzero(fam == "ligand").tolist(), cuts.tolist(), ends.tolist(), strict=True):
+        if e - s < 3:  # no rotatable bond with fewer than three bonds
+            continue
+        sel = inside[s:e]
+        atoms = np.unique(bonds[sel])
+        r = rotatable_bonds(atoms, bonds[sel], orders[sel], elements)
+        rot.append(r)
+        owner.append(np.full(len(r), k, np.int64))
+    rot, owner = np.concatenate(rot), np.concatenate(owner)
+    rows, quads, kept = torsion_rows(rot, parent, refs)
+    return rows, quads, owner[kept]

@@ -35,6 +35,8 @@ class CCDResidue:
             single/double...).
         ideal: ``(n, 3)`` float64 ideal coordinates (Angstrom).
         link_type: the CCD's ``chem_comp.type`` (``"DNA LINKING"``, ``"NON-POLYMER"``...).
+        leaving: ``(n,)`` bool, the CCD's ``pdbx_leaving_atom_flag``: atoms a polymer
+            link replaces (``OXT``, ``HXT``, the amide ``H2``; ``OP3``, ``HO3'``).
     """
 
     name: str
@@ -43,9 +45,18 @@ class CCDResidue:
     bonds: np.ndarray
     ideal: np.ndarray
     link_type: str
+    leaving: np.ndarray
 
     def index(self) -> dict[str, int]:
         return {a: i for i, a in enumerate(self.atom_names.tolist())}
+
+    def leaving_at(self, atom: str) -> frozenset[str]:
+        """The leaving atoms a link at ``atom`` replaces: the flagged atoms bonded to
+        it and every atom bonded to those (``C``: ``OXT``, ``HXT``; ``O3'``: ``HO3'``)."""
+        nb = self.neighbors()
+        flagged = dict(zip(self.atom_names.tolist(), self.leaving.tolist(), strict=True))
+        out = {y for y in nb.get(atom, []) if flagged[y]}
+        return frozenset(out | {z for y in out for z in nb[y] if z != atom})
 
     def neighbors(self) -> dict[str, list[str]]:
         """Bonded atom names of every atom, in bond order."""
@@ -79,6 +90,8 @@ def ccd_residue(name: str) -> CCDResidue:
         link = str(info.link_type(name))
     except KeyError:
         link = ""
+    flags = info.get_from_ccd("chem_comp_atom", name, "pdbx_leaving_atom_flag")
+    leaving = np.asarray(flags.as_array(str) if flags is not None else [], dtype="U1") == "Y"
     return CCDResidue(
         name=name,
         atom_names=np.asarray(res.atom_name, dtype="U6"),
@@ -86,6 +99,7 @@ def ccd_residue(name: str) -> CCDResidue:
         bonds=bonds,
         ideal=ideal,
         link_type=link,
+        leaving=leaving if len(leaving) == len(res.atom_name) else np.zeros(len(res.atom_name), bool),
     )
 
 

@@ -19,10 +19,11 @@ import numpy as np
 import torch
 
 from ..clash import exclusions_from_bonds, vdw_radii
+from ..protein.frames import superpose_on_atoms
 from ..protein.io import write_atoms
 from ..protein.topology import TORSION_NAMES
-from ..table import ConstructionTable
-from ..transform import dihedrals, to_internal
+from ..table import BOND, PLANAR, ROOT, ConstructionTable
+from ..transform import dihedrals, to_internal, to_xyz
 from .allatom import QUAD_NAMES, ComplexAtoms
 from .amino_ideal import AminoIdeal, amino_ideal
 from .amino_ideal import apply as apply_amino
@@ -144,35 +145,55 @@ class Complex:
 
     def internal_with_torsions(self, torsions: dict) -> torch.Tensor:
         """``internal`` with given torsions written into their rows' dihedral
-        columns (NaN entries and torsions that are not rows keep the measured
-        value); differentiable in ``torsions``. OFFSET siblings follow.
+        columns (NaN entries keep the measured value); differentiable in
+        ``torsions``. OFFSET siblings follow.
 
         Args:
             torsions: dict of ``(L,)`` tensors, keys among the dihedral keys of
                 ``TORSION_KEYS`` (not the pucker), and ``"ligand"``: ``(T,)``
                 values of ``ligand_torsions``.
+
+        Raises:
+            ValueError: an unknown key, a wrong shape, or a value (not NaN) for a
+                torsion that exists but is not a degree of freedom (a row rerouted
+                around coincident atoms), naming chain, residue and torsion. Values of
+                absent torsions (NaN in ``torsions``: termini, breaks) are ignored.
         """
         rows = self._row_index
-        unknown = set(torsions) - set(rows)
-        if unknown:
-            raise ValueError(
-                f"unknown or non-row torsion names {sorted(unknown)}; expected some of {list(rows)}"
-            )
+        self._check_torsions(torsions, set(rows))
         out = self.internal
         phi = out[:, 2]
         for name, value in torsions.items():
-            value = torch.as_tensor(value, dtype=out.dtype)
             sel, idx = rows[name]  # fixed indices: no data-dependent indexing, no host sync
-            if value.shape != self._torsion_shape(name):
-                raise ValueError(
-                    f"torsion {name!r} must have shape {self._torsion_shape(name)}, got {tuple(value.shape)}"
-                )
-            v = value[sel]
+            v = torch.as_tensor(value, dtype=out.dtype)[sel]
             phi = phi.index_put((idx,), torch.where(torch.isnan(v), phi[idx], v))
         return torch.cat([out[:, :2], phi[:, None]], 1)
 
-    def _torsion_shape(self, name: str) -> tuple[int]:
-        return (len(self.parsed.ligand_rows),) if name == "ligand" else (len(self),)
+    def _check_torsions(self, torsions: dict, known: set) -> None:
+        """Names and shapes, and no value for a torsion that is not a degree of freedom
+        (values on an accelerator: one host sync; none on the CPU or while compiling)."""
+        unknown = set(torsions) - known
+        if unknown:
+            raise ValueError(f"unknown torsion names {sorted(unknown)}; expected some of {sorted(known)}")
+        for name, value in torsions.items():
+            value = torch.as_tensor(value)
+            shape = (len(self.parsed.ligand_rows),) if name == "ligand" else (len(self),)
+            if value.shape != shape:
+                raise ValueError(f"torsion {name!r} must have shape {shape}, got {tuple(value.shape)}")
+            fixed = self._not_dof.get(name)
+            if fixed is None or not len(fixed) or torch.compiler.is_compiling():
+                continue
+            # read through numpy: no dispatched op, so no host sync for CPU values
+            given = value.detach().cpu().numpy()[fixed.numpy()]
+            if np.isnan(given).all():
+                continue
+            res = int(fixed[np.flatnonzero(~np.isnan(given))[0]])
+            k = int(np.flatnonzero(self.polymer)[res])
+            raise ValueError(
+                f"torsion {name!r} of chain {self.res_chain_ids[k]} residue {self.res_names[k]} "
+                f"{self.res_ids[k]}{self.ins_codes[k]} (index {res}) is not a degree of freedom "
+                "(its row goes around coincident atoms); give NaN there"
+            )
 
     @functools.cached_property
     def _row_index(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -182,6 +203,36 @@ class Complex:
             sel = torch.nonzero(r >= 0)[:, 0]
             out[name] = (sel, r[sel])
         return out
+
+    @functools.cached_property
+    def _not_dof(self) -> dict[str, torch.Tensor]:
+        """Per dihedral key, the residues whose torsion exists but is no row (absent ones,
+        NaN in ``torsions``, are ignored, as ``Protein`` does)."""
+        rows = self.torsion_rows()
+        t = self.torsions
+        return {k: torch.nonzero((r < 0) & ~t[k].isnan())[:, 0] for k, r in rows.items() if k != "ligand"}
+
+    def internal_from_torsions(self, torsions: dict | None = None, geometry: str = "own") -> torch.Tensor:
+        """Internal coordinates with other torsions, as ``Protein.internal_from_torsions``:
+        ``"own"`` keeps every measured bond, angle and fixed dihedral
+        (:meth:`internal_with_torsions`), ``"ideal"`` uses ideal geometry
+        (:meth:`ideal_internal`). ``torsions``: dict of ``(L,)`` tensors; NaN or a missing
+        key keeps the structure's own."""
+        if geometry == "ideal":
+            return self.ideal_internal(torsions)
+        if geometry != "own":
+            raise ValueError(f"geometry must be 'own' or 'ideal', got {geometry!r}")
+        return self.internal if torsions is None else self.internal_with_torsions(torsions)
+
+    def xyz_from_torsions(self, torsions: dict | None = None, geometry: str = "own", method: str = "auto"):
+        """``(N, 3)`` coordinates with other torsions in the file's frame: the tree's first
+        three atoms (which no torsion moves) where they are in ``self.xyz``. A torsion edit
+        moves only atoms of its own chain downstream of the rotated bond; with the
+        structure's own torsions and ``"own"`` this is ``self.xyz``."""
+        x = to_xyz(self.internal_from_torsions(torsions, geometry), self.table, method=method)
+        kind = self.table.kind
+        frame = tuple(int(np.flatnonzero(kind == k)[0]) for k in (ROOT, BOND, PLANAR))
+        return superpose_on_atoms(x, self.xyz, frame)
 
     # --------------------------------------------------------- rebuilding
     @functools.cached_property
@@ -216,9 +267,7 @@ class Complex:
             ``(N, 3)``, differentiable in the torsions and puckers.
         """
         torsions = {} if torsions is None else dict(torsions)
-        unknown = set(torsions) - set(TORSION_KEYS)
-        if unknown:
-            raise ValueError(f"ideal_internal takes torsions among {TORSION_KEYS}, got {sorted(unknown)}")
+        self._check_torsions(torsions, set(TORSION_KEYS))
         c = apply_amino(self.amino_plan, self.internal, torsions, self.torsions)
         return apply_ideal(self.nucleic_plan, c, torsions, self.torsions)
 

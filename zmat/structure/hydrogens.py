@@ -1,20 +1,26 @@
 """Hydrogens: which ones a residue has, and where the missing ones go.
 
-Names are PDB v3 / CCD ones. Which hydrogens a residue gets (``wanted``)
-follows the CCD entry of the residue with the usual choices at pH 7, named by
-:class:`Protonation`:
+Names are PDB v3 / CCD ones; OpenMM's N-terminal ``H`` (beside ``H2``, ``H3``)
+is read as ``H1`` (``file_names``). The file's hydrogens are kept, and with
+them its protonation: a heavy atom that has hydrogens in the file gets no more,
+and a HIS with ``HD1`` or ``HE2`` keeps its tautomer (``missing``). Heavy atoms
+without hydrogens in the file get those of their residue's CCD entry, less the
+*leaving atoms* of each polymer link the residue makes (the CCD's
+``pdbx_leaving_atom_flag``: ``H2`` / proline's ``H`` on a peptide-bonded ``N``,
+``OXT`` and ``HXT`` on a peptide-bonded ``C``, ``OP3``, ``HOP3`` on a linked
+``P``, ``HO3'`` on a linked ``O3'``), for modified residues (MSE, 5MU...) as
+for standard ones, with the usual choices at pH 7, named by :class:`Protonation`:
 
-* amino acids: the CCD's ``H2`` and ``HXT`` are leaving atoms of the peptide
-  bond and are dropped; a chain's first residue gets ``H1, H2, H3`` (charged
-  N-terminus; ``H1, H2`` neutral; proline ``H2, H3`` / ``H2``) instead of
-  ``H``, a residue after a peptide bond its amide ``H`` (not proline); a
-  chain's last residue keeps ``HXT`` only with a neutral C-terminus. Asp and
-  Glu are deprotonated (no ``HD2`` / ``HE2``), Lys and Arg protonated, His
-  ``HIE`` (``HE2``; ``HID``: ``HD1``; ``HIP``: both), a cysteine in a
-  disulfide has no ``HG``.
-* nucleotides: the phosphate is deprotonated (no ``HOP2``, ``HOP3``); a
-  strand's 3' residue keeps ``HO3'``; a 5' residue without phosphorus gets
-  ``HO5'`` (not in the CCD entries, which model the 5'-phosphate).
+* peptide-linking residues: a chain's first residue gets ``H1, H2, H3``
+  (charged N-terminus; ``H1, H2`` neutral; proline ``H2, H3`` / ``H2``)
+  instead of its CCD hydrogens on ``N``; a chain's last residue keeps ``HXT``
+  only with a neutral C-terminus. Asp and Glu are deprotonated (no ``HD2`` /
+  ``HE2``), Lys and Arg protonated, His ``HIE`` (``HE2``; ``HID``: ``HD1``;
+  ``HIP``: both), a cysteine in a disulfide has no ``HG``, phosphates (SEP)
+  are deprotonated.
+* nucleotide-linking residues: the phosphate is deprotonated (no ``HOP2``,
+  ``HOP3``); a strand's 3' residue keeps ``HO3'``; a 5' residue without
+  phosphorus gets ``HO5'`` (not in the CCD entries, which model the 5'-phosphate).
 * other residues (ligands): every hydrogen of the CCD entry.
 
 Positions of missing hydrogens (``place``): the amide ``H`` on the bisector
@@ -25,7 +31,9 @@ residue's frame: its bond length, angle and dihedral in the ideal component
 on the row ``(heavy atom, a bonded heavy atom, a second bonded heavy atom of
 either)``, then placed on the same row of the structure. Hydrogens whose
 heavy atom has two heavy neighbours are so fixed by local geometry; rotors
-(methyl, hydroxyl, amine) take the CCD conformer's dihedral.
+(methyl, hydroxyl, amine) take the CCD conformer's dihedral. Where the
+reference atoms coincide or are collinear (a degenerate file), some finite
+frame is taken and the caller warns: no completed hydrogen is ever NaN.
 """
 
 from __future__ import annotations
@@ -38,12 +46,13 @@ import numpy as np
 
 from .ccd import ccd_residue
 
-__all__ = ["Protonation", "place", "wanted"]
+__all__ = ["LINK_ATOMS", "Protonation", "extra_names", "file_names", "missing", "place"]
 
 
 @dataclass(frozen=True)
 class Protonation:
-    """Protonation choices for completing hydrogens.
+    """Protonation choices for completing hydrogens: they decide for heavy atoms
+    without hydrogens in the file (the file's protonation is kept, module doc).
 
     Attributes:
         his: ``"HIE"`` (H on NE2, default), ``"HID"`` (on ND1) or ``"HIP"`` (both, charged).
@@ -69,51 +78,78 @@ _DROP = {"ASP": {"HD2"}, "GLU": {"HE2"}}
 _HIS_DROP = {"HIE": {"HD1"}, "HID": {"HE2"}, "HIP": set()}
 N_TERMINAL = {"charged": ("H1", "H2", "H3"), "neutral": ("H1", "H2")}
 N_TERMINAL_PRO = {"charged": ("H2", "H3"), "neutral": ("H2",)}
+#: The atoms a polymer link is made at: (to the previous residue, to the next one).
+LINK_ATOMS = {"protein": ("N", "C"), "nucleic": ("P", "O3'")}
+#: Phosphate hydrogens, dropped on polymer residues (deprotonated at pH 7).
+_PHOSPHATE = {"HOP2", "HOP3"}
 
 
-def extra_names(res_name: str, family: str) -> dict[str, str]:
-    """Hydrogens a residue may have that its CCD entry lacks -> their heavy atom."""
-    if family == "protein":
+def extra_names(res_name: str, kind: str) -> dict[str, str]:
+    """Hydrogens a residue may have that its CCD entry lacks -> their heavy atom
+    (``kind``: the backbone it links into, ``"protein"``, ``"nucleic"`` or ``""``)."""
+    if kind == "protein":
         return {"H1": "N", "H2": "N", "H3": "N"}
-    if family == "nucleic":
+    if kind == "nucleic":
         return {"HO5'": "O5'"}
     return {}
 
 
-def wanted(res_name: str, family: str, prev: bool, nxt: bool, opts: Protonation, heavy: set[str]):
-    """``[(hydrogen, heavy atom)]`` a residue should have (see the module doc).
+def file_names(res_name: str, kind: str, prev: bool, names: list[str]) -> list[str]:
+    """The file's atom names with OpenMM's N-terminal ``H`` (beside ``H2``, ``H3``)
+    read as PDB v3's ``H1`` (proline: the first of ``H2``, ``H3`` it lacks)."""
+    if kind != "protein" or prev or "H" not in names:
+        return names
+    ends = N_TERMINAL_PRO["charged"] if res_name == "PRO" else N_TERMINAL["charged"]
+    free = [h for h in ends if h not in names]
+    return [free[0] if a == "H" and free else a for a in names]
+
+
+def _heavy_of(res_name: str, kind: str, h: str) -> str | None:
+    nb = _ccd_tables(res_name)[2]
+    return nb[h][0] if nb.get(h) else extra_names(res_name, kind).get(h)
+
+
+def missing(res_name: str, kind: str, prev: bool, nxt: bool, opts: Protonation, heavy: set[str], have=()):
+    """``[(hydrogen, heavy atom)]`` to add to a residue (see the module doc).
 
     Args:
-        res_name, family: the residue (``"protein"``, ``"nucleic"``, ``"ligand"``).
-        prev, nxt: linked to the previous / next residue of its polymer.
+        res_name: the residue; ``kind``: the backbone it links into (``"protein"``,
+            ``"nucleic"``, ``""`` for none).
+        prev, nxt: linked to the previous / next residue of its polymer (the CCD's
+            leaving atoms of each link are dropped).
         opts: the protonation choices.
         heavy: the heavy atoms the residue has (a hydrogen needs its heavy atom).
+        have: the hydrogens the file has. They are kept, and with them the file's
+            protonation: a heavy atom that has hydrogens in the file gets no more
+            (whatever the file names them), a HIS with ``HD1`` or ``HE2`` keeps its
+            tautomer.
     """
     ccd = ccd_residue(res_name)
     nb = _ccd_tables(res_name)[2]
     hs = [(str(a), nb[a][0]) for a, e in zip(ccd.atom_names, ccd.elements, strict=True) if e == "H" and nb[a]]
     drop: set[str] = set()
     add: list[tuple[str, str]] = []
-    if family == "protein":
-        drop |= {"H2", "HXT"} | _DROP.get(res_name, set())
+    if kind:
+        at_prev, at_next = LINK_ATOMS[kind]
+        drop |= _PHOSPHATE
+        drop |= ccd.leaving_at(at_prev) if prev else set()
+        charged_c = kind == "protein" and opts.c_terminus == "charged"
+        drop |= ccd.leaving_at(at_next) if nxt or charged_c else set()
+    if kind == "protein":
+        drop |= _DROP.get(res_name, set())
         if res_name == "HIS":
-            drop |= _HIS_DROP[opts.his]
-        if not prev:
-            drop.add("H")
-            names = (N_TERMINAL_PRO if res_name == "PRO" else N_TERMINAL)[opts.n_terminus]
+            drop |= {"HD1", "HE2"} if {"HD1", "HE2"} & set(have) else _HIS_DROP[opts.his]
+        on_n = [h for h, x in hs if x == "N"]
+        if not prev and on_n:
+            drop |= set(on_n)
+            names = (N_TERMINAL if len(on_n) >= 2 else N_TERMINAL_PRO)[opts.n_terminus]
             add = [(h, "N") for h in names]
-        elif res_name == "PRO":
-            drop.add("H")
-        if not nxt and opts.c_terminus == "neutral":
-            drop.discard("HXT")
-    elif family == "nucleic":
-        drop |= {"HOP2", "HOP3"}
-        if nxt:
-            drop.add("HO3'")
-        if not prev and "P" not in heavy:
-            add = [("HO5'", "O5'")]
+    elif kind == "nucleic" and not prev and "P" not in heavy:
+        add = [("HO5'", "O5'")]
     out = [(h, x) for h, x in hs if h not in drop] + add
-    return [(h, x) for h, x in out if x in heavy]
+    # a heavy atom with hydrogens in the file keeps the file's (its protonation)
+    covered = {_heavy_of(res_name, kind, h) for h in have}
+    return [(h, x) for h, x in out if x in heavy and x not in covered and h not in have]
 
 
 def _cross(u, v) -> np.ndarray:
@@ -121,16 +157,31 @@ def _cross(u, v) -> np.ndarray:
     return np.array([u[1] * v[2] - u[2] * v[1], u[2] * v[0] - u[0] * v[2], u[0] * v[1] - u[1] * v[0]])
 
 
-def _nerf(xb, xa, xd, r, theta, phi) -> np.ndarray:
+#: Shorter vectors (Angstrom) have no direction: coincident or collinear atoms.
+_TINY = 1e-6
+
+
+def _unit(v, fallback) -> tuple[np.ndarray, bool]:
+    """``v / |v|`` and True, or ``fallback`` and False where ``v`` has no direction."""
+    n = float(np.linalg.norm(v))
+    return (v / n, True) if n > _TINY else (np.asarray(fallback, np.float64), False)
+
+
+def _perpendicular(u) -> np.ndarray:
+    """A unit vector perpendicular to the unit vector ``u``."""
+    axis = np.eye(3)[int(np.argmin(np.abs(u)))]
+    return _unit(_cross(u, axis), (0.0, 0.0, 1.0))[0]
+
+
+def _nerf(xb, xa, xd, r, theta, phi) -> tuple[np.ndarray, bool]:
     """Position at bond ``r`` from ``xb``, angle ``theta`` at ``xb`` from ``xa``,
-    dihedral ``phi`` (IUPAC) about ``xa-xb`` from ``xd``."""
-    bc = xb - xa
-    bc = bc / np.linalg.norm(bc)
-    n = _cross(xa - xd, bc)
-    n = n / np.linalg.norm(n)
+    dihedral ``phi`` (IUPAC) about ``xa-xb`` from ``xd``; and False where the
+    reference atoms coincide or are collinear (then some finite frame is taken)."""
+    bc, ok1 = _unit(xb - xa, (1.0, 0.0, 0.0))
+    n, ok2 = _unit(_cross(xa - xd, bc), _perpendicular(bc))
     m = _cross(n, bc)
     s = r * math.sin(theta)
-    return xb - r * math.cos(theta) * bc + s * math.cos(phi) * m + s * math.sin(phi) * n
+    return xb - r * math.cos(theta) * bc + s * math.cos(phi) * m + s * math.sin(phi) * n, ok1 and ok2
 
 
 def _internal(x, xb, xa, xd) -> tuple[float, float, float]:
@@ -154,42 +205,52 @@ def _frame_refs(x: str, nb: dict[str, list[str]], heavy_have: set[str]) -> tuple
     return None
 
 
-def place(res_name: str, family: str, h: str, x: str, coords: dict, prev_c=None) -> np.ndarray:
+def place(res_name: str, kind: str, h: str, x: str, coords: dict, prev_c=None, label: str = ""):
     """Position of the missing hydrogen ``h`` on heavy atom ``x`` (module doc).
 
     Args:
-        res_name, family: the residue.
+        res_name, kind: the residue and the backbone it links into.
         h, x: hydrogen and heavy atom names.
         coords: name -> ``(3,)`` positions of the residue's heavy atoms.
         prev_c: ``C`` of the previous residue (amide ``H``), or None.
+        label: the residue for messages (``"chain A residue LEU 7"``).
+
+    Returns:
+        ``((3,) position, ok)``; ``ok`` is False where the reference atoms
+        coincide or are collinear: the position is finite, 1.0 A from ``x``
+        (or the CCD's bond length), in some direction.
 
     Raises:
-        ValueError: no reference atoms to place it from (names the residue).
+        ValueError: no bonded heavy atoms to place it from (names chain, residue, atoms).
     """
-    if family == "protein" and h == "H" and prev_c is not None:
-        u = coords["N"] - prev_c
-        w = coords["N"] - coords["CA"]
-        v = u / np.linalg.norm(u) + w / np.linalg.norm(w)
-        return coords["N"] + 1.01 * v / np.linalg.norm(v)
+    if kind == "protein" and h == "H" and prev_c is not None and "CA" in coords:
+        u, ok1 = _unit(coords["N"] - prev_c, (1.0, 0.0, 0.0))
+        w, ok2 = _unit(coords["N"] - coords["CA"], (0.0, 1.0, 0.0))
+        v, ok3 = _unit(u + w, _perpendicular(u))
+        return coords["N"] + 1.01 * v, ok1 and ok2 and ok3
     tetra = math.radians(109.5)
-    if family == "protein" and h in ("H1", "H2", "H3"):
-        if res_name == "PRO" and "CD" in coords:  # two heavy neighbours: sp3 pair
-            d1, d2 = (coords["N"] - coords[y] for y in ("CA", "CD"))
-            b = d1 / np.linalg.norm(d1) + d2 / np.linalg.norm(d2)
-            n = _cross(d1, d2)
-            half = tetra / 2
+    if kind == "protein" and h in ("H1", "H2", "H3") and x == "N" and "CA" in coords:
+        if "CD" in coords and res_name == "PRO":  # two heavy neighbours: sp3 pair
+            d1, ok1 = _unit(coords["N"] - coords["CA"], (1.0, 0.0, 0.0))
+            d2, ok2 = _unit(coords["N"] - coords["CD"], _perpendicular(d1))
+            b, ok3 = _unit(d1 + d2, d1)
+            n, ok4 = _unit(_cross(d1, d2), _perpendicular(b))
             sign = 1.0 if h == "H2" else -1.0
-            v = b / np.linalg.norm(b) * math.cos(half) + sign * n / np.linalg.norm(n) * math.sin(half)
-            return coords["N"] + 1.01 * v
+            v = b * math.cos(tetra / 2) + sign * n * math.sin(tetra / 2)
+            return coords["N"] + 1.01 * v, ok1 and ok2 and ok3 and ok4
         if "C" in coords:
             offset = {"H1": 180.0, "H2": 60.0, "H3": -60.0}[h]
             return _nerf(coords["N"], coords["CA"], coords["C"], 1.01, tetra, math.radians(offset))
-    if h == "HO5'" and "C4'" in coords:
+    if h == "HO5'" and "C5'" in coords and "C4'" in coords:
         return _nerf(coords["O5'"], coords["C5'"], coords["C4'"], 0.96, tetra, math.pi)
     ideal, heavy, nb = _ccd_tables(res_name)
     refs = _frame_refs(x, nb, {k for k in coords if k in heavy})
     if refs is None or h not in ideal or not np.isfinite(ideal[h]).all():
-        raise ValueError(f"residue {res_name}: no reference atoms to place hydrogen {h} on {x}")
+        raise ValueError(
+            f"{label or 'residue ' + res_name}: no bonded heavy atoms to place hydrogen {h} on {x} "
+            f"from (the residue has {sorted(coords)}); read it with hydrogens=False, or with its "
+            "hydrogens in the file"
+        )
     r, theta, phi = _ccd_row(res_name, h, x, *refs)
     return _nerf(coords[x], coords[refs[0]], coords[refs[1]], r, theta, phi)
 

@@ -80,23 +80,26 @@ def rotatable_bonds(atoms: np.ndarray, bonds: np.ndarray, orders: np.ndarray, el
     return np.array(out, np.int64).reshape(-1, 2)
 
 
-def torsion_rows(rot: np.ndarray, parent: np.ndarray, refs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def torsion_rows(rot: np.ndarray, parent: np.ndarray, refs: np.ndarray):
     """For rotatable bonds ``rot`` (tree edges), the atom whose row's dihedral
     column is the torsion (the PROPER child of the far end) and its quad
     ``(d, a, b, atom)``; bonds without such a row are left out.
 
     Returns:
-        ``(rows (T,), quads (T, 4))`` int64.
+        ``(rows (T,), quads (T, 4), kept (T,))`` int64, ``kept`` the index into ``rot``.
     """
-    rows, quads = [], []
-    for i, j in rot.tolist():
+    first_of = {}  # row -> its first atom (one pass over the rows)
+    for v, row in enumerate(refs.tolist()):
+        first_of.setdefault(tuple(row), v)
+    rows, quads, kept = [], [], []
+    for t, (i, j) in enumerate(rot.tolist()):
         b, c = (i, j) if parent[j] == i else (j, i)
-        if parent[c] != b:
+        if parent[c] != b or refs[c, 1] < 0:
             continue
-        kids = np.flatnonzero((refs[:, 0] == c) & (refs[:, 1] == b) & (refs[:, 2] == refs[c, 1]))
-        if refs[c, 1] < 0 or len(kids) == 0:
+        k = first_of.get((c, b, int(refs[c, 1])))
+        if k is None:
             continue
-        k = int(kids[0])
         rows.append(k)
         quads.append((int(refs[k, 2]), b, c, k))
-    return np.array(rows, np.int64), np.array(quads, np.int64).reshape(-1, 4)
+        kept.append(t)
+    return np.array(rows, np.int64), np.array(quads, np.int64).reshape(-1, 4), np.array(kept, np.int64)

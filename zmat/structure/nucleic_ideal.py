@@ -36,7 +36,7 @@ import torch
 
 from .._geometry import dihedral_from_bonds
 from .ccd import ccd_residue
-from .nucleic import NUCLEIC_TORSIONS
+from .nucleic import NUCLEIC_TORSIONS, RING_ATOMS
 from .sugar import place, ring_from_pucker
 
 __all__ = ["NucleicIdeal", "nucleic_ideal"]
@@ -190,6 +190,7 @@ def nucleic_ideal(parsed, torsion_rows: dict[str, np.ndarray], linked_prev: np.n
             c1 >= 0 and c2 >= 0 and tuple(refs[c1]) == tuple(atoms.get(n, -2) for n in ("O4'", "C4'", "C5'"))
         )
         ring_ok = ring_ok and tuple(refs[c2]) == tuple(atoms.get(n, -2) for n in ("C1'", "O4'", "C4'"))
+        ring_ok = ring_ok and all(n in atoms for n in RING_ATOMS)  # a pucker to keep (partial residues)
         if ring_ok:
             ring.append((poly[k], c1, c2, fixed, geom, u0))
         r_id = len(ring) - 1
@@ -197,8 +198,8 @@ def nucleic_ideal(parsed, torsion_rows: dict[str, np.ndarray], linked_prev: np.n
             if parsed.residue[i] != k:
                 continue
             row = [names.get(int(j)) if j >= 0 else None for j in refs[i]]
-            if row[0] is None or row[0].startswith("-") or own not in x:
-                continue  # a root, a virtual bond, a row into another residue
+            if row[0] is None or row[0].startswith("-") or own not in x or row[0] not in x:
+                continue  # a root, a virtual bond, a row into another residue or on the root H
             pos = [None if n is None or n.startswith("-") or n not in x else x[n] for n in row]
             rv, th, ph = _internal(x[own], pos[0], pos[1], pos[2])
             if row[1] is not None and pos[1] is None:

@@ -1,0 +1,228 @@
+"""The all-atom tree: every chain and ligand its own tree off the structure's frame, every
+existing torsion a degree of freedom (zmat/structure/allatom.py, docs/allatom.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import zmat
+from zmat.protein import Complex, from_pdb, from_structure
+from zmat.protein.io import read_atoms
+from zmat.structure.ccd import ccd_residue
+from zmat.table import POSITIONAL
+
+pytest.importorskip("biotite")
+
+DATA = os.path.join(os.path.dirname(__file__), "data")
+DIHEDRALS = ("phi", "psi", "omega", "chi1", "chi2", "chi3", "chi4")
+DIHEDRALS += ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "chi")
+
+
+def _read(name, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return from_pdb(os.path.join(DATA, name), **kw)
+
+
+@pytest.fixture(scope="module")
+def igy():
+    return _read("1igy.pdb", ligands=True)  # 4 chains joined by disulfides, glycans
+
+
+@pytest.fixture(scope="module")
+def ugo():
+    return _read("5ugo.cif", ligands=True, hydrogens=True)  # protein + 2 DNA strands
+
+
+def _tree_bonds(c):
+    """Bonds within residues and polymer links (no disulfides or other cross-links)."""
+    b = c.parsed.bonds
+    ri = c.parsed.residue
+    link = (ri[b[:, 0]] == ri[b[:, 1]]) | (np.abs(ri[b[:, 0]] - ri[b[:, 1]]) == 1)
+    ss = (c.atom_names[b[:, 0]] == "SG") & (c.atom_names[b[:, 1]] == "SG")
+    return torch.from_numpy(b[link & ~ss])
+
+
+def _geometry(x, bonds):
+    """Bond lengths and the angles between bonds sharing an atom."""
+    lengths = (x[bonds[:, 0]] - x[bonds[:, 1]]).norm(dim=-1)
+    u = torch.cat([bonds, bonds.flip(1)])  # (center, other) both ways
+    order = torch.argsort(u[:, 0], stable=True)
+    u = u[order]
+    same = u[1:, 0] == u[:-1, 0]
+    c, a, b = u[1:, 0][same], u[:-1, 1][same], u[1:, 1][same]
+    v1, v2 = x[a] - x[c], x[b] - x[c]
+    cos = (v1 * v2).sum(-1) / (v1.norm(dim=-1) * v2.norm(dim=-1))
+    return lengths, cos
+
+
+def _edit(c, residue: int, names, delta=0.5):
+    t = {k: torch.full((len(c),), torch.nan, dtype=torch.float64) for k in names}
+    for k in names:
+        t[k][residue] = c.torsions[k][residue] + delta
+    return t
+
+
+def _chain_of_atoms(c):
+    return c.res_chain_ids[c.parsed.residue]
+
+
+def _check_local_edit(c, residue: int, names):
+    """An edit moves no bond length or angle, no atom of another chain or ligand, and moves
+    atoms of its own chain only downstream (later residues, or the residue's side)."""
+    x = c.xyz_from_torsions(_edit(c, residue, names))
+    t = c.measure_torsions(x)
+    for k in names:
+        d = t[k][residue] - c.torsions[k][residue] - 0.5
+        assert abs(float(torch.remainder(d + 3, 2 * torch.pi)) - 3) < 1e-9
+    bonds = _tree_bonds(c)
+    (l0, a0), (l1, a1) = _geometry(c.xyz, bonds), _geometry(x, bonds)
+    assert float((l1 - l0).abs().max()) < 1e-9 and float((a1 - a0).abs().max()) < 1e-9
+    moved = ((x - c.xyz).norm(dim=-1) > 1e-6).numpy()
+    k = int(np.flatnonzero(c.polymer)[residue])
+    own = _chain_of_atoms(c) == c.res_chain_ids[k]
+    assert moved.any() and not (moved & ~own).any()
+    ri = c.parsed.residue
+    assert not (moved & own & (ri < k)).any()  # upstream stays
+    return moved
+
+
+def test_phi_psi_edit_in_one_chain_moves_only_its_downstream(igy):
+    chains = igy.res_chain_ids[igy.polymer]
+    assert len(set(chains.tolist())) == 4
+    for chain in ("A", "C", "D"):  # chains entered through disulfides before
+        l = int(np.flatnonzero(chains == chain)[40])
+        moved = _check_local_edit(igy, l, ("phi", "psi"))
+        k = int(np.flatnonzero(igy.polymer)[l])
+        later = (igy.parsed.residue > k) & (_chain_of_atoms(igy) == chain)
+        later &= igy.polymer[igy.parsed.residue]
+        assert moved[later].all()  # the whole chain downstream turns (up to its break)
+
+
+def test_dna_strand_edit_does_not_move_partner_or_protein(ugo):
+    chains = ugo.res_chain_ids[ugo.polymer]
+    fam = ugo.family[ugo.polymer]
+    nuc = np.flatnonzero(fam == "nucleic")
+    strands = sorted(set(chains[nuc].tolist()))
+    assert len(strands) >= 2
+    for s in strands[:2]:
+        l = int(nuc[chains[nuc] == s][3])
+        _check_local_edit(ugo, l, ("alpha", "gamma", "chi"))
+    l = int(np.flatnonzero(fam == "protein")[10])
+    _check_local_edit(ugo, l, ("phi", "psi", "chi1"))
+
+
+@pytest.mark.parametrize(
+    "name, kw",
+    [
+        ("1l2y.pdb", {"hydrogens": True}),
+        ("1bna.cif", {"hydrogens": True}),
+        ("4p5j.cif", {"ligands": True}),
+        ("3o5r.cif", {"ligands": True, "hydrogens": True}),
+    ],
+)
+def test_every_existing_torsion_is_a_degree_of_freedom(name, kw):
+    c = _read(name, **kw)
+    rows = c.torsion_rows()
+    t = {}
+    for k in DIHEDRALS:
+        defined = ~torch.isnan(c.torsions[k])
+        assert (rows[k][defined] >= 0).all(), (name, k, torch.nonzero(defined & (rows[k] < 0))[:5])
+        t[k] = c.torsions[k] + 0.3
+    x = zmat.to_xyz(c.internal_with_torsions(t), c.table)
+    got = c.measure_torsions(x)
+    for k in DIHEDRALS:  # all set at once, residue 0's psi and the first gamma included
+        d = torch.remainder(got[k] - t[k] + torch.pi, 2 * torch.pi) - torch.pi
+        assert float(d.nan_to_num().abs().max()) < 1e-8, (name, k)
+    # one tree, no position-anchored row: the rigid fast path
+    assert (c.table.kind == POSITIONAL).sum() == 0 and (c.parsed.refs[:, 0] < 0).sum() == 1
+
+
+def test_coincident_atoms_warn_and_rebuild_exactly():
+    a = read_atoms(os.path.join(DATA, "1l2y.pdb"))
+    a = a[a.element != "H"]
+    m = a.res_id == 5
+    a.coord[m] = a.coord[m][0]
+    with pytest.warns(UserWarning, match=r"coincide.*A \w+ 5"):
+        c = from_structure(a, ligands=True)
+    x = zmat.to_xyz(c.internal, c.table)
+    assert float((zmat.superpose(x, c.xyz) - c.xyz).norm(dim=-1).max()) < 1e-8
+    # the torsions through them are NaN, every other one a degree of freedom
+    rows = c.torsion_rows()
+    assert all(((rows[k] >= 0) | torch.isnan(c.torsions[k])).all() for k in DIHEDRALS)
+
+
+def test_setting_a_torsion_that_is_no_row_names_it():
+    c = _read("1l2y.pdb", ligands=True)  # a Complex
+    v = int(c.torsion_rows()["psi"][3])  # the next N, whose row is psi of residue 3
+    ri, names = c.parsed.residue, c.atom_names
+    cb = int(np.flatnonzero((ri == 3) & (names == "CB"))[0])
+    refs = c.parsed.refs.copy()
+    refs[v, 2] = cb  # (C, CA, CB): still exact, no longer psi
+    c2 = Complex(dataclasses.replace(c.parsed, refs=refs))
+    t = torch.full((len(c),), torch.nan, dtype=torch.float64)
+    c2.internal_with_torsions({"psi": t})  # NaN: nothing set
+    t[3] = 1.0
+    msg = rf"'psi' of chain A residue {c.res_names[3]} 4 .*not a degree of freedom"
+    with pytest.raises(ValueError, match=msg):
+        c2.internal_with_torsions({"psi": t})
+    with pytest.raises(ValueError, match="not a degree of freedom"):
+        c2.xyz_from_torsions({"psi": t}, geometry="ideal")
+    t[3] = torch.nan
+    t[4] = 1.0
+    x = c2.xyz_from_torsions({"psi": t})
+    assert abs(float(c2.measure_torsions(x)["psi"][4]) - 1.0) < 1e-9
+
+
+def test_long_chain_ids_and_same_numbered_residues_survive():
+    import biotite.structure as struc
+
+    a = read_atoms(os.path.join(DATA, "1bna.cif"))
+    r5 = a[(a.res_id == 5) & (a.chain_id == "A")].copy()
+    r5.coord += 8.0
+    i = int(np.flatnonzero((a.res_id == 5) & (a.chain_id == "A"))[-1]) + 1
+    twice = struc.concatenate([a[:i], r5, a[i:]])  # residue A5 twice, same name
+    with pytest.warns(UserWarning, match=r"DA A5.*appears again"):
+        from_structure(twice)
+    r5.res_name[:] = "DC"  # the same number, another name (biotite's 1xnr has U129 / G129)
+    with pytest.warns(UserWarning, match=r"DC A5: atom 'N6' is not in its CCD entry"):
+        c = from_structure(struc.concatenate([a[:i], r5, a[i:]]))
+    c0 = from_structure(a)
+    known = np.isin(r5.atom_name, ccd_residue("DC").atom_names)
+    assert len(c.res_names) == len(c0.res_names) + 1 and c.n_atoms == c0.n_atoms + known.sum()
+    assert list(c.res_names[4:6]) == ["DA", "DC"] and list(c.res_ids[4:6]) == [5, 5]
+    a.chain_id = np.full(a.array_length(), "LONGCHAIN", dtype="U12")
+    got = from_structure(a, hydrogens=True).to_structure().chain_id
+    assert set(got.tolist()) == {"LONGCHAIN"}
+
+
+@pytest.mark.slow
+def test_reading_is_linear_in_components():
+    import biotite.structure as struc
+
+    base = read_atoms(os.path.join(DATA, "1l2y.pdb"))
+    base = base[base.element != "H"]
+    times = []
+    for n in (2000, 8000):
+        ions = struc.AtomArray(n)
+        ions.coord = (np.random.default_rng(0).random((n, 3)) * 200).astype(np.float32)
+        ions.res_name[:] = "NA"
+        ions.atom_name[:] = "NA"
+        ions.element[:] = "NA"
+        ions.chain_id[:] = "B"
+        ions.res_id = np.arange(1, n + 1)
+        ions.hetero[:] = True
+        t0 = time.process_time()
+        c = from_structure(struc.concatenate([base, ions]), ligands=True)
+        times.append(time.process_time() - t0)
+        refs = c.parsed.refs
+        frame = refs[np.flatnonzero(c.atom_names == "NA")]
+        assert (frame == frame[0]).all()  # every ion hangs off the same three frame atoms
+    assert times[1] < 8 * times[0], times  # linear: 4x; the old quadratic read was ~16x

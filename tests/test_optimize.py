@@ -1,0 +1,242 @@
+"""zmat.optimize: Wilson B matrix, minimize and scan (batched, constrained), zmat.ase.InternalOptimizer."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from ase import Atoms
+from ase.build import molecule
+from ase.calculators.calculator import Calculator, all_changes
+from ase.calculators.emt import EMT
+from ase.constraints import FixAtoms
+from ase.optimize import BFGS
+
+import zmat
+import zmat.ase
+from zmat.optimize import ToyForceField, build_primitives, minimize, scan, values, wilson_b
+from zmat.optimize.coordinates import KINDS
+
+# one of each kind: ring closures and out-of-plane (benzene), a linear bend (HCN, CO2), fragments and
+# hydrogen bonds (a water dimer)
+WATER_DIMER = Atoms(
+    "OHHOHH",
+    positions=[[0, 0, 0], [0.96, 0, 0], [-0.24, 0.93, 0], [2.9, 0, 0], [3.2, 0.5, 0.75], [3.2, 0.5, -0.75]],
+)
+
+
+def rattled(name, amount=0.05, seed=0):
+    m = molecule(name) if isinstance(name, str) else name.copy()
+    m.rattle(amount, seed=seed)
+    return m
+
+
+class TorchCalculator(Calculator):
+    """An ASE calculator around a torch potential ``(1, N, 3) -> (1,)``: ASE's BFGS on the same energy."""
+
+    implemented_properties = ["energy", "forces"]
+
+    def __init__(self, energy):
+        super().__init__()
+        self.energy = energy
+
+    def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes):
+        super().calculate(atoms, properties, system_changes)
+        x = torch.tensor(atoms.positions, dtype=torch.float64)[None].requires_grad_(True)
+        e = self.energy(x)
+        (g,) = torch.autograd.grad(e.sum(), x)
+        self.results = {"energy": float(e.detach()), "forces": -g[0].numpy()}
+
+
+def fd_jacobian(prims, x, eps=1e-6):
+    cols = []
+    for k in range(x[0].numel()):  # every conformer's coordinate k at once: they are independent
+        d = torch.zeros(x[0].numel(), dtype=x.dtype)
+        d[k] = eps
+        d = d.reshape(x.shape[1:])
+        diff = values(prims, x + d) - values(prims, x - d)
+        cols.append(torch.remainder(diff + math.pi, 2 * math.pi) - math.pi)  # dihedrals may wrap
+    return torch.stack(cols, -1) / (2 * eps)
+
+
+@pytest.mark.parametrize("atoms", ["C6H6", "HCN", "CO2", "CH3CH2OH", WATER_DIMER], ids=str)
+def test_wilson_b_matches_finite_differences(atoms):
+    m = rattled(atoms, 0.03)
+    prims = build_primitives(m.positions, m.numbers, frozen=(0,))
+    x = torch.tensor(m.positions, dtype=torch.float64)[None].expand(2, -1, -1).contiguous()
+    x[1] += 0.02 * torch.randn(x.shape[1:], generator=torch.Generator().manual_seed(1), dtype=x.dtype)
+    B = wilson_b(prims, x)
+    assert B.shape == (2, len(prims), 3 * len(m)) and torch.isfinite(B).all()
+    torch.testing.assert_close(B, fd_jacobian(prims, x), atol=1e-7, rtol=1e-6)
+
+
+def test_primitives_cover_rings_linear_bends_fragments_and_hydrogen_bonds():
+    benzene = build_primitives(molecule("C6H6").positions, molecule("C6H6").numbers)
+    assert dict(zip(KINDS, benzene.counts, strict=False)) == {
+        "bond": 12, "angle": 18, "linear": 0, "dihedral": 24, "oop": 6, "cartesian": 0,
+    }  # fmt: skip
+    assert benzene.find((0, 5)) is not None  # the ring closure a z-matrix has no coordinate for
+    hcn = build_primitives(molecule("HCN").positions, molecule("HCN").numbers)
+    assert hcn.counts[1] == 0 and hcn.counts[2] == 4  # the singular angle is replaced by linear bends
+    hbond = build_primitives(WATER_DIMER.positions, WATER_DIMER.numbers)
+    assert hbond.find((1, 3)) is not None and hbond.find((0, 3)) is None  # O-H...O, no other contact
+    apart = WATER_DIMER.copy()
+    apart.positions[1] = [-0.96, 0, 0]  # no H points at the other water: the O...O contact joins them
+    p = build_primitives(apart.positions, apart.numbers)
+    assert p.find((0, 3)) is not None and p.find((1, 3)) is None
+
+
+def test_wilson_b_agrees_with_pyberny():
+    berny = pytest.importorskip("berny")
+    from berny.coords import Angle, Bond, Dihedral, InternalCoords
+
+    for name in ("CH3CH2OH", "C6H6", "CH3COCH3"):
+        m = rattled(name, 0.05)
+        geom = berny.Geometry(m.get_chemical_symbols(), m.positions)
+        theirs = InternalCoords(geom)
+        B_theirs = theirs.B_matrix(geom)  # per bohr (their coordinates are in bohr)
+        q_theirs = theirs.eval_geom(geom)
+        prims = build_primitives(m.positions, m.numbers)
+        x = torch.tensor(m.positions)[None]
+        q, B = values(prims, x)[0], wilson_b(prims, x)[0]
+        matched = 0
+        for k, c in enumerate(theirs):
+            mine = prims.find(c.idx)
+            if mine is None or not isinstance(c, (Bond, Angle, Dihedral)):
+                continue
+            scale = 0.52917721092 if isinstance(c, Bond) else 1.0  # their lengths in bohr
+            sign = 1.0
+            if isinstance(c, Dihedral):  # their atoms may run the other way: same dihedral
+                sign = math.copysign(1.0, float(q[mine]) * q_theirs[k])
+            assert float(q[mine]) == pytest.approx(sign * q_theirs[k] * scale, abs=1e-9)
+            per_bohr = 1.0 if isinstance(c, Bond) else 1 / 0.52917721092  # their derivatives per bohr
+            np.testing.assert_allclose(B[mine].numpy(), sign * B_theirs[k] * per_bohr, atol=1e-8)
+            matched += 1
+        assert matched >= 0.9 * len(list(theirs))
+
+
+def test_minimize_matches_ase_bfgs_at_a_tight_threshold():
+    for name in ("CH3CH2OH", "C6H6", "CH3CN"):
+        start = rattled(name, 0.1)
+        ff = ToyForceField(start.numbers, molecule(name).positions)
+        res = minimize(ff, torch.tensor(start.positions), fmax=1e-5, numbers=start.numbers)
+        ref = start.copy()
+        ref.calc = TorchCalculator(ff)
+        BFGS(ref, logfile=None).run(fmax=1e-5, steps=2000)
+        assert bool(res.converged[0]) and res.fmax[0] < 1e-5
+        assert float(zmat.rmsd(res.xyz[0], torch.tensor(ref.positions))) < 1e-4
+        assert float(res.energy[0]) == pytest.approx(ref.get_potential_energy(), abs=1e-8)
+        assert int(res.steps[0]) < 40  # ASE's BFGS: 60-130 here
+
+
+def test_internal_optimizer_matches_ase_bfgs_with_emt(tmp_path):
+    for name in ("CH4", "NH3", "H2O"):
+        a = rattled(name, 0.1)
+        a.calc = EMT()
+        traj = tmp_path / f"{name}.traj"
+        opt = zmat.ase.InternalOptimizer(a, logfile=str(tmp_path / "log"), trajectory=str(traj))
+        assert opt.run(fmax=1e-5, steps=100)
+        b = rattled(name, 0.1)
+        b.calc = EMT()
+        BFGS(b, logfile=None).run(fmax=1e-5, steps=1000)
+        assert np.abs(np.linalg.norm(a.get_forces(), axis=1)).max() < 1e-5
+        assert float(zmat.rmsd(torch.tensor(a.positions), torch.tensor(b.positions))) < 1e-4
+        from ase.io import read
+
+        frames = read(traj, ":")
+        assert len(frames) == opt.nsteps + 1  # ASE's semantics: a frame per evaluated geometry
+        np.testing.assert_allclose(frames[-1].positions, a.positions)
+    assert "InternalOptimizer:" in (tmp_path / "log").read_text()
+
+
+def test_batched_minimize_equals_one_at_a_time():
+    m = molecule("CH3CH2OH")
+    ff = ToyForceField(m.numbers, m.positions)
+    gen = torch.Generator().manual_seed(0)
+    starts = torch.tensor(m.positions)[None] + 0.08 * torch.randn(
+        4, len(m), 3, generator=gen, dtype=torch.float64
+    )
+    batch = minimize(ff, starts, fmax=1e-4, numbers=m.numbers)
+    assert batch.converged.all() and len(set(batch.steps.tolist())) > 1  # each stops on its own
+    for b in range(4):
+        one = minimize(ff, starts[b], fmax=1e-4, numbers=m.numbers)
+        assert int(one.steps[0]) == int(batch.steps[b])
+        torch.testing.assert_close(one.xyz[0], batch.xyz[b], atol=1e-9, rtol=0)
+
+
+def test_constraints_hold_to_1e8():
+    m = molecule("CH3CH2OH")  # C0 C1 O2 H3 (on O) H4 H5 (on C1) H6 H7 H8 (on C0)
+    ff = ToyForceField(m.numbers, m.positions)
+    start = torch.tensor(rattled(m, 0.05).positions)
+    fixed = {(0, 1): 1.60, (0, 1, 2): math.radians(100.0), (6, 0, 1, 2): math.radians(75.0), "frozen": [8]}
+    res = minimize(ff, start, fmax=1e-4, constraints=fixed, numbers=m.numbers)
+    assert bool(res.converged[0])
+    x = res.xyz[0]
+    prims = build_primitives(x, m.numbers)
+    q = values(prims, x[None])[0]
+    assert abs(float((x[0] - x[1]).norm()) - 1.60) < 1e-8
+    assert abs(float(q[prims.find((0, 1, 2))]) - math.radians(100.0)) < 1e-8
+    dih = zmat.dihedrals(x[None], torch.tensor([[6, 0, 1, 2]]))[0, 0]
+    assert abs(float(dih) - math.radians(75.0)) < 1e-8
+    torch.testing.assert_close(x[8], start[8], atol=1e-12, rtol=0)
+    free = minimize(ff, start, fmax=1e-4, numbers=m.numbers)
+    assert abs(float((free.xyz[0, 0] - free.xyz[0, 1]).norm()) - 1.60) > 0.01  # the constraint did something
+
+
+def test_relaxed_scan_holds_each_point():
+    m = molecule("CH3CH2OH")
+    ff = ToyForceField(m.numbers, m.positions)
+    dih = (6, 0, 1, 2)  # H-C-C-O
+    points = torch.tensor([0.0, 1.0, 2.0, math.pi])
+    res = scan(ff, torch.tensor(m.positions), dih, points, fmax=1e-4, numbers=m.numbers)
+    assert res.converged.all() and res.xyz.shape == (4, len(m), 3)
+    got = zmat.dihedrals(res.xyz, torch.tensor([dih]))[:, 0]
+    err = torch.remainder(got - points + math.pi, 2 * math.pi) - math.pi
+    assert err.abs().max() < 1e-8
+    assert res.energy.std() > 1e-3  # the torsion's barrier shows
+
+
+def test_linear_molecule_and_a_bend_that_becomes_linear():
+    # HCN bent by 30 degrees relaxes to linear: the angle's coordinate is rebuilt as linear bends
+    hcn = Atoms("CNH", positions=[[0, 0, 0], [1.16, 0, 0], [-0.92, 0.53, 0]])  # molecule("HCN")'s order
+    ff = ToyForceField(hcn.numbers, molecule("HCN").positions)
+    res = minimize(ff, torch.tensor(hcn.positions), fmax=1e-4, numbers=hcn.numbers)
+    assert bool(res.converged[0]) and torch.isfinite(res.xyz).all()
+    x = res.xyz[0]
+    cos = ((x[2] - x[0]) @ (x[1] - x[0])) / ((x[2] - x[0]).norm() * (x[1] - x[0]).norm())
+    assert float(cos) < -0.9999
+
+
+def test_internal_optimizer_freezes_fixatoms_and_takes_constraints():
+    a = rattled("CH3CH2OH", 0.05)
+    a.calc = EMT()
+    a.set_constraint(FixAtoms([0]))
+    before = a.positions[0].copy()
+    opt = zmat.ase.InternalOptimizer(a, logfile=None, constraints={(1, 2): 1.5})
+    assert opt.run(fmax=0.01, steps=200)
+    np.testing.assert_allclose(a.positions[0], before, atol=1e-12)
+    assert abs(a.get_distance(1, 2) - 1.5) < 1e-8
+    assert opt.nsteps > 0
+
+
+def test_bad_input_is_named():
+    m = molecule("H2O")
+    ff = ToyForceField(m.numbers, m.positions)
+    x = torch.tensor(m.positions)
+    with pytest.raises(ValueError, match="shape \\(1,\\)"):
+        minimize(lambda x: ff(x).sum(), x, numbers=m.numbers)
+    with pytest.raises(ValueError, match="constraint key"):
+        minimize(ff, x, constraints={(0,): 1.0}, numbers=m.numbers)
+    with pytest.raises(ValueError, match="out of range"):
+        minimize(ff, x, constraints={"frozen": [7]}, numbers=m.numbers)
+    with pytest.raises(ValueError, match=r"\(N, 3\) or \(B, N, 3\)"):
+        minimize(ff, x[None, None], numbers=m.numbers)
+    with pytest.raises(ValueError, match="numbers must have shape"):
+        minimize(ff, x, numbers=[8, 1])
+    with pytest.raises(ValueError, match="not supported"):
+        a = m.copy()
+        from ase.constraints import FixBondLength
+
+        a.set_constraint(FixBondLength(0, 1))
+        a.calc = EMT()
+        zmat.ase.InternalOptimizer(a, logfile=None).run(fmax=0.1)

@@ -1,0 +1,378 @@
+"""Redundant primitive internal coordinates and their Wilson B matrix.
+
+A coordinate system is a :class:`Primitives`: one integer tensor of atom
+indices per kind of primitive, the kinds in a fixed order (the order of the
+value vector ``q``):
+
+* **bonds** ``|x_i - x_j|``: covalent bonds (ring closures included: a bond
+  is a bond, there is no spanning tree), hydrogen bonds ``D-H...A``, and the
+  shortest contacts that join separate fragments into one connected graph
+  (so a water cluster or a ligand beside a pocket has coordinates between its
+  pieces);
+* **angles** ``angle(x_i, x_j, x_k)`` (vertex ``j``) of bonded pairs, except
+  near-linear ones;
+* **linear bends**: a near-linear ``i-j-k`` with two neighbours at ``j``
+  (alkynes, nitriles, CO2) gets, instead of its singular angle, four angles
+  between each arm ``x_end - x_j`` and two fixed directions perpendicular to
+  the ``i-k`` axis (pyberny's dummy-atom bends, without the dummy atoms);
+* **dihedrals** (IUPAC sign) about every bond, extended through linear
+  chains;
+* **out-of-plane** angles of three-coordinate centres: the angle between the
+  bond ``j -> l`` and the plane ``(i, j, k)``;
+* **cartesian** components of frozen atoms (constant rows of B).
+
+Everything is built once on the host from the starting geometry (the union
+over conformers where a batch is given); values and B then run on the device
+for ``(B, N, 3)`` positions at once. B comes from autograd: each primitive's
+atoms are gathered into a leaf ``(B, n, k, 3)``, one backward of the summed
+values gives every primitive's local gradient, scattered into ``(B, P, 3N)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from itertools import combinations
+
+import numpy as np
+import torch
+from ase.data import covalent_radii, vdw_radii
+from scipy.sparse.csgraph import connected_components
+
+from .._geometry import dihedral_from_bonds, safe_atan2, safe_norm
+
+__all__ = ["KINDS", "Primitives", "build_primitives", "values", "wilson_b"]
+
+#: the kinds, in the order of ``q``
+KINDS = ("bond", "angle", "linear", "dihedral", "oop", "cartesian")
+LINEAR = math.radians(175.0)  # an angle above this is treated as linear
+UNLINEAR = math.radians(170.0)  # a linear bend below this becomes an angle again (hysteresis)
+_SMALL_ANGLE = math.radians(45.0)  # angles below this are left out (pyberny)
+_DIHEDRAL_LINEAR = math.radians(5.0)
+
+
+@dataclass(frozen=True)
+class Primitives:
+    """A set of primitive internal coordinates over ``n_atoms`` atoms.
+
+    Attributes:
+        bond: ``(nb, 2)`` long; angle: ``(na, 3)`` (vertex in the middle);
+        linear: ``(nl, 3)`` (arm end, vertex, other end) with ``linear_ref``
+        ``(nl, 3)`` float, the fixed direction the arm is measured against;
+        dihedral: ``(nd, 4)``; oop: ``(no, 4)`` (``i, j, k, l``: bond
+        ``j -> l`` against the plane ``i, j, k``); cartesian: ``(nc, 2)``
+        (atom, axis). ``weak``: ``(P,)`` number of non-covalent links in each
+        primitive (0 for covalent ones).
+    """
+
+    n_atoms: int
+    bond: torch.Tensor
+    angle: torch.Tensor
+    linear: torch.Tensor
+    linear_ref: torch.Tensor
+    dihedral: torch.Tensor
+    oop: torch.Tensor
+    cartesian: torch.Tensor
+    weak: torch.Tensor = field(repr=False)
+
+    @property
+    def counts(self) -> tuple[int, ...]:
+        return tuple(len(getattr(self, k)) for k in KINDS)
+
+    def __len__(self) -> int:
+        return sum(self.counts)
+
+    def kind_slice(self, kind: str) -> slice:
+        k = KINDS.index(kind)
+        start = sum(self.counts[:k])
+        return slice(start, start + self.counts[k])
+
+    def periodic(self, device=None) -> torch.Tensor:
+        """``(P,)`` bool: the dihedrals (values in ``(-pi, pi]``, differences wrap)."""
+        p = torch.zeros(len(self), dtype=torch.bool, device=device)
+        p[self.kind_slice("dihedral")] = True
+        return p
+
+    def find(self, atoms: tuple[int, ...]) -> int | None:
+        """Index in ``q`` of the bond, angle or dihedral over ``atoms`` (either direction), or None."""
+        kind = {2: "bond", 3: "angle", 4: "dihedral"}[len(atoms)]
+        rows = getattr(self, kind).tolist()
+        for want in (list(atoms), list(atoms)[::-1]):
+            if want in rows:
+                return self.kind_slice(kind).start + rows.index(want)
+        return None
+
+    def to(self, device) -> Primitives:
+        moved = {k: getattr(self, k).to(device) for k in (*KINDS, "linear_ref", "weak")}
+        return replace(self, **moved)
+
+    def linear_triples(self) -> frozenset:
+        """The ``(i, j, k)`` triples held by linear bends."""
+        return frozenset(tuple(t) for t in self.linear.tolist())
+
+    def linear_check(self, xyz: torch.Tensor) -> torch.Tensor:
+        """0-d bool: some angle became linear, or some linear bend bent (a rebuild is due)."""
+        out = torch.zeros((), dtype=torch.bool, device=xyz.device)
+        if len(self.angle):
+            out = out | (_angle(xyz[..., self.angle, :]) > LINEAR).any()
+        if len(self.linear):
+            ends = self.linear[:, [0, 1, 2]]
+            out = out | (_angle(xyz[..., ends, :]) < UNLINEAR).any()
+        return out
+
+
+def _angle(p: torch.Tensor) -> torch.Tensor:
+    """``(..., 3, 3)`` points ``i, j, k`` -> angle at ``j``, radians."""
+    u, v = p[..., 0, :] - p[..., 1, :], p[..., 2, :] - p[..., 1, :]
+    return safe_atan2(safe_norm(torch.linalg.cross(u, v, dim=-1)), (u * v).sum(-1))
+
+
+def _linear(p: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """Arm ``end - vertex`` against ``ref`` made perpendicular to the axis ``end -> other end``."""
+    axis = p[..., 2, :] - p[..., 0, :]
+    axis = axis / safe_norm(axis, keepdim=True).clamp_min(1e-12)
+    perp = ref - (ref * axis).sum(-1, keepdim=True) * axis
+    arm = p[..., 0, :] - p[..., 1, :]
+    return safe_atan2(safe_norm(torch.linalg.cross(arm, perp, dim=-1)), (arm * perp).sum(-1))
+
+
+def _dihedral(p: torch.Tensor) -> torch.Tensor:
+    return dihedral_from_bonds(
+        p[..., 1, :] - p[..., 0, :], p[..., 2, :] - p[..., 1, :], p[..., 3, :] - p[..., 2, :]
+    )
+
+
+def _oop(p: torch.Tensor) -> torch.Tensor:
+    """Angle between the bond ``j -> l`` and the plane ``(i, j, k)`` (Wilson's out-of-plane angle)."""
+    n = torch.linalg.cross(p[..., 0, :] - p[..., 1, :], p[..., 2, :] - p[..., 1, :], dim=-1)
+    b = p[..., 3, :] - p[..., 1, :]
+    s = (n * b).sum(-1)
+    c = safe_norm(torch.linalg.cross(n, b, dim=-1))
+    return safe_atan2(s, c)
+
+
+def _kind_values(prims: Primitives, kind: str, p: torch.Tensor) -> torch.Tensor:
+    """Values of one kind from gathered points ``(..., n, k, 3)``."""
+    if kind == "bond":
+        return safe_norm(p[..., 0, :] - p[..., 1, :])
+    if kind == "angle":
+        return _angle(p)
+    if kind == "linear":
+        return _linear(p, prims.linear_ref.to(p.dtype))
+    if kind == "dihedral":
+        return _dihedral(p)
+    if kind == "oop":
+        return _oop(p)
+    raise AssertionError(kind)
+
+
+def _gather(prims: Primitives, kind: str, xyz: torch.Tensor) -> torch.Tensor:
+    return xyz[..., getattr(prims, kind), :]
+
+
+def values(prims: Primitives, xyz: torch.Tensor) -> torch.Tensor:
+    """The primitives' values ``q``, ``(B, P)``, at positions ``xyz`` ``(B, N, 3)``.
+
+    Lengths in the unit of ``xyz``, angles in radians (dihedrals in ``(-pi, pi]``).
+    """
+    out = [_kind_values(prims, k, _gather(prims, k, xyz)) for k in KINDS[:-1] if len(getattr(prims, k))]
+    if len(prims.cartesian):
+        c = prims.cartesian
+        out.append(xyz[:, c[:, 0], c[:, 1]])
+    if not out:
+        return xyz.new_zeros(xyz.shape[0], 0)
+    return torch.cat(out, -1)
+
+
+def wilson_b(prims: Primitives, xyz: torch.Tensor) -> torch.Tensor:
+    """The Wilson B matrix ``dq/dx``, ``(B, P, 3N)``, by autograd.
+
+    One backward pass per kind of primitive: each primitive's atoms are a
+    separate copy in the gathered leaf, so the gradient of the summed values
+    is every primitive's own derivative. Lengths and ``xyz`` in one unit.
+    """
+    bsz, n = xyz.shape[0], prims.n_atoms
+    rows = []
+    with torch.enable_grad():
+        for kind in KINDS[:-1]:
+            idx = getattr(prims, kind)
+            if not len(idx):
+                continue
+            leaf = _gather(prims, kind, xyz.detach()).requires_grad_(True)
+            (local,) = torch.autograd.grad(_kind_values(prims, kind, leaf).sum(), leaf)
+            cols = (3 * idx[:, :, None] + torch.arange(3, device=xyz.device)).reshape(len(idx), -1)
+            block = xyz.new_zeros(bsz, len(idx), 3 * n)
+            rows.append(block.scatter_add_(2, cols.expand(bsz, -1, -1), local.reshape(bsz, len(idx), -1)))
+    if len(prims.cartesian):
+        c = prims.cartesian
+        block = xyz.new_zeros(len(c), 3 * n)
+        block[torch.arange(len(c), device=xyz.device), 3 * c[:, 0] + c[:, 1]] = 1.0
+        rows.append(block.expand(bsz, -1, -1))
+    if not rows:
+        return xyz.new_zeros(bsz, 0, 3 * n)
+    return torch.cat(rows, 1)
+
+
+# ---------------------------------------------------------------- topology (host, once)
+def _radii(numbers: np.ndarray, table: np.ndarray, fallback: float) -> np.ndarray:
+    r = np.asarray(table)[numbers].astype(float)
+    return np.where(np.isfinite(r), r, fallback)
+
+
+def _bonds(xyz: np.ndarray, numbers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Bond matrix (covalent, hydrogen and fragment-joining bonds) and the covalent-fragment matrix."""
+    n = len(numbers)
+    d = np.linalg.norm(xyz[:, :, None] - xyz[:, None], axis=-1)  # (B, N, N)
+    rc = _radii(numbers, covalent_radii, 0.7)
+    covalent = (d < 1.3 * (rc[:, None] + rc[None, :])).any(0) & ~np.eye(n, dtype=bool)
+    _, label = connected_components(covalent, directed=False)
+    same = label[:, None] == label[None, :]
+    bonds = covalent.copy()
+    # hydrogen bonds D-H...A (D, A in N, O, F): H...A below 2.5 A, angle D-H...A above 120 deg
+    polar = np.isin(numbers, (7, 8, 9))
+    for h in np.flatnonzero(numbers == 1):
+        donors = np.flatnonzero(covalent[h] & polar)
+        for a in np.flatnonzero(polar & ~covalent[h]):
+            for dn in donors:
+                if a == dn or covalent[dn, a]:
+                    continue
+                u, v = xyz[0, dn] - xyz[0, h], xyz[0, a] - xyz[0, h]
+                cos = u @ v / (np.linalg.norm(u) * np.linalg.norm(v))
+                if d[0, h, a] < 2.5 and cos < -0.5:
+                    bonds[h, a] = bonds[a, h] = True
+    # join fragments: contacts within the sum of van der Waals radii, widened until connected (pyberny)
+    rv = _radii(numbers, vdw_radii, 2.0)
+    shift, dmin = 0.0, d.min(0)
+    while connected_components(bonds, directed=False)[0] > 1:
+        _, lab = connected_components(bonds, directed=False)
+        apart = lab[:, None] != lab[None, :]
+        bonds |= apart & (dmin < rv[:, None] + rv[None, :] + shift)
+        shift += 1.0
+    return bonds, same
+
+
+def _angles_all(xyz: np.ndarray, i, j, k) -> np.ndarray:
+    u, v = xyz[:, i] - xyz[:, j], xyz[:, k] - xyz[:, j]
+    cos = (u * v).sum(-1) / (np.linalg.norm(u, axis=-1) * np.linalg.norm(v, axis=-1))
+    return np.arccos(np.clip(cos, -1.0, 1.0))  # (B,)
+
+
+def _perpendicular(axis: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    e = np.zeros(3)
+    e[int(np.argmin(np.abs(axis)))] = 1.0
+    p1 = e - (e @ axis) * axis
+    p1 /= np.linalg.norm(p1)
+    return p1, np.cross(axis, p1)
+
+
+def _dihedrals(center, xyz, bonds, same, out: dict) -> None:
+    """Dihedrals about the (possibly linear-extended) chain ``center`` (pyberny's rule)."""
+
+    def sides(end, nxt):
+        nonlin, lin = [], []
+        for n in np.flatnonzero(bonds[end]):
+            if n in center:
+                continue
+            a = _angles_all(xyz, n, end, nxt)
+            (lin if ((a > math.pi - _DIHEDRAL_LINEAR) | (a < _DIHEDRAL_LINEAR)).any() else nonlin).append(
+                int(n)
+            )
+        return nonlin, lin
+
+    left, lin_l = sides(center[0], center[1])
+    right, lin_r = sides(center[-1], center[-2])
+    if center[0] < center[-1]:
+        weak_center = sum(not same[a, b] for a, b in zip(center, center[1:], strict=False))
+        for i in left:
+            for j in right:
+                if i == j:
+                    continue
+                weak = weak_center + (not same[i, center[0]]) + (not same[center[-1], j])
+                if weak <= 1:
+                    out.setdefault((i, center[0], center[-1], j), weak)
+    if len(center) <= 3 and len(lin_l) <= 1 and len(lin_r) <= 1:
+        if lin_l and not lin_r:
+            _dihedrals(lin_l + center, xyz, bonds, same, out)
+        elif lin_r and not lin_l:
+            _dihedrals(center + lin_r, xyz, bonds, same, out)
+
+
+def build_primitives(
+    xyz,
+    numbers,
+    *,
+    extra: tuple[tuple[int, ...], ...] = (),
+    frozen: tuple[int, ...] = (),
+    out_of_plane: bool = True,
+    linear: frozenset = frozenset(),
+) -> Primitives:
+    """The primitive internal coordinates of a molecule (or cluster) at ``xyz``.
+
+    Args:
+        xyz: ``(N, 3)`` or ``(B, N, 3)`` positions in Angstrom (a batch: the
+            union of every conformer's bonds; an angle is linear if it is in any).
+        numbers: ``(N,)`` atomic numbers.
+        extra: atom tuples (2, 3 or 4 atoms) to include as bonds, angles or
+            dihedrals even if the rules leave them out (constraints).
+        frozen: atoms whose Cartesian components are primitives (frozen atoms).
+        out_of_plane: include out-of-plane angles of three-coordinate centres.
+        linear: ``(i, j, k)`` triples that were linear before (a rebuild): they
+            stay linear down to 170 degrees (hysteresis), new ones from 175.
+
+    Returns:
+        a :class:`Primitives` on the CPU (``.to(device)`` to move it).
+    """
+    xyz = np.asarray(torch.as_tensor(xyz, dtype=torch.float64).cpu())
+    xyz = xyz[None] if xyz.ndim == 2 else xyz
+    numbers = np.asarray(numbers, dtype=np.int64)
+    n = len(numbers)
+    bonds, same = _bonds(xyz, numbers)
+    weak_bond = {(i, j): int(not same[i, j]) for i, j in zip(*np.nonzero(np.triu(bonds)), strict=False)}
+    angles, bends, refs = {}, [], []
+    for j in range(n):
+        nb = np.flatnonzero(bonds[j])
+        for i, k in combinations(nb, 2):
+            a = _angles_all(xyz, i, j, k)
+            weak = int(not same[i, j]) + int(not same[j, k])
+            was = (int(i), j, int(k)) in linear or (int(k), j, int(i)) in linear
+            if (a > (UNLINEAR if was else LINEAR)).any():
+                if len(nb) == 2:  # an sp centre: linear bends; otherwise the other angles hold it
+                    axis = xyz[0, k] - xyz[0, i]
+                    for ref in _perpendicular(axis / np.linalg.norm(axis)):
+                        bends += [(int(i), j, int(k)), (int(k), j, int(i))]
+                        refs += [ref, ref]
+            elif (a > _SMALL_ANGLE).all():
+                angles[(int(i), j, int(k))] = weak
+    dihedrals: dict = {}
+    for i, j in weak_bond:
+        _dihedrals([int(i), int(j)], xyz, bonds, same, dihedrals)
+    oop = {}
+    if out_of_plane:
+        covalent_nb = bonds & same
+        for j in range(n):
+            nb = np.flatnonzero(covalent_nb[j])
+            if len(nb) == 3:
+                oop[(int(nb[0]), j, int(nb[1]), int(nb[2]))] = 0
+    for t in extra:
+        t = tuple(int(a) for a in t)
+        table = {2: weak_bond, 3: angles, 4: dihedrals}[len(t)]
+        key = t if len(t) != 2 else tuple(sorted(t))
+        if key not in table and key[::-1] not in table:
+            table[key] = 1
+    cart = [(a, c) for a in frozen for c in range(3)]
+    weak = [*weak_bond.values(), *angles.values(), *[0] * len(bends), *dihedrals.values(), *oop.values()]
+
+    def idx(rows, k):
+        return torch.tensor(list(rows), dtype=torch.long).reshape(-1, k)
+
+    return Primitives(
+        n_atoms=n,
+        bond=idx(weak_bond, 2),
+        angle=idx(angles, 3),
+        linear=idx(bends, 3),
+        linear_ref=torch.tensor(np.asarray(refs, dtype=float).reshape(-1, 3)),
+        dihedral=idx(dihedrals, 4),
+        oop=idx(oop, 4),
+        cartesian=idx(cart, 2),
+        weak=torch.tensor(weak + [0] * len(cart), dtype=torch.long),
+    )

@@ -1,0 +1,453 @@
+"""The optimiser: quasi-Newton steps in redundant internal coordinates for a batch of conformers.
+
+:class:`InternalStepper` holds the state of ``B`` optimisations of one
+molecule (same atoms, one coordinate system) and turns each evaluated
+geometry (energy, gradient) into the next one. Each step, per conformer
+(pyberny's algorithm, batched):
+
+1. Wilson B at the new geometry; the internal gradient ``g_q = (B^+)^T g_x``.
+2. BFGS update of the primitive Hessian with the change since the best point.
+3. Trust radius from the ratio of actual to predicted energy change
+   (Fletcher: below 1/4 shrink to a quarter of the last step, above 3/4 on
+   the sphere double).
+4. A cubic line search between the new point and the best one.
+5. From the interpolated point, the RFO / trust-sphere step in the
+   non-redundant space (with constraints: the constrained coordinates move
+   exactly to their targets, the rest minimises the model in the remaining
+   space).
+6. Back-transformation to Cartesians.
+
+Everything is a tensor operation over the batch: no host synchronisation
+inside a step. :func:`minimize` adds one per iteration (are all conformers
+done; did an angle become linear, which rebuilds the coordinates).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from ase.data import covalent_radii
+
+from .coordinates import build_primitives, values, wilson_b
+from .steps import (
+    BOHR,
+    HARTREE,
+    back_transform,
+    bfgs,
+    cubic_search,
+    model_hessian,
+    reduced_space,
+    trust_step,
+    wrap,
+)
+
+__all__ = ["InternalStepper", "Result", "minimize", "scan"]
+
+_UNITS = {"eV/A": (HARTREE, BOHR), "hartree/bohr": (1.0, 1.0), "kcal/mol/A": (627.509474, BOHR)}
+
+
+@dataclass
+class Result:
+    """What :func:`minimize` returns (``B`` conformers).
+
+    Attributes:
+        xyz: ``(B, N, 3)`` final positions (the last evaluated geometry).
+        energy: ``(B,)`` its energy.
+        converged: ``(B,)`` bool, largest per-atom force norm below ``fmax``.
+        steps: ``(B,)`` long, energy (and gradient) evaluations of each conformer.
+        fmax: ``(B,)`` largest per-atom force norm at ``xyz`` (constraint forces removed).
+    """
+
+    xyz: torch.Tensor
+    energy: torch.Tensor
+    converged: torch.Tensor
+    steps: torch.Tensor
+    fmax: torch.Tensor
+
+
+def _parse_constraints(constraints, n: int, bsz: int) -> tuple[dict, tuple[int, ...]]:
+    """``{atoms: value or None}`` for bonds / angles / dihedrals and the frozen atoms, checked."""
+    if constraints is None:
+        return {}, ()
+    if not isinstance(constraints, dict):
+        raise TypeError(f"constraints must be a dict, got {type(constraints).__name__}")
+    fixed, frozen = {}, ()
+    for key, value in constraints.items():
+        if key == "frozen":
+            frozen = tuple(int(a) for a in np.atleast_1d(np.asarray(value)))
+            bad = [a for a in frozen if not 0 <= a < n]
+            if bad:
+                raise ValueError(f"constraints['frozen']: atoms {bad} out of range for {n} atoms")
+            continue
+        if not isinstance(key, tuple) or len(key) not in (2, 3, 4):
+            raise ValueError(
+                f"constraint key {key!r}: give a bond (i, j), an angle (i, j, k), a dihedral (i, j, k, l) "
+                "or 'frozen'"
+            )
+        atoms = tuple(int(a) for a in key)
+        if len(set(atoms)) != len(atoms) or not all(0 <= a < n for a in atoms):
+            raise ValueError(f"constraint {key!r}: atoms must be distinct and in range for {n} atoms")
+        if value is not None:
+            value = torch.as_tensor(value, dtype=torch.float64).reshape(-1)
+            if value.numel() not in (1, bsz):
+                raise ValueError(
+                    f"constraint {key!r}: one value or one per conformer ({bsz}), got {value.numel()}"
+                )
+        fixed[atoms] = value
+    return fixed, frozen
+
+
+class InternalStepper:
+    """The optimiser's state for ``B`` conformers of one molecule.
+
+    Args:
+        xyz: ``(B, N, 3)`` starting positions (Angstrom, or ``units``'s length).
+        numbers: ``(N,)`` atomic numbers (for bonds and the model Hessian).
+        constraints: see :func:`minimize`.
+        trust: initial trust radius (bohr / radian, pyberny's 0.3).
+        units: ``"eV/A"`` (ASE's), ``"hartree/bohr"`` or ``"kcal/mol/A"``.
+        out_of_plane: include out-of-plane angles.
+        back_iterations: iterations of the back-transformation per step.
+
+    Call :meth:`step` with each evaluated geometry; it returns the largest
+    per-atom force norm there and the next geometry.
+    """
+
+    def __init__(
+        self,
+        xyz: torch.Tensor,
+        numbers,
+        constraints=None,
+        trust: float = 0.3,
+        units: str = "eV/A",
+        out_of_plane: bool = True,
+        back_iterations: int = 10,
+    ) -> None:
+        if units not in _UNITS:
+            raise ValueError(f"units must be one of {sorted(_UNITS)}, got {units!r}")
+        self.energy_unit, self.length_unit = _UNITS[units]
+        bsz, n = xyz.shape[:2]
+        self.numbers = np.asarray(numbers, dtype=np.int64)
+        if self.numbers.shape != (n,):
+            raise ValueError(f"numbers must have shape ({n},) for {n} atoms, got {self.numbers.shape}")
+        self.device = xyz.device
+        self.fixed, self.frozen = _parse_constraints(constraints, n, bsz)
+        self.trust0 = trust
+        self.out_of_plane = out_of_plane
+        self.back_iterations = back_iterations
+        self.radii = torch.as_tensor(covalent_radii[self.numbers] / BOHR, device=self.device)
+        x = self._internal(xyz)
+        self.x0 = x
+        self.rebuild(x)
+        self.trust = torch.full((bsz,), float(trust), dtype=torch.float64, device=self.device)
+        # constraint targets: given values, or the starting values
+        q0 = values(self.prims, x)
+        targets = []
+        for atoms, value in self.fixed.items():
+            k = self.prims.find(atoms)
+            if value is None:
+                targets.append(q0[:, k])
+            else:
+                scale = 1.0 / self.length_unit if len(atoms) == 2 else 1.0
+                targets.append((value.to(self.device) * scale).expand(bsz))
+        for a in self.frozen:
+            targets += [x[:, a, c] for c in range(3)]
+        self.targets = torch.stack(targets, -1) if targets else x.new_zeros(bsz, 0)
+
+    # -- units: inside, bohr and hartree
+    def _internal(self, xyz: torch.Tensor) -> torch.Tensor:
+        return xyz.detach().to(torch.float64) / self.length_unit
+
+    @property
+    def constrained(self) -> bool:
+        return bool(self.fixed or self.frozen)
+
+    def rebuild(self, x: torch.Tensor) -> None:
+        """New primitives at ``x`` (bohr), a fresh model Hessian, no history."""
+        was = self.prims.linear_triples() if hasattr(self, "prims") else frozenset()
+        self.prims = build_primitives(
+            x * BOHR,
+            self.numbers,
+            extra=tuple(self.fixed),
+            frozen=self.frozen,
+            out_of_plane=self.out_of_plane,
+            linear=was,
+        ).to(self.device)
+        idx = [self.prims.find(a) for a in self.fixed]
+        idx += [self.prims.kind_slice("cartesian").start + k for k in range(3 * len(self.frozen))]
+        self.cidx = torch.tensor(idx, dtype=torch.long, device=self.device)
+        self.periodic = self.prims.periodic(self.device)
+        self.H = model_hessian(self.prims, x, self.radii)
+        bsz, p = x.shape[0], len(self.prims)
+        zeros = x.new_zeros(bsz)
+        self.first = torch.ones(bsz, dtype=torch.bool, device=self.device)
+        self.best_q, self.best_g, self.best_E = x.new_zeros(bsz, p), x.new_zeros(bsz, p), zeros
+        self.prev_E, self.pred_E, self.interp_E = zeros, zeros, zeros
+        self.on_sphere = torch.zeros(bsz, dtype=torch.bool, device=self.device)
+        self.step_norm = zeros
+
+    def needs_rebuild(self, xyz: torch.Tensor) -> torch.Tensor:
+        """0-d bool tensor: an angle became linear or a linear bend bent (no host sync)."""
+        return self.prims.linear_check(self._internal(xyz))
+
+    def _free_projector(self, U: torch.Tensor) -> torch.Tensor:
+        """``(B, r, r)`` projector onto the non-redundant directions that keep the constraints."""
+        Uc = U[:, self.cidx, :]
+        A = Uc @ Uc.transpose(1, 2) + 1e-12 * torch.eye(len(self.cidx), dtype=U.dtype, device=U.device)
+        eye = torch.eye(U.shape[-1], dtype=U.dtype, device=U.device)
+        return eye - Uc.transpose(1, 2) @ torch.linalg.solve(A, Uc)
+
+    def _to_targets(self, U: torch.Tensor, iq: torch.Tensor) -> torch.Tensor:
+        """``(B, r)``: the least step that moves the constrained coordinates from ``iq`` to their targets
+        (at most 0.3 bohr or radian each per step)."""
+        Uc = U[:, self.cidx, :]
+        A = Uc @ Uc.transpose(1, 2) + 1e-12 * torch.eye(len(self.cidx), dtype=U.dtype, device=U.device)
+        delta = wrap(self.targets - iq[:, self.cidx], self.periodic[self.cidx])
+        delta = delta.clamp(-0.3, 0.3)  # far targets in steps: the back-transformation stays near-linear
+        return (Uc.transpose(1, 2) @ torch.linalg.solve(A, delta[..., None]))[..., 0]
+
+    def _off_target(self, q: torch.Tensor) -> torch.Tensor:
+        """``(B,)`` bool: some constrained coordinate is more than 1e-6 from its target."""
+        if not self.constrained:
+            return torch.zeros(q.shape[0], dtype=torch.bool, device=q.device)
+        return wrap(self.targets - q[:, self.cidx], self.periodic[self.cidx]).abs().amax(-1) > 1e-6
+
+    def _cartesian(self, xyz, grad):
+        bsz, n = xyz.shape[:2]
+        x = self._internal(xyz)
+        gx = grad.detach().to(torch.float64).reshape(bsz, 3 * n) * (self.length_unit / self.energy_unit)
+        return x, gx
+
+    def _fmax(self, Bm, U, Pz, gq, gx) -> torch.Tensor:
+        """Largest per-atom norm of the gradient left once the constraint forces are removed (user units)."""
+        if self.constrained:
+            gq = (U @ (Pz @ (U.transpose(1, 2) @ gq[..., None])))[..., 0]
+            gx = (Bm.transpose(1, 2) @ gq[..., None])[..., 0]
+        force = gx.reshape(gx.shape[0], -1, 3).norm(dim=-1) * (self.energy_unit / self.length_unit)
+        return force.amax(-1)
+
+    def fmax(self, xyz: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        """``(B,)`` largest per-atom force norm at ``xyz`` (constraint forces removed), as :meth:`step`'s."""
+        if not self.constrained:
+            return grad.detach().norm(dim=-1).amax(-1)
+        x, gx = self._cartesian(xyz, grad)
+        Bm = wilson_b(self.prims, x)
+        U, Binv, _ = reduced_space(Bm)
+        gq = (Binv.transpose(1, 2) @ gx[..., None])[..., 0]
+        return self._fmax(Bm, U, self._free_projector(U), gq, gx).to(grad.dtype)
+
+    def step(
+        self, xyz: torch.Tensor, energy: torch.Tensor, grad: torch.Tensor, active: torch.Tensor | None = None
+    ):
+        """One step from an evaluated geometry.
+
+        Args:
+            xyz: ``(B, N, 3)`` positions; energy: ``(B,)``; grad: ``(B, N, 3)``
+                ``dE/dx`` (the user's units); active: ``(B,)`` bool, the
+                conformers to move (default all).
+
+        Returns:
+            ``(fmax, xyz_next)``: ``(B,)`` largest per-atom force norm at
+            ``xyz`` (with constraints: of the force left after removing the
+            constraint forces), and ``(B, N, 3)`` the next positions (``xyz``
+            where not active), in ``xyz``'s dtype.
+        """
+        bsz, n = xyz.shape[:2]
+        active = torch.ones(bsz, dtype=torch.bool, device=xyz.device) if active is None else active
+        x, gx = self._cartesian(xyz, grad)
+        E = energy.detach().to(torch.float64) / self.energy_unit
+        Bm = wilson_b(self.prims, x)
+        U, Binv, keep = reduced_space(Bm)
+        q = values(self.prims, x)
+        gq = (Binv.transpose(1, 2) @ gx[..., None])[..., 0]
+        first, upd = self.first, active & ~self.first
+
+        H = bfgs(self.H, wrap(q - self.best_q, self.periodic), gq - self.best_g, upd)
+        r = torch.where(self.pred_E != self.interp_E, (E - self.prev_E) / (self.pred_E - self.interp_E), 1.0)
+        noise = (self.pred_E - self.interp_E).abs() < 2e-7
+        grow = torch.where(self.on_sphere, 2 * self.trust, self.trust)
+        trust = torch.where(r < 0.25, self.step_norm / 4, torch.where(r > 0.75, grow, self.trust))
+        trust = torch.where(noise, grow, trust)
+        trust = torch.where(upd, trust, self.trust)
+
+        d = wrap(self.best_q - q, self.periodic)
+        t, Ei = cubic_search(E, self.best_E, (gq * d).sum(-1), (self.best_g * d).sum(-1))
+        # while constraints are still on their way to their targets, energies of different points are
+        # not comparable: no line search, and the current point counts as the best
+        moving = self._off_target(q)
+        t, Ei = torch.where(first | moving, 0.0, t), torch.where(first | moving, E, Ei)
+        iq = q + t[:, None] * d
+        ig = gq + t[:, None] * (self.best_g - gq)
+
+        big = torch.diag_embed(torch.where(keep, 0.0, 1000.0))
+        Hr = U.transpose(1, 2) @ H @ U + big
+        gr = (U.transpose(1, 2) @ ig[..., None])[..., 0]
+        Pz = None
+        if self.constrained:  # the constrained coordinates go to their targets; the rest is free
+            Pz, s0 = self._free_projector(U), self._to_targets(U, iq)
+            eye = torch.eye(Pz.shape[-1], dtype=Pz.dtype, device=Pz.device)
+            g_free = (Pz @ (gr + (Hr @ s0[..., None])[..., 0])[..., None])[..., 0]
+            y, _, on_sphere = trust_step(g_free, Pz @ Hr @ Pz + 1000 * (eye - Pz), trust)
+            s = s0 + y
+        else:
+            s, _, on_sphere = trust_step(gr, Hr, trust)
+            y = s
+        dE = (gr * s).sum(-1) + 0.5 * (s * (Hr @ s[..., None])[..., 0]).sum(-1)
+        pred_q = iq + (U @ s[..., None])[..., 0]
+        x_new, _ = back_transform(
+            self.prims,
+            x,
+            q,
+            wrap(pred_q - q, self.periodic),
+            Binv,
+            self.periodic,
+            self.back_iterations,
+            refresh=int(self.constrained),
+        )
+        if self.frozen:
+            x_new[:, list(self.frozen)] = self.x0[:, list(self.frozen)]
+
+        def keep_old(new, old):
+            return torch.where(active.reshape(-1, *[1] * (new.ndim - 1)), new, old)
+
+        better = first | moving | (E < self.best_E)
+        self.H, self.trust = keep_old(H, self.H), trust
+        self.best_q = keep_old(torch.where(better[:, None], q, self.best_q), self.best_q)
+        self.best_g = keep_old(torch.where(better[:, None], gq, self.best_g), self.best_g)
+        self.best_E = keep_old(torch.where(better, E, self.best_E), self.best_E)
+        self.prev_E = keep_old(E, self.prev_E)
+        self.pred_E, self.interp_E = keep_old(Ei + dE, self.pred_E), keep_old(Ei, self.interp_E)
+        self.on_sphere = keep_old(on_sphere, self.on_sphere)
+        self.step_norm = keep_old(y.norm(dim=-1), self.step_norm)
+        self.first = first & ~active
+        fmax = self._fmax(Bm, U, Pz, gq, gx).to(grad.dtype)
+        x_new = keep_old(x_new, x) * self.length_unit
+        return fmax, x_new.to(xyz.dtype)
+
+
+def _evaluate(energy, xyz: torch.Tensor):
+    x = xyz.detach().requires_grad_(True)
+    with torch.enable_grad():
+        e = energy(x)
+        if not isinstance(e, torch.Tensor) or e.shape != (xyz.shape[0],):
+            got = tuple(e.shape) if isinstance(e, torch.Tensor) else type(e).__name__
+            raise ValueError(
+                f"energy(xyz) must return a tensor of shape ({xyz.shape[0]},), one per conformer, got {got}"
+            )
+        (g,) = torch.autograd.grad(e.sum(), x)
+    return e.detach(), g
+
+
+def _check_xyz(xyz) -> torch.Tensor:
+    if not isinstance(xyz, torch.Tensor):
+        xyz = torch.as_tensor(np.asarray(xyz), dtype=torch.float64)
+    if not xyz.dtype.is_floating_point:
+        raise TypeError(f"xyz must have a floating dtype, got {xyz.dtype}")
+    if xyz.ndim == 2:
+        xyz = xyz[None]
+    if xyz.ndim != 3 or xyz.shape[-1] != 3:
+        raise ValueError(f"xyz must have shape (N, 3) or (B, N, 3), got {tuple(xyz.shape)}")
+    return xyz
+
+
+def minimize(
+    energy,
+    xyz,
+    fmax: float = 0.05,
+    max_steps: int = 200,
+    constraints=None,
+    *,
+    numbers=None,
+    trust: float = 0.3,
+    units: str = "eV/A",
+) -> Result:
+    """Minimise ``energy`` over positions in redundant internal coordinates, for every conformer at once.
+
+    Args:
+        energy: callable ``(B, N, 3) -> (B,)`` torch tensor, differentiable
+            (a torch potential; its gradient comes from autograd).
+        xyz: ``(N, 3)`` or ``(B, N, 3)`` starting positions (Angstrom); the
+            conformers of one molecule, each optimised on its own (own trust
+            radius, own stopping), all in one batch of tensor operations.
+        fmax: stop a conformer at the first geometry whose largest per-atom
+            force norm ``|dE/dx_i|`` is below this (eV/A; ASE's rule).
+        max_steps: most energy evaluations per conformer.
+        constraints: ``None`` or a dict ``{(i, j): r, (i, j, k): theta,
+            (i, j, k, l): phi, "frozen": atoms}``: bonds (Angstrom), angles at
+            ``j`` and dihedrals (IUPAC sign) in radians held at the value
+            (``None``: the starting value; a ``(B,)`` tensor: one per
+            conformer, see :func:`scan`), frozen atoms kept in place.
+        numbers: ``(N,)`` atomic numbers (bonds come from covalent radii);
+            default all carbon, which suits carbon skeletons only; pass them.
+        trust: initial trust radius (bohr / radian).
+        units: units of ``energy`` and ``xyz``: ``"eV/A"``, ``"hartree/bohr"``,
+            ``"kcal/mol/A"`` (the model Hessian is in atomic units).
+
+    Returns:
+        :class:`Result` (``xyz`` ``(B, N, 3)``, ``energy``, ``converged``,
+        ``steps``, ``fmax`` ``(B,)``).
+
+    Raises:
+        ValueError / TypeError: bad shapes or constraints, ``energy`` not
+        returning ``(B,)``.
+
+    Example:
+        >>> def energy(x):  # a harmonic O-H bond pair and H-O-H angle, eV
+        ...     r1, r2 = (x[:, 1] - x[:, 0]).norm(dim=-1), (x[:, 2] - x[:, 0]).norm(dim=-1)
+        ...     cos = ((x[:, 1] - x[:, 0]) * (x[:, 2] - x[:, 0])).sum(-1) / (r1 * r2)
+        ...     return 20 * ((r1 - 0.96) ** 2 + (r2 - 0.96) ** 2) + 2 * (cos + 0.247) ** 2
+        >>> xyz = torch.tensor([[0.0, 0, 0], [1.0, 0, 0], [-0.3, 0.9, 0]], dtype=torch.float64)
+        >>> res = zmat.optimize.minimize(energy, xyz, fmax=1e-4, numbers=[8, 1, 1])
+        >>> bool(res.converged[0]), round(float((res.xyz[0, 1] - res.xyz[0, 0]).norm()), 3)
+        (True, 0.96)
+    """
+    xyz = _check_xyz(xyz)
+    bsz, n = xyz.shape[:2]
+    numbers = np.full(n, 6) if numbers is None else np.asarray(numbers)
+    stepper = InternalStepper(xyz, numbers, constraints, trust=trust, units=units)
+    x = xyz.detach().clone()
+    active = torch.ones(bsz, dtype=torch.bool, device=xyz.device)
+    steps = torch.zeros(bsz, dtype=torch.long, device=xyz.device)
+    E_out = xyz.new_zeros(bsz)
+    f_out = xyz.new_full((bsz,), float("inf"))
+    for _ in range(max_steps):
+        E, g = _evaluate(energy, x)
+        steps += active.long()
+        f, x_next = stepper.step(x, E, g, active)
+        E_out = torch.where(active, E.to(E_out.dtype), E_out)
+        f_out = torch.where(active, f.to(f_out.dtype), f_out)
+        active = active & ~(f < fmax)
+        x = torch.where(active[:, None, None], x_next, x)
+        # the one host sync per iteration: is anything left, and must the coordinates be rebuilt
+        going, rebuild = torch.stack([active.any(), stepper.needs_rebuild(x)]).tolist()
+        if not going:
+            break
+        if rebuild:
+            stepper.rebuild(stepper._internal(x))
+    return Result(xyz=x, energy=E_out, converged=f_out < fmax, steps=steps, fmax=f_out)
+
+
+def scan(energy, xyz, coordinate: tuple[int, ...], values, constraints=None, **kwargs) -> Result:
+    """Relaxed scan: minimise with ``coordinate`` held at each of ``values``, all points at once.
+
+    Args:
+        energy, xyz: as :func:`minimize` (``xyz`` ``(N, 3)``: every scan
+            point starts from it; ``(S, N, 3)``: one start per point).
+        coordinate: a bond ``(i, j)``, angle ``(i, j, k)`` or dihedral
+            ``(i, j, k, l)``.
+        values: ``(S,)`` values (Angstrom or radians).
+        constraints: further constraints, held at every point.
+        kwargs: :func:`minimize`'s.
+
+    Returns:
+        :class:`Result` over the ``S`` scan points.
+    """
+    values = torch.as_tensor(values, dtype=torch.float64).reshape(-1)
+    xyz = _check_xyz(xyz)
+    if xyz.shape[0] == 1:
+        xyz = xyz.expand(len(values), -1, -1).clone()
+    if xyz.shape[0] != len(values):
+        raise ValueError(f"xyz has {xyz.shape[0]} conformers for {len(values)} scan values")
+    return minimize(energy, xyz, constraints={**(constraints or {}), tuple(coordinate): values}, **kwargs)

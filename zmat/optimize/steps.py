@@ -1,0 +1,235 @@
+"""The pieces of a quasi-Newton step in redundant internal coordinates, batched.
+
+Units inside: bohr, radians, hartree (the model Hessian's constants are in
+atomic units). Every function works on a batch of conformers at once
+(leading dimension ``B``) without host synchronisation: choices per
+conformer are ``torch.where`` selections, iterations have a fixed count.
+
+* :func:`model_hessian`: the diagonal model Hessian of Swart and Bickelhaupt
+  (as pyberny uses it): ``0.45 rho_ij`` for bonds, ``0.15 rho_ij rho_jk`` for
+  angles, ``0.005 rho_ij rho_jk rho_kl`` for dihedrals, with
+  ``rho_ij = exp(1 - r_ij / (r_i^cov + r_j^cov))``.
+* :func:`bfgs`: the BFGS update of the Hessian in primitive space.
+* :func:`reduced_space`: the non-redundant (delocalised) space: eigenvectors
+  of ``B^T B``, the pseudo-inverse ``B^+`` and ``U`` with ``B = U S V^T``.
+* :func:`trust_step`: the rational-function (RFO) step, or, where it is
+  longer than the trust radius, the minimum of the quadratic model on the
+  sphere (Newton on the secular equation ``1/|p(mu)| = 1/trust``).
+* :func:`cubic_search`: pyberny's line search between the current and the
+  best point (a cubic through two energies and two slopes).
+* :func:`back_transform`: Cartesians for a step in internal coordinates,
+  ``x <- x + B^+ (q_target - q(x))`` with ``B^+`` of the starting geometry.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .coordinates import Primitives, values, wilson_b
+
+BOHR = 0.52917721092  # Angstrom
+HARTREE = 27.211386245988  # eV
+
+__all__ = ["back_transform", "bfgs", "cubic_search", "model_hessian", "reduced_space", "trust_step", "wrap"]
+
+
+def wrap(dq: torch.Tensor, periodic: torch.Tensor) -> torch.Tensor:
+    """Differences of ``q`` with the periodic (dihedral) entries wrapped into ``(-pi, pi]``."""
+    return torch.where(periodic, torch.remainder(dq + math.pi, 2 * math.pi) - math.pi, dq)
+
+
+def model_hessian(prims: Primitives, xyz: torch.Tensor, radii: torch.Tensor) -> torch.Tensor:
+    """Diagonal model Hessian ``(B, P, P)`` (hartree / bohr^2, / rad^2) at ``xyz`` (bohr).
+
+    ``radii``: ``(N,)`` covalent radii in bohr. Linear bends count their
+    phantom partner as ``rho = 1`` (pyberny's dummy atoms); out-of-plane
+    angles as dihedrals; frozen Cartesian components 0.5 (they are held).
+    """
+
+    def rho(i, j):
+        d = (xyz[:, i] - xyz[:, j]).norm(dim=-1)
+        return torch.exp(1.0 - d / (radii[i] + radii[j]))
+
+    parts = []
+    if len(prims.bond):
+        parts.append(0.45 * rho(prims.bond[:, 0], prims.bond[:, 1]))
+    if len(prims.angle):
+        a = prims.angle
+        parts.append(0.15 * rho(a[:, 0], a[:, 1]) * rho(a[:, 1], a[:, 2]))
+    if len(prims.linear):
+        a = prims.linear
+        parts.append(0.15 * rho(a[:, 0], a[:, 1]))
+    for dih in (prims.dihedral, prims.oop):
+        if len(dih):
+            parts.append(
+                0.005 * rho(dih[:, 0], dih[:, 1]) * rho(dih[:, 1], dih[:, 2]) * rho(dih[:, 2], dih[:, 3])
+            )
+    if len(prims.cartesian):
+        parts.append(xyz.new_full((xyz.shape[0], len(prims.cartesian)), 0.5))
+    return torch.diag_embed(torch.cat(parts, -1))
+
+
+def bfgs(H: torch.Tensor, dq: torch.Tensor, dg: torch.Tensor, on: torch.Tensor) -> torch.Tensor:
+    """BFGS update ``H + dg dg^T / dq.dg - H dq dq^T H / dq.H dq`` where ``on`` ``(B,)``.
+
+    As pyberny, the update is made whatever the sign of ``dq . dg`` (the
+    step's RFO shift copes with an indefinite Hessian); only a vanishing
+    denominator skips it.
+    """
+    Hdq = (H @ dq[..., None])[..., 0]
+    a = (dq * dg).sum(-1)
+    b = (dq * Hdq).sum(-1)
+    ok = on & (a.abs() > 1e-14) & (b.abs() > 1e-14)
+    a = torch.where(ok, a, 1.0)[:, None, None]
+    b = torch.where(ok, b, 1.0)[:, None, None]
+    dH = dg[:, :, None] * dg[:, None, :] / a - Hdq[:, :, None] * Hdq[:, None, :] / b
+    return H + torch.where(ok[:, None, None], dH, 0.0)
+
+
+def reduced_space(Bm: torch.Tensor, rcond: float = 1e-8):
+    """The non-redundant space of ``B`` ``(B, P, 3N)``.
+
+    Returns ``(U, Binv, keep)``: ``U`` ``(B, P, 3N)`` orthonormal columns
+    spanning the range of ``B`` (zero columns where ``B^T B`` has no
+    eigenvalue above ``rcond`` times its largest: translations, rotations),
+    ``Binv`` ``(B, 3N, P)`` the pseudo-inverse ``(B^T B)^+ B^T``, and ``keep``
+    ``(B, 3N)`` bool, the columns in use.
+    """
+    s, V = torch.linalg.eigh(Bm.transpose(1, 2) @ Bm)
+    keep = s > rcond * s[:, -1:].clamp_min(1e-300)
+    inv_sqrt = torch.where(keep, torch.rsqrt(torch.where(keep, s, 1.0)), 0.0)
+    BV = Bm @ V
+    U = BV * inv_sqrt[:, None, :]
+    Binv = (V * (inv_sqrt * inv_sqrt)[:, None, :]) @ BV.transpose(1, 2)
+    return U, Binv, keep
+
+
+def _rfo(g: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    """RFO step in the eigenbasis of H: ``g`` ``(B, r)`` components, ``e`` eigenvalues."""
+    bsz, r = g.shape
+    aug = torch.zeros(bsz, r + 1, r + 1, dtype=g.dtype, device=g.device)
+    aug[:, :r, :r] = torch.diag_embed(e)
+    aug[:, :r, r] = g
+    aug[:, r, :r] = g
+    _, v = torch.linalg.eigh(aug)
+    last = v[:, r, 0]
+    last = torch.where(last.abs() < 1e-12, torch.where(last < 0, -1e-12, 1e-12), last)
+    return v[:, :r, 0] / last[:, None]
+
+
+def _sphere(g: torch.Tensor, e: torch.Tensor, trust: torch.Tensor, iterations: int = 12) -> torch.Tensor:
+    """Minimum of ``g.y + e y^2 / 2`` on ``|y| = trust``: ``y = -g / (e - lambda)``, ``lambda < e_0``.
+
+    Newton on ``psi(mu) = 1 / |y(mu)| - 1 / trust`` in ``mu = e_0 - lambda > 0``,
+    started left of the root, where ``psi`` (concave, increasing) has
+    Newton converge monotonically. Where ``g`` has no component along the
+    lowest mode and no root exists (the hard case) the step stays shorter.
+    """
+    e0 = e[:, :1]
+    gn = g.norm(dim=-1, keepdim=True)
+    mu = (g[:, :1].abs() / trust[:, None]).clamp_min(1e-12 * (1 + gn)) * 0.9
+    for _ in range(iterations):
+        d = e - e0 + mu
+        p2 = (g * g / (d * d)).sum(-1, keepdim=True)
+        pn = p2.sqrt()
+        psi = 1.0 / pn - 1.0 / trust[:, None]
+        dpsi = (g * g / (d * d * d)).sum(-1, keepdim=True) / (pn * p2)
+        mu = torch.where(psi < 0, mu - psi / dpsi.clamp_min(1e-300), mu)
+    return -g / (e - e0 + mu)
+
+
+def trust_step(g: torch.Tensor, H: torch.Tensor, trust: torch.Tensor):
+    """The step minimising the quadratic model ``g.s + s^T H s / 2`` within ``|s| <= trust``.
+
+    Args:
+        g: ``(B, r)`` gradient; H: ``(B, r, r)`` symmetric Hessian; trust: ``(B,)``.
+
+    Returns:
+        ``(s, dE, on_sphere)``: step ``(B, r)``, predicted energy change
+        ``(B,)`` and whether the step was cut to the sphere ``(B,)``.
+    """
+    e, W = torch.linalg.eigh(0.5 * (H + H.transpose(1, 2)))
+    c = (W.transpose(1, 2) @ g[..., None])[..., 0]
+    y = _rfo(c, e)
+    on_sphere = y.norm(dim=-1) > trust
+    y = torch.where(on_sphere[:, None], _sphere(c, e, trust), y)
+    dE = (c * y).sum(-1) + 0.5 * (e * y * y).sum(-1)
+    return (W @ y[..., None])[..., 0], dE, on_sphere
+
+
+def _polyval(p, t):
+    out = torch.zeros_like(t)
+    for coef in p:
+        out = out * t + coef
+    return out
+
+
+def cubic_search(E0, E1, g0, g1):
+    """Minimum on ``[0, 1]`` of the cubic through ``(E0, g0)`` at 0 and ``(E1, g1)`` at 1.
+
+    pyberny's rule: the cubic's minimum if it exists, is not beaten by a
+    maximum inside ``(0, 1)`` nearer the middle, and lies in ``[0, 1]``;
+    otherwise the lower end point. All ``(B,)``; returns ``(t, E)``.
+    """
+    a = 2 * (E0 - E1) + g0 + g1
+    b = -3 * (E0 - E1) - 2 * g0 - g1
+    disc = b * b - 3 * a * g0
+    ok = disc >= 0
+    sq = torch.sqrt(torch.where(ok, disc, 0.0))
+    cubic = a.abs() > 1e-12
+    a_safe = torch.where(cubic, a, 1.0)
+    r1, r2 = (-b + sq) / (3 * a_safe), (-b - sq) / (3 * a_safe)  # r1: where p'' = 2 sq > 0
+    tmin = torch.where(cubic, r1, -g0 / torch.where(b.abs() > 1e-300, 2 * b, 1.0))
+    tmax = torch.where(cubic, r2, torch.full_like(r2, float("inf")))
+    ok = ok & (cubic | (b > 0))
+    ok = ok & ~((tmax > 0) & (tmax < 1) & ((tmin - 0.5).abs() > (tmax - 0.5).abs()))
+    ok = ok & (tmin >= 0) & (tmin <= 1)
+    Emin = _polyval((a, b, g0, E0), tmin)
+    t_end = torch.where(E0 <= E1, 0.0, 1.0).to(E0.dtype)
+    E_end = torch.where(E0 <= E1, E0, E1)
+    return torch.where(ok, tmin, t_end), torch.where(ok, Emin, E_end)
+
+
+def back_transform(
+    prims: Primitives,
+    xyz: torch.Tensor,
+    q: torch.Tensor,
+    dq: torch.Tensor,
+    Binv: torch.Tensor,
+    periodic: torch.Tensor,
+    iterations: int = 10,
+    refresh: int = 0,
+):
+    """Cartesians whose internal coordinates are ``q + dq``.
+
+    Iterates ``x <- x + B^+ r`` on the residual ``r = q + dq - q(x)`` (wrapped),
+    ``B^+`` ``(B, 3N, P)`` from the starting geometry (a fixed Jacobian:
+    cheap, and linear convergence for the small steps of an optimisation).
+    Keeps, per conformer, the iterate with the smallest residual (so a step
+    that diverges falls back to the first, pyberny's rule). ``refresh``:
+    further rounds of ``iterations``, each with ``B^+`` of the best iterate
+    so far (Newton's method: constraints then hold to rounding).
+
+    Returns ``(xyz, q)``: ``(B, N, 3)`` and its values ``(B, P)``.
+    """
+    bsz, n = xyz.shape[:2]
+    target = q + dq
+    x, r = xyz, dq
+    best_x, best_q = xyz, q
+    best = torch.full((bsz,), float("inf"), dtype=xyz.dtype, device=xyz.device)
+    for round_ in range(1 + refresh):
+        if round_:
+            x, r = best_x, wrap(target - best_q, periodic)
+            Binv = reduced_space(wilson_b(prims, x))[1]
+        for _ in range(iterations):
+            x = x + (Binv @ r[..., None]).reshape(bsz, n, 3)
+            qx = values(prims, x)
+            r = wrap(target - qx, periodic)
+            size = r.abs().amax(-1) if r.shape[-1] else best.new_zeros(bsz)
+            better = size < best
+            best = torch.where(better, size, best)
+            best_x = torch.where(better[:, None, None], x, best_x)
+            best_q = torch.where(better[:, None], qx, best_q)
+    return best_x, best_q
