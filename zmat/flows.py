@@ -253,8 +253,8 @@ class InternalCoordinateTransform(Transform):
 
     def _call(self, q: torch.Tensor) -> torch.Tensor:
         _check_tensor(q, "q")
+        shape = self.forward_shape(q.shape)  # before the chart's select: a bad shape names itself
         q = _in_chart(self, q)
-        shape = self.forward_shape(q.shape)
         t = self._tensors(q.device, q.dtype)
         c = self._scale(q.reshape(-1, self.n_atoms, 3), t, inverse=False)  # (B, N, 3)
         p = self._plan
