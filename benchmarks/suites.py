@@ -84,6 +84,8 @@ SCRIPTS = {
     "protein_tensors": "benchmarks.protein_tensors",  # AlphaFold tensors, frames, violation losses
     "flows": "benchmarks.flows",  # zmat.flows.InternalCoordinateTransform vs bgflow's algorithm
     "optimize": "benchmarks.optimize",  # zmat.optimize vs geomeTRIC, Sella, pyberny, ASE (Baker set)
+    "clash": "benchmarks.clash",  # clash_loss: all pairs vs neighbour list, memory, ragged batches
+    "train": "benchmarks.train",  # a FoldingDiff-style model trained with and without clash_loss
 }
 
 SUITES = {"quick": QUICK, "methods": METHODS, "targets": TARGETS, "full": FULL, "tiny": TINY, "fresh": []}

@@ -896,3 +896,33 @@ def test_ragged_benchmark_smoke(tmp_path, monkeypatch):
     )
     assert len(rows) == 2 and all(r["max_abs_diff"] < 1e-12 and r["one_call_ms"] > 0 for r in rows)
     assert (tmp_path / "clash_ragged.json").exists()
+
+
+FIRST_CALLS = """
+import sys
+import torch, zmat
+table = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0], [3, 2, 1]]
+xyz = zmat.to_xyz(torch.rand(5, 3, dtype=torch.float64) + 1, table)
+zmat.clash_loss(xyz, torch.ones(5, dtype=torch.float64), exclude=table)
+p = zmat.protein.from_pdb(sys.argv[1])
+zmat.clash_loss(p.xyz, p.radii, exclude=p.exclusions())
+pos, mask = p.to_atom37()
+zmat.protein.structural_violations(pos, p.aatype, mask)
+print("sympy" in sys.modules)
+"""
+
+
+def test_first_calls_import_no_sympy():
+    """torch imports sympy (~1 s) behind some shape helpers (``torch.broadcast_shapes``: symbolic
+    shapes); the first ``clash_loss`` and the protein calls beside it must not reach them (issue 32)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", FIRST_CALLS, str(Path(__file__).parent / "data" / "1l2y.pdb")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-1] == "False"

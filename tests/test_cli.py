@@ -123,3 +123,26 @@ def test_standard_input_z_matrix_and_ase_format(tmp_path, monkeypatch, capsys):
     assert back.get_chemical_symbols() == ["O", "H", "H"]
     d = back.get_distance(0, 1)
     assert abs(d - 0.96) < 1e-6
+
+
+def test_build_kernel_is_a_listed_command(capsys, monkeypatch, tmp_path):
+    """``zmat --help`` lists ``build-kernel``; it prints the library's path, or one error line and
+    exit status 1 when the kernel cannot be built."""
+    from zmat import _kernel
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "build-kernel" in capsys.readouterr().out
+    monkeypatch.setattr(_kernel, "build", lambda: tmp_path / "zmat_kernel.so")
+    assert main(["build-kernel"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "zmat_kernel.so")
+
+    def fail():
+        raise RuntimeError("no C++ compiler found (set CXX) and no kernel built ahead")
+
+    monkeypatch.setattr(_kernel, "build", fail)
+    assert main(["build-kernel"]) == 1
+    assert (
+        capsys.readouterr().err.strip()
+        == "zmat: error: no C++ compiler found (set CXX) and no kernel built ahead"
+    )

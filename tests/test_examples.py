@@ -192,3 +192,14 @@ def test_boltzmann_generator_rotation_augmentation():
     assert (q2[:, keep] - q[:, keep]).abs().max() < 1e-9
     assert (q2[:, orientation] - q[:, orientation]).abs().max() > 0.1
     assert torch.allclose(T.log_abs_det_jacobian(q2), T.log_abs_det_jacobian(q), atol=1e-9)
+
+
+def test_torsion_diffusion():
+    args = ["--steps", "10", "--batch", "8", "--diffusion-steps", "10", "--samples", "4"]
+    out = run([EXAMPLES / "torsion_diffusion.py", *args])
+    eps, extra = floats(r"step\s+0\s+eps loss ([\d.]+)\s+extra ([\d.]+)", out)
+    assert 0 < eps < 2 and extra > 0  # the clash term is on by default
+    (ms,) = floats(r"([\d.]+) ms per training step", out)
+    assert ms > 0
+    frac, amount = floats(r"samples with a clash: ([\d.]+); clash per sample ([\d.]+) A", out)
+    assert 0 <= frac <= 1 and math.isfinite(amount)

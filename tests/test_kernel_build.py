@@ -7,6 +7,7 @@ registered as ``torch.library`` operators that ``torch.compile`` and
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -46,8 +47,11 @@ def test_four_processes_build_on_an_empty_cache_at_once_then_load_it_silently(tm
     paths = {out.strip() for out, _ in outs}
     assert len(paths) == 1 and [p.name for p in tmp_path.iterdir()] == [Path(*paths).name]  # no partial files
     assert any("zmat: compiling the CPU kernel" in err for _, err in outs)
-    for _, err in outs:  # one line while building, nothing else
+    for _, err in outs:  # one line while building, ending with the time it took; nothing else
         assert len(err.strip().splitlines()) <= 1 and "warning" not in err.lower()
+        assert not err or re.fullmatch(
+            r"zmat: compiling the CPU kernel into .*build-kernel.* \.\.\. \d+\.\d s", err.strip()
+        )
     # built: the command that builds ahead finds it, says nothing and prints its path
     warm = _python(
         "import runpy, sys; sys.argv = ['zmat', 'build-kernel']; runpy.run_module('zmat')", tmp_path

@@ -28,8 +28,11 @@ same bits on any number of threads; smaller calls stay on the calling thread.
 Build: the kernel is plain C++ behind a C ABI (raw pointers, sizes, strides;
 no torch headers), compiled by invoking the C++ compiler (``$CXX``, else
 ``c++``) directly on the first CPU call (not at ``import zmat``), which takes
-about a second and says so in one line on stderr; ``python -m zmat
-build-kernel`` builds it ahead. The library is cached in :func:`cache_dir`
+about 7 s of one idle core (measured: 7 s of compiler CPU time; 30 s of wall
+time on a loaded 2-core machine) and says so in one line on stderr, ending
+with the time it took; ``python -m zmat build-kernel`` builds it ahead. (Not
+at install time: a build step needing torch would pull a CUDA torch into
+pip's isolated build environment.) The library is cached in :func:`cache_dir`
 under a name hashed from what the build depends on (the sources, the
 compiler binary, the flags, the torch version), so a different ``PATH`` or
 another virtual environment with the same compiler loads the same file.
@@ -59,6 +62,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,10 +152,15 @@ def build(quiet: bool = False) -> Path:
     if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    if not quiet:
+    if not quiet:  # one line: the estimate first (an idle machine), the measured time when done
         print(
-            f"zmat: compiling the CPU kernel into {path} (once, about a second)", file=sys.stderr, flush=True
+            f"zmat: compiling the CPU kernel into {path} (once: ~7 s on an idle core, longer on a busy "
+            "machine; `python -m zmat build-kernel` builds it ahead) ...",
+            end="",
+            file=sys.stderr,
+            flush=True,
         )
+    start = time.perf_counter()
     fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".so", dir=path.parent)
     os.close(fd)
     try:
@@ -163,6 +172,8 @@ def build(quiet: bool = False) -> Path:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if not quiet:
+            print(f" {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
     return path
 
 

@@ -1,4 +1,4 @@
-"""The ``zmat`` command line: convert between z-matrices and Cartesian files.
+"""The ``zmat`` command line: convert between z-matrices and Cartesian files; build the kernel.
 
 Usage::
 
@@ -8,6 +8,7 @@ Usage::
     cat molecule.gzmat | zmat convert - out.xyz  # a z-matrix from standard input
     cat molecule.xyz | zmat convert - - --from xyz   # any ASE format from standard input
     python -m zmat convert in out                # the same without the script
+    zmat build-kernel                            # compile the CPU kernel ahead, print its path
 
 A file is a z-matrix when its extension is one of ``.gzmat .zmat .gjf .com
 .gau`` (or when ``--from``/``--to gzmat`` says so); anything else goes through
@@ -28,7 +29,7 @@ import io
 import sys
 from pathlib import Path
 
-from . import __version__
+from . import __version__, _kernel
 from .zmatrix import ZMatrix
 
 __all__ = ["main"]
@@ -71,7 +72,23 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--multiplicity", type=int, help="spin multiplicity of a written z-matrix")
     c.add_argument("--start", type=int, default=0, help="atom (0-based) that starts the z-matrix")
     c.add_argument("--mult", type=float, default=1.0, help="factor on the covalent radii for bonds")
+    sub.add_parser(
+        "build-kernel",
+        help="compile the CPU kernel ahead (images, clusters) and print its path",
+        description="Compile zmat's CPU kernel into its cache (ZMAT_KERNEL_DIR, else ~/.cache/zmat) "
+        "and print the library's path; exit status 1 if it cannot be built.",
+    )
     return p
+
+
+def _build_kernel() -> int:
+    try:
+        path = _kernel.build()
+    except Exception as error:  # no compiler, a read-only cache...
+        print(f"zmat: error: {error}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
 
 
 class _Error(Exception):
@@ -165,6 +182,8 @@ def _convert(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``zmat`` console script; returns the exit status."""
     args = _parser().parse_args(argv)
+    if args.command == "build-kernel":
+        return _build_kernel()
     try:
         if args.command == "convert":
             _convert(args)

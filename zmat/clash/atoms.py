@@ -165,7 +165,9 @@ def _check_xyz(xyz) -> None:
 
 
 def _broadcast(a, b):
+    """The broadcast shape of ``a`` and ``b``, or ``None``: numpy's rule, not torch's, whose
+    ``broadcast_shapes`` imports sympy (symbolic shapes) on its first call, ~1 s."""
     try:
-        return tuple(torch.broadcast_shapes(a, b))
-    except RuntimeError:
+        return tuple(np.broadcast_shapes(tuple(a), tuple(b)))
+    except ValueError:
         return None

@@ -146,7 +146,11 @@ def _aatype_tensor(aatype, shape: torch.Size, device, name: str) -> torch.Tensor
     a = torch.as_tensor(aatype, device=device)
     if a.dtype.is_floating_point or a.dtype == torch.bool:
         raise TypeError(f"{name}: aatype must be an integer tensor, got {a.dtype}")
-    if torch.broadcast_shapes(a.shape, shape) != shape:
+    try:  # numpy's rule: torch.broadcast_shapes imports sympy on its first call (~1 s)
+        ok = np.broadcast_shapes(tuple(a.shape), tuple(shape)) == tuple(shape)
+    except ValueError:
+        ok = False
+    if not ok:
         raise ValueError(f"{name}: aatype of shape {tuple(a.shape)} does not match residues {tuple(shape)}")
     return a.long().clamp(0, UNK).expand(shape)  # out-of-range types read as unknown
 

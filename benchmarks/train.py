@@ -1,0 +1,285 @@
+"""``python -m benchmarks --suite train``: a FoldingDiff-style model trained with and without zmat's losses.
+
+Two trainings of ``examples/torsion_diffusion.py``'s model, identical but for the loss (the
+same initial weights, seeds, batches, noise and steps; the steps interleaved, so that both
+see the same machine load and their times compare): FoldingDiff's own loss, and the same
+plus ``zmat.clash_loss`` and the peptide-bond terms of ``structural_violations`` on the
+decoded predicted ``x0`` (weight ``abar_t``). Samples of each are compared with held-out
+windows: clashes (AlphaFold's definition), violations, Ramachandran, radius of gyration,
+CA(i)-CA(i+2) distances; and the time per training step.
+
+    python -m benchmarks --suite train            # quick (a few minutes on 2 cores)
+    python -m benchmarks --suite train --full     # longer windows, bigger model, more steps
+    python -m benchmarks --suite train --size tiny --out /tmp/t   # seconds (the test)
+
+Writes ``results.json``, ``table.md``, ``ramachandran.png`` and ``clashes.png`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.util
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from scipy.stats import wasserstein_distance
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = ROOT / "results" / "train"
+
+#: window length, window stride, model width / depth, training steps, batch, diffusion steps T,
+#: number of samples, clash weight
+SIZES = {
+    "tiny": dict(length=12, stride=8, width=32, depth=1, steps=20, batch=16, T=10, samples=16, weight=0.2),
+    "quick": dict(
+        length=24, stride=4, width=64, depth=3, steps=600, batch=32, T=100, samples=256, weight=0.2
+    ),
+    "full": dict(
+        length=48, stride=2, width=128, depth=4, steps=4000, batch=64, T=400, samples=1024, weight=0.2
+    ),
+}
+RAMA_BINS = 18  # 20-degree bins: a few thousand angles fill them (36 x 36 would be mostly sampling noise)
+
+
+def example():
+    """The example module (one copy of the model, loss and decoder for users and this benchmark)."""
+    path = ROOT / "examples" / "torsion_diffusion.py"
+    spec = importlib.util.spec_from_file_location("torsion_diffusion", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, mod)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# ------------------------------------------------------------------ metrics
+def js_divergence(p: np.ndarray, q: np.ndarray) -> float:
+    """Jensen-Shannon divergence (base 2: in [0, 1]) of two histograms (normalised here)."""
+    p = np.asarray(p, np.float64).ravel()
+    q = np.asarray(q, np.float64).ravel()
+    if p.shape != q.shape or p.sum() <= 0 or q.sum() <= 0:
+        raise ValueError(
+            f"js_divergence: histograms of shapes {p.shape}, {q.shape} with positive mass needed"
+        )
+    p, q = p / p.sum(), q / q.sum()
+    m = (p + q) / 2
+    kl = lambda a: float(np.sum(a[a > 0] * np.log2(a[a > 0] / m[a > 0])))  # noqa: E731
+    return 0.5 * kl(p) + 0.5 * kl(q)
+
+
+def ramachandran(angles, bins: int = RAMA_BINS) -> np.ndarray:
+    """``(bins, bins)`` histogram of (phi, psi) of ``(n, L, 6)`` angles (radians, FoldingDiff order),
+    over residues 1..L-2, where both are defined inside a window."""
+    a = np.asarray(angles)
+    edges = np.linspace(-math.pi, math.pi, bins + 1)
+    return np.histogram2d(a[:, 1:-1, 0].ravel(), a[:, 1:-1, 1].ravel(), [edges, edges])[0]
+
+
+def radius_of_gyration(ca: torch.Tensor) -> torch.Tensor:
+    """``(..., L, 3)`` -> ``(...)`` CA radius of gyration."""
+    return (ca - ca.mean(-2, keepdim=True)).square().sum(-1).mean(-1).sqrt()
+
+
+def ca_i_i2(ca: torch.Tensor) -> torch.Tensor:
+    """``(..., L, 3)`` -> ``(..., L - 2)`` CA(i)-CA(i+2) distances."""
+    return (ca[..., 2:, :] - ca[..., :-2, :]).norm(dim=-1)
+
+
+def hist_js(a: np.ndarray, b: np.ndarray, bins: int = 40) -> float:
+    """JS divergence of two samples' histograms on the bins of their common range."""
+    edges = np.linspace(min(a.min(), b.min()), max(a.max(), b.max()) + 1e-9, bins + 1)
+    return js_divergence(np.histogram(a, edges)[0], np.histogram(b, edges)[0])
+
+
+def structure_metrics(ex, bb, x: torch.Tensor) -> dict:
+    """Per-set arrays of ``(n, L, 6)`` normalised angles: clashes, violations, geometry."""
+    with torch.no_grad():
+        xyz = bb.xyz(x)
+        clash = bb.clash(xyz)
+        v = bb.violations(xyz)
+        ca = xyz.unflatten(-2, (bb.L, 4))[..., 1, :]
+    return {
+        "angles": ex.wrap(x + bb.mean).numpy(),
+        "clash": clash.numpy(),
+        "bond_violation": v["violations_between_residue_bond"].numpy(),
+        "within_violation": v["violations_within_residue"].numpy(),
+        "rg": radius_of_gyration(ca).numpy(),
+        "ca_i_i2": ca_i_i2(ca).reshape(-1).numpy(),
+    }
+
+
+def compare(m: dict, ref: dict) -> dict:
+    """The table's numbers for one set ``m`` against the held-out set ``ref``."""
+    return {
+        "clashing_fraction": float((m["clash"] > 0).mean()),
+        "clash_per_sample": float(m["clash"].mean()),
+        "bond_violation_residues": float(m["bond_violation"].mean()),
+        "within_violation_residues": float(m["within_violation"].mean()),
+        "rama_js": js_divergence(ramachandran(m["angles"]), ramachandran(ref["angles"])),
+        "rg_mean": float(m["rg"].mean()),
+        "rg_js": hist_js(m["rg"], ref["rg"]),
+        "rg_w1": float(wasserstein_distance(m["rg"], ref["rg"])),
+        "ca_i_i2_js": hist_js(m["ca_i_i2"], ref["ca_i_i2"]),
+        "ca_i_i2_w1": float(wasserstein_distance(m["ca_i_i2"], ref["ca_i_i2"])),
+    }
+
+
+# ------------------------------------------------------------------ the two trainings
+def run(size: str = "quick", seed: int = 0, weight: float | None = None, log=print) -> dict:
+    """Both trainings and their metrics; a dict ready for JSON (plus ``_sets`` for the plots)."""
+    ex, cfg = example(), dict(SIZES[size])
+    if weight is not None:
+        cfg["weight"] = weight
+    L = cfg["length"]
+    train_w = ex.load_windows(L, cfg["stride"], held_out=False)
+    held_w = ex.load_windows(L, cfg["stride"], held_out=True)
+    mean = ex.circular_mean(train_w)
+    bb, sched = ex.Backbone(L, mean), ex.Schedule(cfg["T"])
+    data = ex.wrap(train_w - mean)
+    torch.manual_seed(seed)
+    models = {"own": ex.Denoiser(L, cfg["width"], cfg["depth"])}
+    models["own+clash"] = copy.deepcopy(models["own"])  # the same initial weights
+    kw = dict(steps=cfg["steps"], batch=cfg["batch"], seed=seed)
+    steps = {
+        "own": ex.trainer(models["own"], data, sched, bb, clash_weight=0.0, **kw),
+        "own+clash": ex.trainer(models["own+clash"], data, sched, bb, clash_weight=cfg["weight"], **kw),
+    }
+    times = {k: [] for k in steps}
+    t0 = time.perf_counter()
+    for k in range(cfg["steps"]):
+        for name, step in steps.items():  # interleaved: the same load on both
+            ls, sec = step()
+            times[name].append(sec)
+        if log and (k % max(1, cfg["steps"] // 5) == 0 or k == cfg["steps"] - 1):
+            log(f"step {k:5d}  own+clash: eps {float(ls.eps):.4f} extra {float(ls.extra):.4f}  "
+                f"({time.perf_counter() - t0:.0f} s)")  # fmt: skip
+    # as many training windows as samples: the same finite-sample floor under each JS
+    pick = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed))[: cfg["samples"]]
+    sets = {"held-out": structure_metrics(ex, bb, ex.wrap(held_w - mean)),
+            "train": structure_metrics(ex, bb, data[pick])}  # fmt: skip
+    for name, model in models.items():
+        x = ex.sample(model, sched, cfg["samples"], L, torch.Generator().manual_seed(seed + 1))
+        sets[name] = structure_metrics(ex, bb, x)
+    rows = {name: compare(sets[name], sets["held-out"]) for name in ("train", "own", "own+clash")}
+    warm = slice(min(5, cfg["steps"] - 1), None)  # the first steps warm up the allocator
+    for name in steps:
+        rows[name]["ms_per_step"] = 1000 * float(np.median(times[name][warm]))
+    n_chains = _data_counts()
+    return {
+        "size": size, "seed": seed, "config": cfg, "threads": torch.get_num_threads(),
+        "data": {**n_chains, "train_windows": len(train_w), "held_out_windows": len(held_w)},
+        "rows": rows, "wall_s": round(time.perf_counter() - t0, 1), "_sets": sets,
+    }  # fmt: skip
+
+
+def _data_counts() -> dict:
+    d = np.load(example().DATA)
+    held = d["held_out"][d["segment_entry"]]
+    n = np.diff(d["segment_ptr"])
+    return {
+        "entries": int(len(d["entries"])),
+        "held_out_entries": [str(e) for e in d["entries"][d["held_out"]]],
+        "segments": int(len(n)),
+        "train_residues": int(n[~held].sum()),
+        "held_out_residues": int(n[held].sum()),
+    }
+
+
+# ------------------------------------------------------------------ output
+ROWS = [  # key, label, format
+    ("clashing_fraction", "samples with a clash (AlphaFold)", "{:.3f}"),
+    ("clash_per_sample", "clash per sample (A, sum of overlaps)", "{:.3f}"),
+    ("bond_violation_residues", "residues violating peptide bond/angles", "{:.4f}"),
+    ("within_violation_residues", "residues violating within-residue bounds", "{:.4f}"),
+    ("rama_js", f"Ramachandran JS to held-out ({RAMA_BINS}x{RAMA_BINS})", "{:.4f}"),
+    ("rg_mean", "radius of gyration, mean (A)", "{:.2f}"),
+    ("rg_js", "radius of gyration JS", "{:.4f}"),
+    ("rg_w1", "radius of gyration W1 (A)", "{:.3f}"),
+    ("ca_i_i2_js", "CA(i)-CA(i+2) JS", "{:.4f}"),
+    ("ca_i_i2_w1", "CA(i)-CA(i+2) W1 (A)", "{:.4f}"),
+    ("ms_per_step", "ms per training step", "{:.1f}"),
+]
+
+
+def table(res: dict) -> str:
+    """Markdown table: one column per set (train windows = the data's own floor)."""
+    r = res["rows"]
+    out = ["| metric | train windows | own loss | own + clash | ratio |", "|---|---|---|---|---|"]
+    for key, label, fmt in ROWS:
+        cells = [fmt.format(r[s][key]) if key in r[s] else "" for s in ("train", "own", "own+clash")]
+        a, b = r["own"].get(key), r["own+clash"].get(key)
+        ratio = f"{b / a:.2f}" if a else ("0 / 0" if a == 0 and b == 0 else "")
+        out.append(f"| {label} | " + " | ".join(cells) + f" | {ratio} |")
+    a, b = r["own"]["ms_per_step"], r["own+clash"]["ms_per_step"]
+    d, c = res["data"], res["config"]
+    out.append("")
+    out.append(f"Extra loss: {100 * (b - a) / b:.0f}% of a training step with it. Seed {res['seed']}; "
+               f"{d['entries']} entries ({len(d['held_out_entries'])} held out), {d['train_residues']} + "
+               f"{d['held_out_residues']} residues, {d['train_windows']} train / {d['held_out_windows']} "
+               f"held-out windows of {c['length']}; {c['steps']} steps of {c['batch']}, T = {c['T']}, "
+               f"{c['samples']} samples per model; {res['threads']} thread(s).")  # fmt: skip
+    return "\n".join(out)
+
+
+def plots(res: dict, out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sets, names = res["_sets"], ("held-out", "own", "own+clash")
+    fig, axes = plt.subplots(1, 3, figsize=(12, 4), sharey=True)
+    for ax, name in zip(axes, names, strict=True):
+        a = sets[name]["angles"]
+        ax.hist2d(np.degrees(a[:, 1:-1, 0].reshape(-1)), np.degrees(a[:, 1:-1, 1].reshape(-1)),
+                  bins=72, range=[[-180, 180], [-180, 180]], cmap="viridis", cmin=1)  # fmt: skip
+        ax.set(title=name if name == "held-out" else f"{name} (JS {res['rows'][name]['rama_js']:.3f})",
+               xlabel="phi (deg)")  # fmt: skip
+    axes[0].set_ylabel("psi (deg)")
+    fig.tight_layout()
+    paths = [out / "ramachandran.png"]
+    fig.savefig(paths[0], dpi=100)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    hi = max(float(sets[n]["clash"].max()) for n in names) + 1e-6
+    for name in names:
+        ax.hist(sets[name]["clash"], bins=np.linspace(0, hi, 30), histtype="step", label=name, density=True)
+    ax.set(xlabel="clash per sample (A, AlphaFold's sum of overlaps)", ylabel="density", yscale="log")
+    ax.legend()
+    fig.tight_layout()
+    paths.append(out / "clashes.png")
+    fig.savefig(paths[1], dpi=100)
+    plt.close("all")
+    return paths
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks --suite train", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument("--size", choices=list(SIZES), default="quick")
+    p.add_argument("--full", action="store_true", help="same as --size full")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--weight", type=float, help="clash + violation weight (default per size)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: a shared machine)")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--no-plot", action="store_true")
+    a = p.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    res = run("full" if a.full else a.size, a.seed, a.weight, log=lambda s: print(s, file=sys.stderr))
+    a.out.mkdir(parents=True, exist_ok=True)
+    text = table(res)
+    (a.out / "table.md").write_text(text + "\n")
+    (a.out / "results.json").write_text(json.dumps({k: v for k, v in res.items() if k != "_sets"}, indent=1))
+    print(text)
+    if not a.no_plot:
+        print("wrote " + ", ".join(str(x) for x in plots(res, a.out)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
