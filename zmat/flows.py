@@ -175,10 +175,10 @@ class InternalCoordinateTransform(Transform):
     Degenerate input (zero bonds, straight angles, ``cos beta = +-1``,
     collinear first atoms) gives finite values and gradients (the log-det is
     clamped as in :func:`log_det_jacobian`). A ``cos beta`` outside ``[-1, 1]``
-    (outside ``T.lower``, ``T.upper``) is no orientation: ``T(q)`` gives NaN
-    positions for that tree (no error, which would sync the device; a flow keeps
-    ``cos beta`` in range with a bounded transform, e.g. a ``tanh`` or a spline
-    on ``[-1, 1]``).
+    (outside ``T.lower``, ``T.upper``) is clamped to it (the pole's rotation,
+    zero gradient; no error, which would sync the device): ``T`` is a bijection
+    only on its bounds, so a flow keeps ``cos beta`` in range with a bounded
+    transform (a ``tanh``, a spline on ``[-1, 1]``).
 
     Example:
         >>> table = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0]]
@@ -252,8 +252,8 @@ class InternalCoordinateTransform(Transform):
 
     def _call(self, q: torch.Tensor) -> torch.Tensor:
         _check_tensor(q, "q")
-        q = _in_chart(self, q)
         shape = self.forward_shape(q.shape)
+        q = _in_chart(self, q)
         t = self._tensors(q.device)
         c = self._scale(q.unflatten(-1, shape[-2:]), t, inverse=False)
         p = self._plan
@@ -438,15 +438,16 @@ def _matrix_to_euler(u: torch.Tensor, v: torch.Tensor, w: torch.Tensor, bond: to
 
 # ---------------------------------------------------------------- the orientation chart
 def _in_chart(T: InternalCoordinateTransform, q: torch.Tensor) -> torch.Tensor:
-    """``q`` with NaN where a ``cos beta`` entry lies outside ``[-1, 1]``: that tree's positions are
-    then NaN, not a silently non-orthonormal "rotation". No error: a check would sync the device
-    in every step (test it yourself: ``((q < T.lower) | (q > T.upper)).any()``). A select, no sync;
-    the mask is copied to each device once."""
+    """``q`` with its ``cos beta`` entries clamped to ``[-1, 1]``: a proper rotation (the nearest
+    pole's), not a non-orthonormal "rotation". No error: a check would sync the device in every
+    step, and a flow with an unbounded base (docs/flows.md) would fail at random (test it yourself:
+    ``((q < T.lower) | (q > T.upper)).any()``). A select, no sync; the mask is copied to each device
+    once."""
     masks = T.__dict__.setdefault("_cos_beta", {})
     mask = masks.get(q.device)
     if mask is None:
         mask = masks[q.device] = (T.kind == COS_BETA).to(q.device)
-    return torch.where(mask & (q.abs() > 1), torch.nan, q)
+    return torch.where(mask, q.clamp(-1.0, 1.0), q)
 
 
 # ---------------------------------------------------------------- the plan

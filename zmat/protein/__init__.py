@@ -64,7 +64,7 @@ from ..structure.nucleic_frames import (
     nucleotide_torsions,
 )
 from ..transform import dihedrals
-from .atom37 import atom14_to_atom37, atom37_to_atom14
+from .atom37 import atom14_alt_positions, atom14_to_atom37, atom37_to_atom14, compute_renamed_ground_truth
 from .atom37_io import from_atom14, from_atom37
 from .build import (
     DEFAULT_TORSIONS,
@@ -121,8 +121,10 @@ __all__ = [
     "nucleotide_torsions",
     "rigid_from_three_points",
     "structural_violations",
+    "atom14_alt_positions",
     "atom14_to_atom37",
     "atom37_to_atom14",
+    "compute_renamed_ground_truth",
     "from_atom14",
     "from_atom37",
     "CHI_ATOMS",
