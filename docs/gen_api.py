@@ -130,7 +130,7 @@ def render(source: str) -> str:
         for m in members(obj, wanted):
             value = inspect.getattr_static(obj, m) if inspect.isclass(obj) else getattr(obj, m)
             sub = entry(f"{name}.{m}", value, "####")
-            block += sub if not isinstance(value, property) else [*sub, ""]
+            block += [*sub, ""] if sub[0].startswith("- ") else sub
         out += block
     text = "\n".join(out)
     return re.sub(r"\n{3,}", "\n\n", text).strip() + "\n"

@@ -185,3 +185,67 @@ def test_batch_to_atom37_with_two_threads_opens_no_parallel_region():
     torch.testing.assert_close(got[2][0], got[1][0], rtol=0, atol=0)
     torch.testing.assert_close(got[2][1], got[1][1], rtol=0, atol=0)
     assert pos.numel() > GrainAudit.GRAIN and bool((got[2][1] != 0).any())
+
+
+def test_ambiguous_atoms_are_alphafolds():
+    """AlphaFold's ``residue_atom_renaming_swaps`` (alphafold/common/residue_constants.py, the same
+    in OpenFold's openfold/np/residue_constants.py), hand-checked in atom14 slots: ASP OD1/OD2 (6, 7),
+    GLU OE1/OE2 (7, 8), PHE and TYR CD1/CD2 (6, 7) and CE1/CE2 (8, 9); 12 ambiguous slots in all
+    (``restype_atom14_is_ambiguous.sum()``); ARG is not among them."""
+    assert a37.RENAMING_SWAPS == {
+        "ASP": {"OD1": "OD2"},
+        "GLU": {"OE1": "OE2"},
+        "PHE": {"CD1": "CD2", "CE1": "CE2"},
+        "TYR": {"CD1": "CD2", "CE1": "CE2"},
+    }
+    swapped = {"ASP": [(6, 7)], "GLU": [(7, 8)], "PHE": [(6, 7), (8, 9)], "TYR": [(6, 7), (8, 9)]}
+    expected = np.tile(np.arange(14), (21, 1))
+    for name, pairs in swapped.items():
+        for i, j in pairs:
+            expected[a37.RESTYPE_3.index(name), [i, j]] = j, i
+    assert np.array_equal(a37.RESTYPE_ATOM14_ALT, expected)
+    assert np.array_equal(a37.RESTYPE_ATOM14_IS_AMBIGUOUS, expected != np.arange(14))
+    assert a37.RESTYPE_ATOM14_IS_AMBIGUOUS.sum() == 12
+
+
+def _naive_alt_is_better(pred, gt, alt, exists, ambiguous, eps=1e-10):
+    """AlphaFold's Algorithm 26 one residue at a time (numpy): the twin of the batched version."""
+    L = len(gt)
+    out = np.zeros(L)
+    other = [(m, j) for m in range(L) for j in range(14) if exists[m, j] and not ambiguous[m, j]]
+    for i in range(L):
+        err = alt_err = 0.0
+        for a in np.nonzero(exists[i] & ambiguous[i])[0]:
+            for m, j in other:
+                dp = np.sqrt(eps + ((pred[i, a] - pred[m, j]) ** 2).sum())
+                err += np.sqrt(eps + (dp - np.sqrt(eps + ((gt[i, a] - gt[m, j]) ** 2).sum())) ** 2)
+                alt_err += np.sqrt(eps + (dp - np.sqrt(eps + ((alt[i, a] - alt[m, j]) ** 2).sum())) ** 2)
+        out[i] = float(alt_err < err)
+    return out
+
+
+def test_renamed_ground_truth_takes_the_prediction_naming():
+    """A prediction that names one residue of each ambiguous type the other way (1ubi): exactly those
+    residues are renamed, the renamed truth equals the prediction there; on a noisy prediction the
+    choice matches a per-residue twin of AlphaFold's algorithm; batched as one by one."""
+    p = zp.from_pdb(DATA / "1ubi.pdb")
+    gt, mask = p.to_atom14()
+    aatype = p.aatype
+    alt, alt_mask = zp.atom14_alt_positions(gt, aatype, mask)
+    assert torch.equal(alt_mask, mask)
+    flip = torch.zeros(len(aatype), dtype=torch.bool)
+    for name in ("ASP", "GLU", "PHE", "TYR"):
+        flip[int(torch.nonzero(aatype == a37.RESTYPE_3.index(name))[0])] = True
+    pred = torch.where(flip[:, None, None], alt, gt)
+    out = zp.compute_renamed_ground_truth(pred, gt, aatype, mask)
+    assert torch.equal(out["alt_naming_is_better"], flip.double())
+    torch.testing.assert_close(out["renamed_atom14_gt_positions"], pred, atol=0, rtol=0)
+    assert torch.equal(out["renamed_atom14_gt_exists"], mask.double())
+    g = torch.Generator().manual_seed(0)
+    noisy = pred + 0.3 * torch.randn(pred.shape, generator=g, dtype=pred.dtype) * mask[..., None]
+    got = zp.compute_renamed_ground_truth(noisy, gt, aatype, mask)["alt_naming_is_better"]
+    ambiguous = a37.RESTYPE_ATOM14_IS_AMBIGUOUS[aatype.numpy()]
+    naive = _naive_alt_is_better(noisy.numpy(), gt.numpy(), alt.numpy(), mask.numpy(), ambiguous)
+    assert np.array_equal(got.numpy(), naive) and naive[flip.numpy()].all()
+    both = zp.compute_renamed_ground_truth(torch.stack([noisy, gt]), gt.expand(2, -1, -1, -1), aatype, mask)
+    assert torch.equal(both["alt_naming_is_better"][0], got) and not both["alt_naming_is_better"][1].any()

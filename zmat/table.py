@@ -137,6 +137,14 @@ class ConstructionTable:
             tensor); row ``i`` is ``(b_i, a_i, d_i)``, ``-1`` for "no
             reference".
 
+    Attributes:
+        refs: ``(N, 3)`` int64 numpy array, the validated rows. A table's structure (``refs``,
+            ``bonds``, ``construction_order``, ``topo_order``, ``dihedral_plane``) is numpy,
+            on the host: it is planned once there; values on atoms (coordinates, masks,
+            radii, a flow's ``circular``) are torch tensors. ``torch.as_tensor(table.refs)``
+            gives a tensor (``docs/conventions.md``, "Types of attributes").
+        n_atoms: ``N``.
+
     Raises:
         TypeError: ``refs`` is not an integer array.
         ValueError: wrong shape; a reference out of range; an atom referring

@@ -40,14 +40,17 @@ __all__ = [
     "ATOM14_NAMES",
     "ATOM_ORDER",
     "ATOM_TYPES",
+    "RENAMING_SWAPS",
     "RESTYPES",
     "RESTYPE_3",
     "UNK",
     "VAN_DER_WAALS_RADIUS",
     "aatype_from_names",
     "aatype_of",
+    "atom14_alt_positions",
     "atom14_to_atom37",
     "atom37_to_atom14",
+    "compute_renamed_ground_truth",
     "to_atom14",
     "to_atom37",
 ]
@@ -317,3 +320,97 @@ def to_atom37(protein, xyz: torch.Tensor | None = None) -> tuple[torch.Tensor, t
 def to_atom14(protein, xyz: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """As :func:`to_atom37`, in atom14 (``(..., L, 14, 3)``; ``OXT`` is dropped)."""
     return _gather_layout(protein, xyz, 14)
+
+
+# ------------------------------------------------ ambiguous atom names (AlphaFold's renaming)
+#: Atoms whose names a structure may give the other way round: AlphaFold's
+#: ``residue_atom_renaming_swaps`` (``alphafold/common/residue_constants.py``; OpenFold's
+#: ``openfold/np/residue_constants.py`` is the same). The 180-degree flip of a symmetric side chain
+#: (the carboxylates of ASP and GLU, the rings of PHE and TYR) swaps them. ARG (NH1/NH2), LEU and
+#: VAL, which the lDDT paper also lists, are not in it: their names follow from the geometry.
+RENAMING_SWAPS = {
+    "ASP": {"OD1": "OD2"},
+    "GLU": {"OE1": "OE2"},
+    "PHE": {"CD1": "CD2", "CE1": "CE2"},
+    "TYR": {"CD1": "CD2", "CE1": "CE2"},
+}
+#: (21, 14) atom14 slot each slot takes in the alternative naming (the identity elsewhere).
+RESTYPE_ATOM14_ALT = np.tile(np.arange(14), (21, 1))
+#: (21, 14) AlphaFold's ``restype_atom14_is_ambiguous``.
+RESTYPE_ATOM14_IS_AMBIGUOUS = np.zeros((21, 14), bool)
+for _name, _swaps in RENAMING_SWAPS.items():
+    _r = RESTYPE_3.index(_name)
+    for _a, _b in _swaps.items():
+        _i, _j = ATOM14_NAMES[_name].index(_a), ATOM14_NAMES[_name].index(_b)
+        RESTYPE_ATOM14_ALT[_r, [_i, _j]] = _j, _i
+        RESTYPE_ATOM14_IS_AMBIGUOUS[_r, [_i, _j]] = True
+#: the slots ambiguous in some residue type (6 to 9): the only rows the renaming's distances need
+_AMBIGUOUS_SLOTS = slice(
+    int(RESTYPE_ATOM14_IS_AMBIGUOUS.any(0).argmax()),
+    14 - int(RESTYPE_ATOM14_IS_AMBIGUOUS.any(0)[::-1].argmax()),
+)
+
+
+def atom14_alt_positions(positions: torch.Tensor, aatype, mask=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """atom14 positions with the ambiguous atoms named the other way (AlphaFold's
+    ``atom14_alt_gt_positions`` / ``atom14_alt_gt_exists``), differentiable.
+
+    Args:
+        positions: ``(..., L, 14, 3)`` atom14 positions.
+        aatype: ``(..., L)`` integer residue types.
+        mask: optional ``(..., L, 14)`` atom mask (default: every atom of the type).
+
+    Returns:
+        ``(..., L, 14, 3)`` positions and ``(..., L, 14)`` bool mask: ASP's OD1 and OD2, GLU's
+        OE1 and OE2, PHE's and TYR's CD1/CD2 and CE1/CE2 swapped (:data:`RENAMING_SWAPS`).
+    """
+    check_positions(positions, 14, "atom14_alt_positions")
+    return _convert(positions, aatype, mask, RESTYPE_ATOM14_ALT, 14, "atom14_alt_positions")
+
+
+def compute_renamed_ground_truth(
+    pred_positions, gt_positions, aatype, gt_mask=None, eps: float = 1e-10
+) -> dict:
+    """The ground truth named as the prediction is (AlphaFold's ``compute_renamed_ground_truth``,
+    supplement 1.9.3, Algorithm 26): per residue, the naming of its ambiguous atoms whose distances
+    to every unambiguous atom of the structure are closer to the prediction's.
+
+    Args:
+        pred_positions: ``(..., L, 14, 3)`` predicted atom14 positions.
+        gt_positions: ``(..., L, 14, 3)`` ground-truth atom14 positions.
+        aatype: ``(..., L)`` integer residue types.
+        gt_mask: optional ``(..., L, 14)`` ground-truth atom mask (default: every atom of the type).
+        eps: inside the square roots, as AlphaFold's.
+
+    Returns:
+        dict with AlphaFold's keys: ``"alt_naming_is_better"`` ``(..., L)`` float (1 where the
+        alternative naming is closer), ``"renamed_atom14_gt_positions"`` ``(..., L, 14, 3)``,
+        ``"renamed_atom14_gt_exists"`` ``(..., L, 14)`` float. Differentiable in the positions
+        (the choice itself is not). Memory: ``L^2 * 4 * 14`` distances (AlphaFold's ``(L * 14)^2``,
+        from the 4 slots that can be ambiguous only): for whole large proteins, crop first.
+    """
+    check_positions(pred_positions, 14, "compute_renamed_ground_truth")
+    check_positions(gt_positions, 14, "compute_renamed_ground_truth")
+    gt, exists = _convert(gt_positions, aatype, gt_mask, np.tile(np.arange(14), (21, 1)), 14, "ground truth")
+    alt, alt_exists = atom14_alt_positions(gt_positions, aatype, gt_mask)
+    a = _aatype_tensor(aatype, gt.shape[:-2], gt.device, "compute_renamed_ground_truth")
+    ambiguous = torch.as_tensor(RESTYPE_ATOM14_IS_AMBIGUOUS, device=gt.device)[a]
+    dtype = pred_positions.dtype
+
+    def dists(x):  # (..., L, 4, L, 14): from the slots that can be ambiguous to every slot
+        return torch.sqrt(
+            eps + ((x[..., :, _AMBIGUOUS_SLOTS, None, None, :] - x[..., None, None, :, :, :]) ** 2).sum(-1)
+        )
+
+    pred_d = dists(pred_positions)
+    rows = (exists & ambiguous)[..., _AMBIGUOUS_SLOTS].to(dtype)[..., :, :, None, None]
+    mask = rows * (exists & ~ambiguous).to(dtype)[..., None, None, :, :]
+    err = (mask * torch.sqrt(eps + (pred_d - dists(gt)) ** 2)).sum((-1, -2, -3))
+    alt_err = (mask * torch.sqrt(eps + (pred_d - dists(alt)) ** 2)).sum((-1, -2, -3))
+    better = (alt_err < err).to(dtype)
+    return {
+        "alt_naming_is_better": better,
+        "renamed_atom14_gt_positions": (1 - better[..., None, None]) * gt + better[..., None, None] * alt,
+        "renamed_atom14_gt_exists": (1 - better[..., None]) * exists.to(dtype)
+        + better[..., None] * alt_exists.to(dtype),
+    }
