@@ -63,6 +63,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._segments import segment_ids, starts
+from ..autotable import connectivity
 from ..protein.io import chain_mask, reroute_degenerate, warn_coincident
 from ..protein.topology import CHI_ATOMS, RESIDUES, TORSION_NAMES
 from .ccd import ccd_residue
@@ -296,8 +297,6 @@ def _extra_bonds(res: _Res) -> list[tuple[int, int]]:
     """Local bonds of a residue's extra atoms: an extra hydrogen to its nearest heavy atom, an
     extra heavy atom to the heavy atoms within covalent radii (``zmat.autotable.connectivity``),
     else to its nearest heavy atom; all within the residue."""
-    from ..autotable import connectivity
-
     xyz = np.array(res.xyz, np.float64).reshape(-1, 3)
     heavy = np.array([e != "H" for e in res.elements], bool)
     nbrs = connectivity(xyz[heavy], symbols=[e for e, h in zip(res.elements, heavy, strict=True) if h])
