@@ -39,6 +39,7 @@ import torch
 import zmat
 from zmat.flows import InternalCoordinateTransform
 
+from . import flows_grid
 from .bgflow_algorithm import BgflowAlgorithm
 from .timing import median_seconds
 
@@ -175,7 +176,7 @@ def report(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> list[dict]:
+def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batch", type=int, default=1024, help="alanine dipeptide conformers (default 1024)")
     p.add_argument("--proteins", type=int, default=16, help="protein conformers (default 16)")
@@ -185,10 +186,23 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--tiny", action="store_true", help="smoke test: 8 dipeptides, 2 proteins of 12 residues")
     p.add_argument("--json", help="write the results here")
+    p.add_argument("--bgflow", help="a bgflow source checkout for the grid (default: $ZMAT_BGFLOW)")
+    p.add_argument("--against", help="another copy of zmat/flows.py to time beside this one (before/after)")
+    p.add_argument("--runs", type=int, default=3, help="interleaved runs per row of the grid (default 3)")
+    p.add_argument("--budget", type=float, default=0.2, help="seconds per contender per run (default 0.2)")
+    p.add_argument("--grid-only", action="store_true", help="only the grid (every mode and size vs bgflow)")
     a = p.parse_args(argv)
     if a.tiny:
-        a.batch, a.proteins, a.residues, a.repeat = 8, 2, 12, 0.01
+        a.batch, a.proteins, a.residues, a.repeat, a.runs, a.budget = 8, 2, 12, 0.01, 1, 0.01
     torch.set_num_threads(a.threads)
+    results = {"grid": flows_grid.grid(a), "cases": [] if a.grid_only else _cases(a)}
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return results
+
+
+def _cases(a) -> list[dict]:
     dtype = getattr(torch, a.dtype)
     table, xyz = alanine_dipeptide(a.batch)
     results = [run_case("alanine dipeptide", table, xyz, dtype, a.repeat)]
@@ -197,9 +211,6 @@ def main(argv=None) -> list[dict]:
     for r in results:
         r["dtype"], r["threads"] = a.dtype, a.threads
     print(report(results))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(results, f, indent=1)
     return results
 
 

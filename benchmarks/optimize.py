@@ -190,7 +190,8 @@ def baker(names, optimizers, max_calls: int) -> dict:
     logging.getLogger("geometric").setLevel(logging.ERROR)
     logging.getLogger("geometric.nifty").setLevel(logging.ERROR)
     rows = {}
-    for name in names:
+    for name in names:  # pyberny prints its log on stdout: quiet it with a logging level
+        logging.getLogger("berny").setLevel(logging.ERROR)
         atoms = ase.io.read(baker_dir() / f"{name}.xyz")
         rows[name] = {}
         for opt in optimizers:
@@ -211,6 +212,8 @@ def baker(names, optimizers, max_calls: int) -> dict:
             except Exception as e:  # noqa: BLE001 - a peer's failure is a result, not a crash
                 status = f"failed: {type(e).__name__}: {e}"[:120]
             wall = time.perf_counter() - t
+            if status == "ok" and not counter.done:
+                status = f"not converged in {max_calls} calls"
             rows[name][opt] = {
                 "status": status,
                 "steps": counter.calls,
@@ -218,7 +221,7 @@ def baker(names, optimizers, max_calls: int) -> dict:
                 "energy": counter.energy,
                 "own_ms_per_step": 1e3 * (wall - counter.seconds) / max(counter.calls, 1),
             }
-            print(f"  {name:24s} {opt:10s} {counter.calls:4d} {'ok' if counter.done else status}", flush=True)
+            print(f"  {name:24s} {opt:10s} {counter.calls:4d} {status}", flush=True)
     return rows
 
 

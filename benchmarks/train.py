@@ -72,12 +72,12 @@ def js_divergence(p: np.ndarray, q: np.ndarray) -> float:
     return 0.5 * kl(p) + 0.5 * kl(q)
 
 
-def ramachandran(angles: torch.Tensor, bins: int = RAMA_BINS) -> np.ndarray:
+def ramachandran(angles, bins: int = RAMA_BINS) -> np.ndarray:
     """``(bins, bins)`` histogram of (phi, psi) of ``(n, L, 6)`` angles (radians, FoldingDiff order),
     over residues 1..L-2, where both are defined inside a window."""
-    phi, psi = angles[:, 1:-1, 0].reshape(-1), angles[:, 1:-1, 1].reshape(-1)
+    a = np.asarray(angles)
     edges = np.linspace(-math.pi, math.pi, bins + 1)
-    return np.histogram2d(phi.numpy(), psi.numpy(), [edges, edges])[0]
+    return np.histogram2d(a[:, 1:-1, 0].ravel(), a[:, 1:-1, 1].ravel(), [edges, edges])[0]
 
 
 def radius_of_gyration(ca: torch.Tensor) -> torch.Tensor:
@@ -104,7 +104,7 @@ def structure_metrics(ex, bb, x: torch.Tensor) -> dict:
         v = bb.violations(xyz)
         ca = xyz.unflatten(-2, (bb.L, 4))[..., 1, :]
     return {
-        "angles": ex.wrap(x + bb.mean),
+        "angles": ex.wrap(x + bb.mean).numpy(),
         "clash": clash.numpy(),
         "bond_violation": v["violations_between_residue_bond"].numpy(),
         "within_violation": v["violations_within_residue"].numpy(),

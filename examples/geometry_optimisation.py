@@ -1,29 +1,28 @@
-"""Geometry optimisation and a relaxed dihedral scan in internal coordinates.
+"""Geometry optimisation, a relaxed scan and batched conformers with zmat's internal-coordinate optimiser.
 
-An ASE calculator gives energies and Cartesian forces ``F = -dE/dx``. zmat's
-``to_xyz`` is differentiable, so autograd turns the forces into the gradient
-with respect to the internal coordinates in one vector-Jacobian product,
-``dE/dC = -(dx/dC)^T F``; ``zmat.ase.InternalEnergy`` is that bridge::
+``zmat.ase.InternalOptimizer`` is an ASE optimiser that steps in redundant
+internal coordinates (bonds, angles, dihedrals, ...), so it works with any
+ASE calculator::
 
-    energy = zmat.ase.InternalEnergy(zm, calc)
-    energy(C).backward()        # C requires grad; C.grad = dE/dC
+    opt = zmat.ase.InternalOptimizer(atoms)        # atoms.calc set
+    opt.run(fmax=0.01)                              # ASE's rule: max per-atom force norm
+    zmat.ase.InternalOptimizer(atoms, constraints={(0, 1, 2, 3): phi}).run(fmax=0.01)
 
-and any torch optimiser (here L-BFGS) works on bond lengths, angles and
-dihedrals directly. Freezing a coordinate is just leaving it out of the
-optimised tensor, which makes a *relaxed scan* trivial: fix the dihedral,
-relax everything else, move on.
+and ``zmat.optimize.minimize`` / ``scan`` run the same steps on a whole batch
+of conformers at once for a torch potential.
 
 Default (no arguments, a few seconds): hydrogen peroxide (``peroxide.xyz``,
-planar trans) with a small force field built from ASE's ``ForceField``
+planar trans) with a toy force field built from ASE's ``ForceField``
 calculator (Morse bonds, harmonic angles, a two-term torsion chosen to mimic
-H2O2's skewed minimum near 112 degrees). It runs a relaxed H-O-O-H scan from 0
-to 180 degrees and a full optimisation, and compares with ASE's Cartesian BFGS.
+H2O2's skewed minimum near 112 degrees). It optimises the molecule (and
+compares with ASE's Cartesian BFGS), runs a relaxed H-O-O-H scan from 30 to
+150 degrees (each point from the one before), then relaxes 64 rattled
+conformers of ethanol at once under ``zmat.optimize.ToyForceField`` (torch).
 
 Bigger runs::
 
-    python examples/geometry_optimisation.py --scan-points 73
-    python examples/geometry_optimisation.py --molecule tests/data/cyclohexane_chair.xyz \\
-        --calculator emt --rattle 0.05 --steps 500
+    python examples/geometry_optimisation.py --scan-points 37
+    python examples/geometry_optimisation.py --molecule tests/data/cyclohexane_chair.xyz --calculator emt
 """
 
 from __future__ import annotations
@@ -36,6 +35,7 @@ from pathlib import Path
 import ase.io
 import numpy as np
 import torch
+from ase.build import molecule
 from ase.calculators.emt import EMT
 from ase.calculators.ff import ForceField
 from ase.optimize import BFGS
@@ -43,6 +43,7 @@ from ase.utils.ff import Angle, Dihedral, Morse, VdW
 
 import zmat
 import zmat.ase
+import zmat.optimize
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
 
@@ -75,119 +76,88 @@ def peroxide_force_field() -> ForceField:
     )
 
 
-def relax(energy: zmat.ase.InternalEnergy, C: torch.Tensor, free: torch.Tensor, steps: int, gtol: float):
-    """Minimise over ``C[free]`` with L-BFGS; returns (C, E, max |dE/dC| over free, iterations)."""
-    x = C[free].clone().requires_grad_(True)
-    fixed = C.detach()
-
-    def full(x):
-        return fixed.masked_scatter(free, x)
-
-    opt = torch.optim.LBFGS(
-        [x],
-        lr=1.0,
-        max_iter=steps,
-        tolerance_grad=gtol,
-        tolerance_change=1e-14,
-        line_search_fn="strong_wolfe",
-    )
-
-    def closure():
-        opt.zero_grad()
-        e = energy(full(x))
-        e.backward()
-        return e
-
-    opt.step(closure)
-    C = full(x.detach())
-    x = C[free].clone().requires_grad_(True)
-    e = energy(full(x))
-    (g,) = torch.autograd.grad(e, x)
-    return C, e.item(), g.abs().max().item(), opt.state[opt._params[0]]["n_iter"]
+def dihedral(atoms, quad) -> float:
+    """Dihedral of ``quad`` in degrees (IUPAC sign)."""
+    x = torch.as_tensor(atoms.positions)[None]
+    return math.degrees(float(zmat.dihedrals(x, torch.tensor([quad]))[0, 0]))
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--molecule", default=str(DATA / "peroxide.xyz"), help="any file ASE reads, or a .gzmat")
-    p.add_argument(
-        "--calculator",
-        choices=["peroxide-ff", "emt"],
-        default=None,
-        help="default: peroxide-ff for peroxide.xyz, emt otherwise",
-    )
-    p.add_argument(
-        "--scan-row", type=int, default=None, help="row whose dihedral is scanned (default: H-O-O-H)"
-    )
-    p.add_argument("--scan-points", type=int, default=13, help="points from 0 to 180 degrees")
-    p.add_argument("--steps", type=int, default=200, help="L-BFGS iterations per relaxation")
-    p.add_argument("--gtol", type=float, default=1e-5, help="stop when max |dE/dC| is below this")
-    p.add_argument(
-        "--rattle", type=float, default=0.05, help="random displacement (A) of the start (breaks symmetry)"
-    )
+    p.add_argument("--molecule", default=str(DATA / "peroxide.xyz"), help="any file ASE reads")
+    p.add_argument("--calculator", choices=["peroxide-ff", "emt"], default=None,
+                   help="default: peroxide-ff for peroxide.xyz, emt otherwise")  # fmt: skip
+    p.add_argument("--scan-points", type=int, default=9, help="points from 30 to 150 degrees (peroxide)")
+    p.add_argument("--steps", type=int, default=200, help="most steps per optimisation")
+    p.add_argument("--fmax", type=float, default=1e-4, help="stop below this largest force (eV/A)")
+    p.add_argument("--rattle", type=float, default=0.05, help="random displacement (A) of the start")
+    p.add_argument("--conformers", type=int, default=64, help="batched conformers of ethanol (torch)")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
 
     path = Path(args.molecule)
-    if path.suffix in (".gzmat", ".zmat", ".gjf", ".com"):
-        atoms = zmat.ZMatrix.read(path).to_atoms()
-    else:
-        atoms = ase.io.read(path)
+    atoms = ase.io.read(path)
     if args.rattle:
         atoms.rattle(args.rattle, seed=0)
-    zm = zmat.ZMatrix.from_atoms(atoms)
-    calc_name = args.calculator or ("peroxide-ff" if path.name == "peroxide.xyz" else "emt")
-    calc = peroxide_force_field() if calc_name == "peroxide-ff" else EMT()
-    seen = zm.to_atoms()
-    seen.cell = 100.0 * np.eye(3)  # ASE's ForceField needs a cell (pbc stays off)
-    energy = zmat.ase.InternalEnergy(zm, calc, atoms=seen)
-    print(f"{zm}: {len(zm)} rows, table {zm.table}, calculator {calc_name}")
+    peroxide = (args.calculator or ("peroxide-ff" if path.name == "peroxide.xyz" else "emt")) == "peroxide-ff"
 
-    C0 = zm.internal.clone()
-    free = torch.as_tensor(zm.table.refs >= 0)  # missing references have no coordinate
+    def calculator():
+        return peroxide_force_field() if peroxide else EMT()
 
-    # ---- full optimisation in internal coordinates
-    C, e, gmax, iters = relax(energy, C0, free, args.steps, args.gtol)
-    xyz = zm.to_xyz(C)[energy.real].numpy()
+    atoms.cell = 100.0 * np.eye(3)  # ASE's ForceField needs a cell (pbc stays off)
+    start = atoms.copy()
+
+    # ---- full optimisation in redundant internal coordinates
+    atoms.calc = calculator()
+    opt = zmat.ase.InternalOptimizer(atoms, logfile=None)
+    opt.run(fmax=args.fmax, steps=args.steps)
+    e = atoms.get_potential_energy()
     print(
-        f"\ninternal-coordinate L-BFGS: E = {e:.6f} eV after {iters} iterations, "
-        f"{energy.calls} calculator calls, max |dE/dC| = {gmax:.1e}"
+        f"{atoms.get_chemical_formula()}: internal coordinates, E = {e:.6f} eV after {opt.nsteps + 1} calls"
     )
-    ref = energy.atoms.copy()
-    ref.positions = atoms.positions
-    ref.calc = calc
-    opt = BFGS(ref, logfile=None)
-    opt.run(fmax=1e-4, steps=10 * args.steps)
-    e_ref = ref.get_potential_energy()
-    print(f"Cartesian BFGS (ASE, fmax 1e-4): E = {e_ref:.6f} eV after {opt.nsteps} steps")
-    dev = float(zmat.rmsd(torch.tensor(xyz), torch.tensor(ref.positions)))
+    ref = start.copy()
+    ref.calc = calculator()
+    bfgs = BFGS(ref, logfile=None)
+    bfgs.run(fmax=args.fmax, steps=10 * args.steps)
+    print(f"Cartesian BFGS (ASE): E = {ref.get_potential_energy():.6f} eV after {bfgs.nsteps + 1} calls")
+    dev = float(zmat.rmsd(torch.tensor(atoms.positions), torch.tensor(ref.positions)))
     print(f"RMSD between the internal-coordinate and the Cartesian minimum: {dev:.2e} A")
 
-    # ---- relaxed dihedral scan
-    row = args.scan_row
-    if row is None and calc_name == "peroxide-ff":
-        row, _ = zm.find(0, 1, 2, 3)  # the row whose dihedral is H-O-O-H (atoms in the file's order)
-        phi_min = math.degrees(C[row, 2])
-        print(f"optimised H-O-O-H dihedral: {abs(phi_min):.2f} deg (O-O {float(C[2, 0]):.4f} A)")
-    if row is not None and args.scan_points > 0:
-        b, a, d = zm.table.refs[row]
+    # ---- relaxed dihedral scan: the dihedral held by a constraint, everything else relaxed
+    if peroxide and args.scan_points > 0:
+        quad = (0, 1, 2, 3)
+        phi_min = abs(dihedral(atoms, quad))
+        print(f"optimised H-O-O-H dihedral: {phi_min:.2f} deg (O-O {atoms.get_distance(1, 2):.4f} A)")
+        print("\nrelaxed H-O-O-H scan: phi, E - E_min, O-O, H-O-O, calls")
+        point = atoms.copy()
+        # 30 to 150 degrees: held near planar (cis, trans) the optimiser's trust radius collapses on
+        # this force field (an open problem, docs/optimize.md)
+        for phi in np.linspace(30.0, 150.0, args.scan_points):
+            point.calc = calculator()
+            held = zmat.ase.InternalOptimizer(point, logfile=None, constraints={quad: math.radians(phi)})
+            held.run(fmax=args.fmax, steps=args.steps)
+            de, r, theta = (
+                point.get_potential_energy() - e,
+                point.get_distance(1, 2),
+                point.get_angle(0, 1, 2),
+            )
+            print(f"  {phi:7.1f}  {de:9.5f} eV  {r:.4f} A  {theta:7.2f} deg  {held.nsteps + 1:3d} calls")
+
+    # ---- a batch of conformers under a torch potential, all at once
+    if args.conformers:
+        m = molecule("CH3CH2OH")
+        ff = zmat.optimize.ToyForceField(m.numbers, m.positions)
+        gen = torch.Generator().manual_seed(0)
+        x = torch.tensor(m.positions)[None] + 0.1 * torch.randn(args.conformers, len(m), 3, generator=gen)
+        t = time.perf_counter()
+        res = zmat.optimize.minimize(ff, x, fmax=args.fmax, numbers=m.numbers)
+        steps, spread = res.steps, float(res.energy.max() - res.energy.min())
         print(
-            f"\nrelaxed scan of dihedral {d}-{a}-{b}-{row} ({zm.symbols[d]}-{zm.symbols[a]}-"
-            f"{zm.symbols[b]}-{zm.symbols[row]}): phi, E - E_min, bond, angle"
+            f"\n{args.conformers} ethanol conformers at once (ToyForceField, {time.perf_counter() - t:.1f} s)"
         )
-        frozen = free.clone()
-        frozen[row, 2] = False
-        start = C.clone()
-        rows = []
-        for phi in np.linspace(0.0, 180.0, args.scan_points):
-            start[row, 2] = math.radians(phi)
-            start, e_phi, gmax, _ = relax(energy, start, frozen, args.steps, args.gtol)
-            rows.append((phi, e_phi, float(start[row, 0]), math.degrees(start[row, 1]), gmax))
-        for phi, e_phi, r, theta, gmax in rows:
-            print(f"  {phi:7.1f}  {e_phi - e:9.5f} eV  {r:.4f} A  {theta:7.2f} deg   (max|g| {gmax:.0e})")
-        if len(rows) > 1:
-            k = int(np.argmin([r[1] for r in rows]))
-            print(f"lowest scan point: phi = {rows[k][0]:.1f} deg")
-    print(f"\ntotal {energy.calls} calculator calls, {time.perf_counter() - t0:.1f} s")
+        print(f"  {int(res.converged.sum())} converged, calls {int(steps.min())}-{int(steps.max())}, "
+              f"energy spread {spread:.2e} eV")  # fmt: skip
+    print(f"\ntotal {time.perf_counter() - t0:.1f} s")
 
 
 if __name__ == "__main__":

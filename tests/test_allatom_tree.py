@@ -226,3 +226,30 @@ def test_reading_is_linear_in_components():
         frame = refs[np.flatnonzero(c.atom_names == "NA")]
         assert (frame == frame[0]).all()  # every ion hangs off the same three frame atoms
     assert times[1] < 8 * times[0], times  # linear: 4x; the old quadratic read was ~16x
+
+
+@pytest.mark.parametrize(
+    "name, kw, chain", [("5ugo.cif", {"hydrogens": True}, "A"), ("3o5r.cif", {"ligands": True}, None)]
+)
+def test_alphafold_tensors_of_a_complex_are_its_proteins(name, kw, chain):
+    from zmat.protein import backbone_frames, structural_violations
+
+    atoms = read_atoms(os.path.join(DATA, name))
+    c = _read(name, **kw)
+    p = from_structure(atoms, chain=chain)  # the protein residues alone: a Protein
+    assert type(p).__name__ == "Protein" and type(c).__name__ == "Complex"
+    torch.testing.assert_close(c.aatype, p.aatype, rtol=0, atol=0)
+    for width in (37, 14):
+        (pc, mc), (pp, mp) = (getattr(o, f"to_atom{width}")() for o in (c, p))
+        assert torch.equal(mc, mp) and torch.equal(pc, pp.to(pc))
+    pos, mask = c.to_atom37()
+    for a, b in zip(backbone_frames(pos), backbone_frames(p.to_atom37()[0].to(pos)), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    vc = structural_violations(pos, c.aatype, mask)
+    vp = structural_violations(p.to_atom37()[0].to(pos), p.aatype, p.to_atom37()[1])
+    for k in ("c_n_loss_mean", "per_residue_violation_mask"):
+        torch.testing.assert_close(vc[k], vp[k], rtol=0, atol=0)
+    # differentiable in the complex's coordinates
+    x = c.xyz.clone().requires_grad_(True)
+    c.to_atom37(x)[0].sum().backward()
+    assert float(x.grad.abs().sum()) == float(mask.sum() * 3)

@@ -202,6 +202,9 @@ def test_flows_suite_runs_tiny_and_agrees_with_bgflows_algorithm(tmp_path, capsy
     out = tmp_path / "flows.json"
     assert main(["--suite", "flows", "--tiny", "--json", str(out)]) == 0
     results = json.loads(out.read_text())
+    grid = [r for r in results["grid"] if "op" in r]  # every mode, size, dtype and op, vs bgflow
+    assert len(grid) == 3 * 2 * 2 * 3 and all(t[0] > 0 for r in grid for t in r["zmat"])
+    results = results["cases"]
     assert [r["case"].split(" of ")[0] for r in results] == ["alanine dipeptide", "protein"]
     for r in results:
         for impl in ("zmat", "bgflow-algorithm"):

@@ -212,6 +212,32 @@ def test_batch_dims_dtypes_and_no_host_sync():
         assert audit.syncs == []
 
 
+#: dispatched ops per call at batch 1 beyond to_xyz's, alanine dipeptide (22 atoms): the per-call
+#: floor of a small batch is the dispatch of every op (the forward includes the 5 of the check of
+#: cos beta, _in_chart; main before the fused path, without that check: forward with
+#: log-det 68 / 254, inverse 246 / 246, global / fixed)
+OPS_PER_CALL = {"global": (54, 167), "fixed": (145, 64)}
+
+
+@pytest.mark.parametrize("mode", ["global", "fixed"])
+def test_ops_per_call_at_batch_one(mode):
+    with np.load(DATA / "bgflow_reference.npz") as f:
+        table, xyz, fixed = f["ala2/table"], torch.as_tensor(f["ala2/xyz"][:1]), f["ala2/fixed"]
+    T = InternalCoordinateTransform(table, fixed_atoms=fixed if mode == "fixed" else None)
+    q = T.inv(xyz)
+    C = torch.zeros(1, T._plan.placement.n_atoms, 3, dtype=q.dtype)
+    T.call_and_ladj(q), zmat.to_xyz(C, T._plan.placement)  # plans made once, outside the count
+    with DispatchAudit() as place:
+        zmat.to_xyz(C, T._plan.placement)
+    with DispatchAudit() as forward:
+        T.call_and_ladj(q)
+    with DispatchAudit() as inverse:
+        T.inv(xyz)
+    most_forward, most_inverse = OPS_PER_CALL[mode]
+    assert forward.count - place.count <= most_forward, forward.histogram().most_common()
+    assert inverse.count <= most_inverse, inverse.histogram().most_common()
+
+
 def test_every_device_and_dtype_agrees_with_cpu_float64(device, dtype):
     table = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0], [3, 2, 1], [2, 1, 3], [5, 2, 1]]
     table += [[-1, -1, -1], [7, -1, -1], [8, 7, -1], [9, 8, 7]]

@@ -21,7 +21,7 @@ LAZY = {
 }
 #: attributes of the package imported on first access by its module ``__getattr__``
 LAZY_PACKAGES = {
-    "optimize": "geometry optimisation (its force field and coordinate systems): used by few",
+    "optimize": "geometry optimisation (ase.data, scipy): chemists' tool, not needed by a loss",
     "protein": "residue templates and ideal geometry: most of what `import zmat` would cost",
     "structure": "the all-atom package (CCD, nucleotides, ligands), imported by zmat.protein",
 }

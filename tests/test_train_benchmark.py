@@ -99,14 +99,22 @@ def test_extra_loss_has_a_gradient(held):
     assert torch.isfinite(xt.grad).all() and xt.grad.abs().sum() > 0
 
 
-def test_tiny_benchmark_runs(tmp_path):
+def test_tiny_benchmark_runs(tmp_path, capsys):
+    """``python -m benchmarks --suite train --size tiny``: both columns, every output file."""
+    import json
+
+    from benchmarks.__main__ import main
+
     torch.set_num_threads(1)
-    res = bench.run("tiny", seed=0, log=None)
+    assert main(["--suite", "train", "--size", "tiny", "--out", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert "own + clash" in text and "Ramachandran JS" in text and "% of a training step" in text
+    res = json.loads((tmp_path / "results.json").read_text())
     rows = res["rows"]
     for name in ("own", "own+clash"):
         assert all(math.isfinite(v) for v in rows[name].values()), rows[name]
         assert rows[name]["ms_per_step"] > 0
     assert rows["train"]["clashing_fraction"] == 0.0  # real windows: the data's own floor
     assert res["data"]["train_windows"] > 0 and res["data"]["held_out_windows"] > 0
-    text = bench.table(res)
-    assert "own + clash" in text and "Ramachandran JS" in text and "% of a training step" in text
+    for name in ("table.md", "ramachandran.png", "clashes.png"):
+        assert (tmp_path / name).stat().st_size > 0

@@ -165,6 +165,7 @@ class InternalOptimizer(_AseOptimizer):
             dihedrals held; ``"frozen"`` atoms); then convergence is judged
             on the forces left after removing the constraint forces.
         trust: initial trust radius (bohr / radian).
+        out_of_plane: include out-of-plane angles of three-coordinate centres.
 
     Example:
         >>> from ase.build import molecule
@@ -185,6 +186,7 @@ class InternalOptimizer(_AseOptimizer):
         *,
         constraints=None,
         trust: float = 0.3,
+        out_of_plane: bool = True,
         **kwargs,
     ) -> None:
         from ase import Atoms
@@ -195,6 +197,7 @@ class InternalOptimizer(_AseOptimizer):
             )
         self.zmat_constraints = dict(constraints or {})
         self.trust = trust
+        self.out_of_plane = out_of_plane
         self.stepper = None
         super().__init__(
             atoms,
@@ -225,7 +228,9 @@ class InternalOptimizer(_AseOptimizer):
         x = torch.as_tensor(self.atoms.get_positions(), dtype=torch.float64)[None]
         g = -torch.as_tensor(self.atoms.get_forces(), dtype=torch.float64)[None]
         if self.stepper is None:
-            self.stepper = InternalStepper(x, self.atoms.numbers, self._constraints(), trust=self.trust)
+            self.stepper = InternalStepper(
+                x, self.atoms.numbers, self._constraints(), trust=self.trust, out_of_plane=self.out_of_plane
+            )
         return x, g
 
     def initialize(self) -> None:

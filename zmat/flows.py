@@ -52,15 +52,13 @@ def _clamp(dtype: torch.dtype) -> float:
     return math.sqrt(tiny(dtype))
 
 
-def _log_det(C: torch.Tensor, bond: torch.Tensor, angle: torch.Tensor) -> torch.Tensor:
-    """``sum_i bond_i log|r_i| + angle_i log|sin theta_i|``, ``(...)``: ``bond`` ``(N,)`` is 2 for
-    the atoms with a bond reference, ``angle`` 1 for those with an angle reference, else 0
-    (weights, not masks: a product is cheaper than a select, forward and backward; every
-    column read must be finite)."""
-    eps = _clamp(C.dtype)
-    lr = torch.log(C[..., 0].abs().clamp_min(eps)) * bond.to(C.dtype)
-    ls = torch.log(torch.sin(C[..., 1]).abs().clamp_min(eps)) * angle.to(C.dtype)
-    return (lr + ls).sum(-1)
+def _log_det(C: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """``sum_i w_i log|r_i| + w'_i log|sin theta_i|``, ``(...)``: ``weights`` ``(2 N,)`` in
+    ``C``'s dtype, ``(w_0, w'_0, w_1, ...)``: ``w`` is 2 for the atoms with a bond reference,
+    ``w'`` 1 for those with an angle reference, else 0 (weights, not masks: one matrix-vector
+    product, forward and backward; every column read must be finite)."""
+    v = torch.stack([C[..., 0], torch.sin(C[..., 1])], -1)
+    return torch.log(v.abs().clamp_min(_clamp(C.dtype))).flatten(-2) @ weights
 
 
 def log_det_jacobian(C: torch.Tensor, table) -> torch.Tensor:
@@ -101,7 +99,7 @@ def log_det_jacobian(C: torch.Tensor, table) -> torch.Tensor:
         raise ValueError(f"C must have shape (..., {table.n_atoms}, 3), got {tuple(C.shape)}")
     present = table.plan(C.device).present
     C = torch.where(present, C, 1.0)  # the columns to_xyz ignores may hold anything
-    return _log_det(C, 2 * present[:, 0], present[:, 1])
+    return _log_det(C, (present[:, :2] * torch.tensor([2, 1], device=C.device)).flatten().to(C.dtype))
 
 
 class InternalCoordinateTransform(Transform):
@@ -175,10 +173,10 @@ class InternalCoordinateTransform(Transform):
     Degenerate input (zero bonds, straight angles, ``cos beta = +-1``,
     collinear first atoms) gives finite values and gradients (the log-det is
     clamped as in :func:`log_det_jacobian`). A ``cos beta`` outside ``[-1, 1]``
-    (outside ``T.lower``, ``T.upper``) is no orientation: ``T(q)`` gives NaN
-    positions for that tree (no error, which would sync the device; a flow keeps
-    ``cos beta`` in range with a bounded transform, e.g. a ``tanh`` or a spline
-    on ``[-1, 1]``).
+    (outside ``T.lower``, ``T.upper``) is clamped to it (the pole's rotation,
+    zero gradient; no error, which would sync the device): ``T`` is a bijection
+    only on its bounds, so a flow keeps ``cos beta`` in range with a bounded
+    transform (a ``tanh``, a spline on ``[-1, 1]``).
 
     Example:
         >>> table = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0]]
@@ -237,95 +235,105 @@ class InternalCoordinateTransform(Transform):
         return torch.Size((*shape[:-2], 3 * self.n_atoms))
 
     # ---------------------------------------------------------------- the maps
-    def _tensors(self, device: torch.device) -> dict:
-        out = self._devices.get(device)
+    # Few dispatched ops per call: at small batches each op's dispatch, not its arithmetic, is
+    # the cost (``tests/test_flows.py`` pins the count per call).
+    def _tensors(self, device: torch.device, dtype: torch.dtype) -> dict:
+        out = self._devices.get((device, dtype))
         if out is None:
-            out = self._devices[device] = self._plan.tensors(device)
+            out = self._devices[device, dtype] = self._plan.tensors(device, dtype)
         return out
 
     def _scale(self, q3: torch.Tensor, t: dict, inverse: bool) -> torch.Tensor:
         """Normalised entries -> radians (``inverse=True``: radians -> normalised)."""
         if not self.normalize_angles:
             return q3
-        scale, shift = t["scale"].to(q3.dtype), t["shift"].to(q3.dtype)
-        return (q3 - shift) / scale if inverse else q3 * scale + shift
+        if inverse:  # component-major (3, N, B)
+            return (q3 - t["cm_shift"]) / t["cm_scale"]
+        return torch.addcmul(t["shift"], q3, t["scale"])
 
     def _call(self, q: torch.Tensor) -> torch.Tensor:
         _check_tensor(q, "q")
+        shape = self.forward_shape(q.shape)  # before the chart's select: a bad shape names itself
         q = _in_chart(self, q)
-        shape = self.forward_shape(q.shape)
-        t = self._tensors(q.device)
-        c = self._scale(q.unflatten(-1, shape[-2:]), t, inverse=False)
+        t = self._tensors(q.device, q.dtype)
+        c = self._scale(q.reshape(-1, self.n_atoms, 3), t, inverse=False)  # (B, N, 3)
         p = self._plan
         if p.n_frames == 0:  # every atom fixed
-            return c
+            return c.reshape(shape)
         R, origin = self._frames(c, t)
-        C = [c]
-        if p.n_copies:  # the fixed atoms a group refers to, rebuilt in that group's frame
-            P = _components(c.index_select(-2, t["copy_src"]))
-            P = torch.cat([P, torch.zeros_like(P[:, :1])], 1)
-            C.append(_atoms(torch.where(t["copy_present"], _internal(P, t["copy_refs"]), 0.0), shape[:-2]))
-        if p.n_tree_copies:  # the fixed atoms a free tree refers to, in the tree's frame
-            C.append(_atoms(self._tree_copies(c, R, origin, t), shape[:-2]))
-        C = torch.cat(C, -2) if len(C) > 1 else c
-        Y = _components(to_xyz(C, p.placement)[..., : self.n_atoms, :])
-        if p.n_frames > 1:  # one frame per atom; a single frame broadcasts
-            R, origin = R.index_select(2, t["frame_of"]), origin.index_select(1, t["frame_of"])
-        X = origin + (R * Y).sum(1)  # x = o + R y per atom: R[k, j] y[j] summed over j
-        return torch.where(t["cartesian"], c, _atoms(X, shape[:-2]))
+        C = c
+        if p.n_copies or p.n_tree_copies:  # the fixed atoms groups and trees refer to, in their frames
+            C = torch.cat([c, *self._copies(c, R, origin, t)], 1)
+        Y = to_xyz(C, p.placement)
+        X = _move(R, origin, Y if C is c else Y[:, : self.n_atoms], t.get("frame_of"))
+        if len(self.fixed_atoms):
+            X = torch.where(t["cartesian"], c, X)
+        return X.reshape(shape)
+
+    def _frames(self, c: torch.Tensor, t: dict):
+        """Rotations ``(B, F, 3, 3)`` and origins ``(B, F, 3)`` of the free trees, then of the
+        groups anchored on fixed atoms, from ``c`` ``(B, N, 3)``."""
+        p, B = self._plan, c.shape[0]
+        Rs, origins = [], []
+        if p.n_trees:  # per tree: root position, alpha, gamma, cos beta
+            pose = c.reshape(B, -1).index_select(1, t["pose_index"]).view(B, p.n_trees, 6)
+            Rs.append(_euler_to_matrix(pose[..., 3:5], pose[..., 5], t))
+            origins.append(pose[..., :3])
+        if p.n_anchored:
+            xo, xa, xb = _components(c.index_select(1, t["anchor_atoms"])).chunk(3, 1)
+            Rs.append(torch.stack(_frame(xo, xa, xb), 1).permute(3, 2, 0, 1))
+            origins.append(xo.permute(2, 1, 0))
+        if len(Rs) == 1:
+            return Rs[0], origins[0]
+        return torch.cat(Rs, 1), torch.cat(origins, 1)
+
+    def _copies(self, c: torch.Tensor, R: torch.Tensor, origin: torch.Tensor, t: dict) -> list:
+        """Internal coordinates ``(B, M, 3)`` of the copies of fixed atoms in the placement table:
+        those groups refer to (against their copied anchors), then those free trees refer to."""
+        p, out = self._plan, []
+        if p.n_copies:
+            P = _components(c.index_select(1, t["copy_src"]))
+            out.append(torch.where(t["copy_present"], _internal(P, t["copy_path"]), 0.0).permute(2, 1, 0))
+        if p.n_tree_copies:
+            out.append(self._tree_copies(c, R, origin, t).permute(2, 1, 0))
+        return out
 
     def _tree_copies(self, c: torch.Tensor, R: torch.Tensor, origin: torch.Tensor, t: dict) -> torch.Tensor:
         """Internal coordinates ``(3, M, B)`` of the fixed atoms free trees refer to, against each
         tree's first three atoms, from their positions in the tree's placement frame
         ``y = R^T (x - x_root)``."""
-        padded = torch.cat([c, torch.zeros_like(c[..., :1, :])], -2)
-        _, second, third = _components(padded.index_select(-2, t["tree_atoms"])).chunk(3, 1)
+        second, third = c.index_select(1, t["tree_second_third"]).permute(2, 1, 0).chunk(2, 1)
         r1, r2, theta = second[0], third[0], third[1]
         zero = torch.zeros_like(r1)
-        x3 = torch.where(t["third_on_second"][0], r1 - r2 * torch.cos(theta), r2 * torch.cos(theta))
+        x3 = torch.where(t["third_on_second"], r1 - r2 * torch.cos(theta), r2 * torch.cos(theta))
         y_second = torch.stack([r1, zero, zero])  # as to_xyz places them
         y_third = torch.stack([x3, r2 * torch.sin(theta), zero])
         k = t["tree_copy_tree"]
-        d = _components(c.index_select(-2, t["tree_copy_src"])) - origin.index_select(1, k)
-        y = (R.index_select(2, k) * d[:, None]).sum(0)  # R^T d
-        P = [torch.zeros_like(y), y_second.index_select(1, k), y_third.index_select(1, k), y]
-        P = torch.cat([*P, torch.zeros_like(y[:, :1])], 1)
-        return _internal(P, t["tree_copy_refs"])[:, 3 * y.shape[1] :]
-
-    def _frames(self, c: torch.Tensor, t: dict):
-        """Rotations ``(3, 3, F, B)`` and origins ``(3, F, B)`` of the free trees, then of the
-        groups anchored on fixed atoms (``B`` the flattened batch)."""
-        padded = torch.cat([c, torch.zeros_like(c[..., :1, :])], -2)  # row N: zeros
-        root, first, second = _components(padded.index_select(-2, t["tree_atoms"])).chunk(3, 1)
-        Rs, origins = [_euler_to_matrix(first[2], first[1], second[2])], [root]
-        if self._plan.n_anchored:
-            xo, xa, xb = _components(c.index_select(-2, t["anchor_atoms"])).chunk(3, 1)
-            Rs.append(torch.stack(_frame(xo, xa, xb), 1))
-            origins.append(xo)
-        return torch.cat(Rs, 2), torch.cat(origins, 1)
+        d = c.index_select(1, t["tree_copy_src"]) - origin.index_select(1, k)  # (B, M, 3)
+        y = (R.index_select(1, k) * d.unsqueeze(-1)).sum(-2).permute(2, 1, 0)  # R^T d, (3, M, B)
+        P = torch.cat([torch.zeros_like(y), y_second.index_select(1, k), y_third.index_select(1, k), y], 1)
+        m = y.shape[1]
+        return _internal(P, t["tree_copy_path"])[:, 3 * m : 4 * m]
 
     def _inverse(self, xyz: torch.Tensor) -> torch.Tensor:
         _check_tensor(xyz, "xyz")
         self.inverse_shape(xyz.shape)
-        t = self._tensors(xyz.device)
-        P = _components(xyz)
-        P = torch.cat([P, torch.zeros_like(P[:, :1])], 1)  # column N: the origin
-        C = torch.where(t["present"], _internal(P, t["refs"]), 0.0)  # as zmat.to_internal
-        root, first, second = P.index_select(1, t["tree_atoms"]).chunk(3, 1)
-        u, v, w = _frame(root, first, second)
-        euler = torch.stack(_matrix_to_euler(u, v, w, first - root))  # (3, T, B)
-        euler = torch.cat([euler.flatten(0, 1), torch.zeros_like(P[0, :1])])  # row 3 T: a zero
-        orient = euler.index_select(0, t["euler_index"]).unflatten(0, (3, self.n_atoms))
-        Q = torch.where(t["cm_cartesian"], P[:, : self.n_atoms], torch.where(t["orientation"], orient, C))
-        if self.normalize_angles:
-            Q = (Q - t["cm_shift"].to(Q.dtype)) / t["cm_scale"].to(Q.dtype)
-        return _atoms(Q, xyz.shape[:-2]).flatten(-2)
+        t = self._tensors(xyz.device, xyz.dtype)
+        P = _components(xyz)  # (3, N, B)
+        Q = torch.where(t["present"], _internal(P, t["path"]), 0.0)  # as zmat.to_internal
+        if self._plan.n_trees:  # the trees' orientations, into the second and third atoms' rows
+            root, first, second = P.index_select(1, t["tree_atoms"]).chunk(3, 1)
+            euler = torch.stack(_matrix_to_euler(*_frame(root, first, second), first - root))  # (3, T, B)
+            orient = euler.flatten(0, 1).index_select(0, t["euler_index"]).view_as(Q)
+            Q = torch.where(t["orientation"], orient, Q)
+        Q = self._scale(torch.where(t["cm_cartesian"], P, Q), t, inverse=True)
+        return Q.permute(2, 1, 0).reshape(*xyz.shape[:-2], 3 * self.n_atoms)
 
     def log_abs_det_jacobian(self, q: torch.Tensor, xyz: torch.Tensor | None = None) -> torch.Tensor:
         """``log|det d xyz / d q|``, ``(...)``, from ``q`` (``xyz`` is not read)."""
         q3 = q.unflatten(-1, self.forward_shape(q.shape)[-2:])
-        t = self._tensors(q.device)
-        out = _log_det(self._scale(q3, t, inverse=False), t["ld_bond"], t["ld_angle"])
+        t = self._tensors(q.device, q.dtype)
+        out = _log_det(self._scale(q3, t, inverse=False), t["ld_weights"])
         return out + self._constant if self._constant else out
 
     def call_and_ladj(self, q: torch.Tensor):
@@ -334,18 +342,19 @@ class InternalCoordinateTransform(Transform):
         return xyz, self.log_abs_det_jacobian(q, xyz)
 
 
-# ---------------------------------------------------------------- geometry, component-major
-# Vectors here are (3, ...) tensors, the components first and the batch last: on the CPU
-# gathers along atoms then copy contiguous rows, and every product is one elementwise
-# kernel over long rows (a cross product or a 3x3 matmul over (..., 3) is many times slower).
+# ---------------------------------------------------------------- geometry
+# Vectors are (3, ...) tensors, the components first and the batch last: on the CPU gathers
+# along atoms then copy contiguous rows, and every product is one elementwise kernel over long
+# rows (a cross product over (..., 3) is many times slower at scale).
+#: elements per component below which a cross product is one ``torch.linalg.cross`` (one
+#: dispatch: the cost at small sizes) rather than six products (faster on long rows)
+SMALL = 4096
+
+
 def _components(x: torch.Tensor) -> torch.Tensor:
-    """``(..., N, 3)`` -> ``(3, N, B)``, ``B`` the flattened batch."""
-    return x.reshape(math.prod(x.shape[:-2]), *x.shape[-2:]).permute(2, 1, 0).contiguous()
-
-
-def _atoms(X: torch.Tensor, batch) -> torch.Tensor:
-    """``(3, N, B)`` -> ``(*batch, N, 3)``."""
-    return X.permute(2, 1, 0).reshape(*batch, X.shape[1], 3)
+    """``(..., N, 3)`` -> ``(3, N, B)``, ``B`` the flattened batch (contiguous: gathers along
+    atoms then copy whole rows)."""
+    return x.reshape(-1, *x.shape[-2:]).permute(2, 1, 0).contiguous()
 
 
 def _dot(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -353,6 +362,9 @@ def _dot(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 
 def _cross(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``u x v`` over the first dimension (broadcasting)."""
+    if u.numel() <= 3 * SMALL and v.numel() <= 3 * SMALL:
+        return torch.linalg.cross(u, v, dim=0)
     u0, u1, u2 = u.unbind(0)
     v0, v1, v2 = v.unbind(0)
     return torch.stack([u1 * v2 - u2 * v1, u2 * v0 - u0 * v2, u0 * v1 - u1 * v0])
@@ -365,19 +377,25 @@ def _unit(v: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
     return torch.where(ok, v * torch.rsqrt(torch.where(ok, sq, 1.0)), fallback)
 
 
-def _internal(P: torch.Tensor, refs: torch.Tensor) -> torch.Tensor:
-    """``zmat.to_internal``'s ``(r, theta, phi)`` (same formulas and degenerate values),
-    ``(3, N, B)`` from positions ``(3, N + 1, B)`` (column ``N`` the origin) and the table's
-    references (``(3 N,)``, missing -> ``N``), before masking the missing columns."""
-    n = P.shape[1] - 1
-    xb, xa, xd = P.index_select(1, refs).chunk(3, 1)
-    b3 = P[:, :n] - xb
-    u = xa - xb
-    theta = safe_atan2(safe_norm(_cross(u, b3), dim=0), _dot(u, b3))
-    b1, b2 = xa - xd, xb - xa
-    n1, n2 = _cross(b1, b2), _cross(b2, b3)
-    phi = safe_atan2(safe_norm(b2, dim=0) * _dot(b1, n2), _dot(n1, n2))
-    return torch.stack([safe_norm(b3, dim=0), theta, phi])
+def _internal(P: torch.Tensor, path: torch.Tensor) -> torch.Tensor:
+    """``zmat.to_internal``'s ``(r, theta, phi)`` (same formulas and degenerate values) of
+    ``M`` rows, ``(3, M, B)``, from positions ``P`` ``(3, *, B)``, before masking the missing
+    references.
+
+    ``path`` ``(4 M,)``: the columns ``d, a, b, i`` of every row, block by block (from
+    :func:`_path`; a missing reference is the atom itself: finite, masked by the caller), so
+    that the bonds ``b1 = a - d``, ``b2 = b - a``, ``b3 = i - b`` are one difference.
+    ``theta = atan2(|b2 x b3|, -b2 . b3)``, ``phi = atan2(|b2| b1 . n2, n1 . n2)``,
+    ``n1 = b1 x b2``, ``n2 = b2 x b3``."""
+    x = P.index_select(1, path).unflatten(1, (4, -1))
+    b = x[:, 1:] - x[:, :3]  # b1, b2, b3
+    n = _cross(b[:, :2], b[:, 1:])  # n1, n2
+    sq = torch.cat([_dot(b[:, 1:], b[:, 1:]), _dot(n[:, 1:], n[:, 1:])])  # |b2|^2, |b3|^2, |n2|^2
+    ok = ~(sq <= tiny(P.dtype))
+    norm = torch.where(ok, torch.sqrt(torch.where(ok, sq, 1.0)), 0.0)  # zmat._geometry.safe_norm
+    y = torch.stack([norm[2], norm[0] * _dot(b[:, 0], n[:, 1])])
+    x = torch.stack([-_dot(b[:, 1], b[:, 2]), _dot(n[:, 0], n[:, 1])])
+    return torch.cat([norm[1:2], safe_atan2(y, x)])
 
 
 def _frame(xo: torch.Tensor, xa: torch.Tensor, xb: torch.Tensor):
@@ -398,6 +416,18 @@ def _frame(xo: torch.Tensor, xa: torch.Tensor, xb: torch.Tensor):
     return u, v, _cross(u, v)
 
 
+def _move(R: torch.Tensor, origin: torch.Tensor, Y: torch.Tensor, frame_of) -> torch.Tensor:
+    """``x = o + R y`` for every atom: ``R`` ``(B, F, 3, 3)``, ``origin`` ``(B, F, 3)``, ``Y``
+    ``(B, N, 3)``; ``frame_of`` ``(N,)`` the frame of every atom, or ``None`` (one frame)."""
+    if frame_of is None:
+        return torch.baddbmm(origin, Y, R[:, 0].transpose(1, 2))
+    # one frame per atom, components first: R[k, j] y_j summed over j is one product and a
+    # reduction over long rows (a sum over a trailing 3 is many times slower)
+    R = R.permute(2, 3, 1, 0).index_select(2, frame_of)  # (3, 3, N, B)
+    origin = origin.permute(2, 1, 0).index_select(1, frame_of)  # (3, N, B)
+    return (origin + (R * _components(Y)).sum(1)).permute(2, 1, 0)
+
+
 def _sin_from_cos(c: torch.Tensor) -> torch.Tensor:
     """``sqrt(1 - c^2)``, 0 with a zero gradient at ``|c| >= 1``."""
     s2 = (1 - c) * (1 + c)
@@ -405,16 +435,23 @@ def _sin_from_cos(c: torch.Tensor) -> torch.Tensor:
     return torch.where(ok, torch.sqrt(torch.where(ok, s2, 1.0)), 0.0)
 
 
-def _euler_to_matrix(alpha: torch.Tensor, cos_beta: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
-    """``Rz(alpha) Ry(beta) Rz(gamma) P`` with ``P e_x = e_z, P e_y = e_x, P e_z = e_y``, as
-    ``(3, 3, ...)``: row, column, then the shape of the angles."""
-    ca, sa, cg, sg = torch.cos(alpha), torch.sin(alpha), torch.cos(gamma), torch.sin(gamma)
-    cb, sb = cos_beta, _sin_from_cos(cos_beta)
-    a = torch.stack([ca * cb, sa * cb, -sb])  # Rz(alpha) Ry(beta) e_x
-    b = torch.stack([-sa, ca, torch.zeros_like(ca)])  # Rz(alpha) Ry(beta) e_y
-    m2 = torch.stack([ca * sb, sa * sb, cb])  # M e_z, the first bond's direction
-    m0, m1 = cg * a + sg * b, cg * b - sg * a  # M e_x, M e_y: a and b turned by gamma
-    return torch.stack([m2, m0, m1], 1)  # R = M P: columns M e_z, M e_x, M e_y
+#: ``Rz(alpha)``, ``Ry(beta)``, ``Rz(gamma) P`` as entries of :func:`_euler_to_matrix`'s values
+#: ``ca, sa, cg, sg, cb, sb, 0, 1`` (then their negatives, + 8)
+_EULER_ENTRIES = [0, 9, 6, 1, 0, 6, 6, 6, 7] + [4, 6, 5, 6, 7, 6, 13, 6, 4] + [6, 2, 11, 6, 3, 2, 7, 6, 6]
+
+
+def _euler_to_matrix(ag: torch.Tensor, cos_beta: torch.Tensor, t: dict) -> torch.Tensor:
+    """``R = Rz(alpha) Ry(beta) Rz(gamma) P`` with ``P e_x = e_z, P e_y = e_x, P e_z = e_y``,
+    ``(..., 3, 3)``, from ``ag`` ``(..., 2)`` (alpha, gamma) and ``cos_beta`` ``(...)``: the
+    columns of ``R`` are ``M e_z`` (the first bond's direction), ``M e_x``, ``M e_y``, ``M =
+    Rz(alpha) Ry(beta) Rz(gamma)``. One gather of the values builds the three factors."""
+    cs = torch.stack([torch.cos(ag), torch.sin(ag)], -1).flatten(-2)  # ca, sa, cg, sg
+    v = torch.cat(
+        [cs, cos_beta[..., None], _sin_from_cos(cos_beta)[..., None], t["zero_one"].expand_as(cs[..., :2])],
+        -1,
+    )
+    v = torch.cat([v, -v], -1).index_select(-1, t["euler_entries"]).view(-1, 3, 3, 3)
+    return torch.bmm(torch.bmm(v[:, 0], v[:, 1]), v[:, 2]).view(*cos_beta.shape, 3, 3)
 
 
 def _matrix_to_euler(u: torch.Tensor, v: torch.Tensor, w: torch.Tensor, bond: torch.Tensor):
@@ -429,7 +466,9 @@ def _matrix_to_euler(u: torch.Tensor, v: torch.Tensor, w: torch.Tensor, bond: to
     near the poles the chart resolves ``sin beta`` only to ``sqrt(2 eps)`` of ``cos beta``."""
     alpha = safe_atan2(u[1], u[0])  # M = [v, w, u]
     ca, sa = torch.cos(alpha), torch.sin(alpha)
-    gamma = safe_atan2(ca * v[1] - sa * v[0], ca * w[1] - sa * w[0])
+    vw = torch.stack([v, w], 1)  # (3, 2, ...)
+    g = ca * vw[1] - sa * vw[0]  # (ca v1 - sa v0, ca w1 - sa w0)
+    gamma = safe_atan2(g[0], g[1])
     norm = safe_norm(bond, dim=0)
     ok = norm > 0
     cos_beta = torch.where(ok, bond[2] / torch.where(ok, norm, 1.0), u[2])
@@ -438,15 +477,16 @@ def _matrix_to_euler(u: torch.Tensor, v: torch.Tensor, w: torch.Tensor, bond: to
 
 # ---------------------------------------------------------------- the orientation chart
 def _in_chart(T: InternalCoordinateTransform, q: torch.Tensor) -> torch.Tensor:
-    """``q`` with NaN where a ``cos beta`` entry lies outside ``[-1, 1]``: that tree's positions are
-    then NaN, not a silently non-orthonormal "rotation". No error: a check would sync the device
-    in every step (test it yourself: ``((q < T.lower) | (q > T.upper)).any()``). A select, no sync;
-    the mask is copied to each device once."""
+    """``q`` with its ``cos beta`` entries clamped to ``[-1, 1]``: a proper rotation (the nearest
+    pole's), not a non-orthonormal "rotation". No error: a check would sync the device in every
+    step, and a flow with an unbounded base (docs/flows.md) would fail at random (test it yourself:
+    ``((q < T.lower) | (q > T.upper)).any()``). A select, no sync; the mask is copied to each device
+    once."""
     masks = T.__dict__.setdefault("_cos_beta", {})
     mask = masks.get(q.device)
     if mask is None:
         mask = masks[q.device] = (T.kind == COS_BETA).to(q.device)
-    return torch.where(mask & (q.abs() > 1), torch.nan, q)
+    return torch.where(mask, q.clamp(-1.0, 1.0), q)
 
 
 # ---------------------------------------------------------------- the plan
@@ -519,29 +559,36 @@ class _Plan:
         tree_copy_tree, tree_copy_src = _tree_copies(refs, placement, on_tree, tree_of_label[label], n)
         placement = np.concatenate([placement, tree_atoms[tree_copy_tree][:, ::-1]])
         self.n_copies, self.n_tree_copies = len(copy_src), len(tree_copy_src)
-        self.n_anchored, self.n_frames = len(anchor_atoms), n_trees + len(anchor_atoms)
+        self.n_anchored, self.n_trees = len(anchor_atoms), n_trees
+        self.n_frames = n_trees + len(anchor_atoms)
         self.placement = ConstructionTable(placement) if len(placement) > n or len(fixed) else table
-        # _internal's columns for the trees' copies: roots, second, third atoms, copies (+ the origin)
+        # _internal's columns for the trees' copies: roots, second, third atoms, copies
         m2 = self.n_tree_copies
-        local = np.full((4 * m2, 3), 4 * m2, np.int64)
+        local = np.full((4 * m2, 3), -1, np.int64)
         local[3 * m2 :] = np.arange(m2)[:, None] + np.array([2 * m2, m2, 0])
-        copy_local = np.where(copy_refs >= 0, copy_refs - n, len(copy_refs))  # missing -> the origin
 
         self.kind = kind = _entry_kinds(free, nref)
         euler_index, orientation = _orientation_slots(tree_atoms, n)
+        own = np.where(tree_atoms < n, tree_atoms, tree_atoms[:, :1])  # a missing atom: the root
+        pose = np.stack([3 * own[:, 0] + k for k in range(3)] + [3 * own[:, 1] + 2, 3 * own[:, 2] + 2])
         cm = lambda a: a.T[:, :, None]  # noqa: E731 (per-atom (N, 3) -> components first, (3, N, 1))
-        self.arrays = {  # flat index arrays, component by component
-            "tree_atoms": tree_atoms.T.ravel(),
+        self.arrays = {  # flat index arrays
+            "tree_atoms": own.T.ravel(),
+            # per tree: the root's position, alpha, gamma, cos beta
+            "pose_index": np.concatenate([pose, 3 * own[None, :, 1] + 1]).T.ravel(),
             "anchor_atoms": anchor_atoms.T.ravel(),
-            "frame_of": frame_of,
             "copy_src": copy_src,
             "euler_index": euler_index.T.ravel(),
-            "refs": np.where(refs >= 0, refs, n).T.ravel(),
+            "path": _path(refs),
+            "tree_second_third": own[:, 1:].T.ravel(),
             "tree_copy_src": tree_copy_src,
             "tree_copy_tree": tree_copy_tree,
-            "tree_copy_refs": local.T.ravel(),
-            "copy_refs": copy_local.T.ravel(),
+            "tree_copy_path": _path(local),
+            "copy_path": _path(np.where(copy_refs >= 0, copy_refs - n, -1)),
+            "euler_entries": np.asarray(_EULER_ENTRIES, np.int64),
         }
+        if self.n_frames > 1:
+            self.arrays["frame_of"] = frame_of
         cartesian = np.repeat(~free | (nref == 0), 3).reshape(n, 3)
         third_on_second = refs[np.minimum(tree_atoms[:, 2], n - 1), 0] == tree_atoms[:, 1]
         self.masks = {
@@ -550,23 +597,31 @@ class _Plan:
             "orientation": cm(orientation),
             "present": cm(refs >= 0),
             "copy_present": cm(copy_refs >= 0),
-            "third_on_second": third_on_second[None, :, None],  # row (second, root), else (root, second)
+            "third_on_second": third_on_second[:, None],  # row (second, root), else (root, second)
         }
         scale, shift = np.ones((n, 3)), np.zeros((n, 3))
         scale[kind == ANGLE] = math.pi
         scale[kind == PERIODIC] = 2 * math.pi
         shift[kind == PERIODIC] = -math.pi
         self.floats = {"scale": scale, "shift": shift, "cm_scale": cm(scale), "cm_shift": cm(shift)}
-        self.floats["ld_bond"] = 2.0 * (free & (nref >= 1))  # log-det weights
-        self.floats["ld_angle"] = 1.0 * (free & (nref >= 2))
+        weights = np.stack([2.0 * (free & (nref >= 1)), 1.0 * (free & (nref >= 2))], 1)
+        self.floats["ld_weights"] = weights.ravel()  # the log-det's, (bond, angle) per atom
+        self.floats["zero_one"] = np.array([0.0, 1.0])
 
-    def tensors(self, device) -> dict:
+    def tensors(self, device, dtype) -> dict:
+        """The arrays on ``device``, the floats in ``dtype``."""
         out = {k: index_tensor(v, device) for k, v in self.arrays.items()}
         out.update({k: torch.as_tensor(v, device=device) for k, v in self.masks.items()})
-        out.update(
-            {k: torch.as_tensor(np.ascontiguousarray(v), device=device) for k, v in self.floats.items()}
-        )
+        floats = {k: np.ascontiguousarray(v) for k, v in self.floats.items()}
+        out.update({k: torch.as_tensor(v, dtype=dtype, device=device) for k, v in floats.items()})
         return out
+
+
+def _path(refs: np.ndarray) -> np.ndarray:
+    """``(4 M,)`` for :func:`_internal`: the columns ``d, a, b, i`` of every row ``i: (b, a, d)``
+    of ``refs`` ``(M, 3)``, block by block; a missing reference is ``i`` itself."""
+    i = np.arange(len(refs))[:, None]
+    return np.concatenate([np.where(refs >= 0, refs, i)[:, ::-1], i], 1).T.ravel()
 
 
 def _free_groups(refs: np.ndarray, free: np.ndarray) -> np.ndarray:
@@ -628,10 +683,10 @@ def _entry_kinds(free: np.ndarray, nref: np.ndarray) -> np.ndarray:
 
 def _orientation_slots(tree_atoms: np.ndarray, n: int):
     """Where each tree's ``(alpha, cos beta, gamma)`` (rows ``0, T, 2 T`` + tree of the inverse's
-    ``(3 T,)`` stack; ``3 T`` is a zero) go in ``q``: the second atom's ``(cos beta, alpha)``, the
+    ``(3 T,)`` stack; other entries 0, masked) go in ``q``: the second atom's ``(cos beta, alpha)``, the
     third atom's ``gamma``; and the mask of those entries."""
     n_trees = len(tree_atoms)
-    euler_index = np.full((n, 3), 3 * n_trees, np.int64)
+    euler_index = np.zeros((n, 3), np.int64)
     orientation = np.zeros((n, 3), bool)
     t1 = np.nonzero(tree_atoms[:, 1] < n)[0]
     euler_index[tree_atoms[t1, 1], 1] = n_trees + t1

@@ -209,10 +209,10 @@ class InternalStepper:
         return (Uc.transpose(1, 2) @ torch.linalg.solve(A, delta[..., None]))[..., 0]
 
     def _off_target(self, q: torch.Tensor) -> torch.Tensor:
-        """``(B,)`` bool: some constrained coordinate is more than 1e-6 from its target."""
+        """``(B,)`` bool: some constrained coordinate is more than 1e-9 from its target."""
         if not self.constrained:
             return torch.zeros(q.shape[0], dtype=torch.bool, device=q.device)
-        return wrap(self.targets - q[:, self.cidx], self.periodic[self.cidx]).abs().amax(-1) > 1e-6
+        return wrap(self.targets - q[:, self.cidx], self.periodic[self.cidx]).abs().amax(-1) > 1e-9
 
     def _cartesian(self, xyz, grad):
         bsz, n = xyz.shape[:2]
@@ -220,13 +220,14 @@ class InternalStepper:
         gx = grad.detach().to(torch.float64).reshape(bsz, 3 * n) * (self.length_unit / self.energy_unit)
         return x, gx
 
-    def _fmax(self, Bm, U, Pz, gq, gx) -> torch.Tensor:
-        """Largest per-atom norm of the gradient left once the constraint forces are removed (user units)."""
+    def _fmax(self, Bm, U, Pz, gq, gx, q) -> torch.Tensor:
+        """Largest per-atom norm of the gradient left once the constraint forces are removed (user
+        units); infinite while a constraint is off its target (not converged yet)."""
         if self.constrained:
             gq = (U @ (Pz @ (U.transpose(1, 2) @ gq[..., None])))[..., 0]
             gx = (Bm.transpose(1, 2) @ gq[..., None])[..., 0]
         force = gx.reshape(gx.shape[0], -1, 3).norm(dim=-1) * (self.energy_unit / self.length_unit)
-        return force.amax(-1)
+        return torch.where(self._off_target(q), float("inf"), force.amax(-1))
 
     def fmax(self, xyz: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
         """``(B,)`` largest per-atom force norm at ``xyz`` (constraint forces removed), as :meth:`step`'s."""
@@ -236,7 +237,7 @@ class InternalStepper:
         Bm = wilson_b(self.prims, x)
         U, Binv, _ = reduced_space(Bm)
         gq = (Binv.transpose(1, 2) @ gx[..., None])[..., 0]
-        return self._fmax(Bm, U, self._free_projector(U), gq, gx).to(grad.dtype)
+        return self._fmax(Bm, U, self._free_projector(U), gq, gx, values(self.prims, x)).to(grad.dtype)
 
     def step(
         self, xyz: torch.Tensor, energy: torch.Tensor, grad: torch.Tensor, active: torch.Tensor | None = None
@@ -322,7 +323,7 @@ class InternalStepper:
         self.on_sphere = keep_old(on_sphere, self.on_sphere)
         self.step_norm = keep_old(y.norm(dim=-1), self.step_norm)
         self.first = first & ~active
-        fmax = self._fmax(Bm, U, Pz, gq, gx).to(grad.dtype)
+        fmax = self._fmax(Bm, U, Pz, gq, gx, q).to(grad.dtype)
         x_new = keep_old(x_new, x) * self.length_unit
         return fmax, x_new.to(xyz.dtype)
 
@@ -390,8 +391,8 @@ def minimize(
         ``steps``, ``fmax`` ``(B,)``).
 
     Raises:
-        ValueError / TypeError: bad shapes or constraints, ``energy`` not
-        returning ``(B,)``.
+        ValueError: bad shapes or constraints, or ``energy`` not returning ``(B,)``.
+        TypeError: ``xyz`` not floating point, ``constraints`` not a dict.
 
     Example:
         >>> def energy(x):  # a harmonic O-H bond pair and H-O-H angle, eV

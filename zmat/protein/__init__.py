@@ -16,6 +16,8 @@
 * AlphaFold's tensors: ``Protein.to_atom37`` / ``to_atom14`` / ``aatype``,
   :func:`from_atom37`, :func:`from_atom14` (:mod:`zmat.protein.atom37`);
   backbone frames and atoms from frames + torsions (:mod:`zmat.protein.frames`);
+  nucleotides' frames and atoms from frames + torsions, RhoFold's convention
+  (:mod:`zmat.structure.nucleic_frames`);
   :func:`structural_violations` (:mod:`zmat.protein.violations`).
 * :func:`internal_from_six_angles` / :func:`six_angles_from_backbone`:
   FoldingDiff's six-angle backbone.
@@ -55,6 +57,12 @@ from ..structure import (
 from ..structure.complex import TORSION_KEYS, Complex
 from ..structure.complex_batch import ComplexBatch
 from ..structure.hydrogens import Protonation
+from ..structure.nucleic_frames import (
+    nucleotide_atoms_from_frames,
+    nucleotide_frames,
+    nucleotide_positions,
+    nucleotide_torsions,
+)
 from ..transform import dihedrals
 from .atom37 import atom14_alt_positions, atom14_to_atom37, atom37_to_atom14, compute_renamed_ground_truth
 from .atom37_io import from_atom14, from_atom37
@@ -107,6 +115,10 @@ __all__ = [
     "backbone_frames",
     "backbone_frames_from_torsions",
     "clash_pairs",
+    "nucleotide_atoms_from_frames",
+    "nucleotide_frames",
+    "nucleotide_positions",
+    "nucleotide_torsions",
     "rigid_from_three_points",
     "structural_violations",
     "atom14_alt_positions",

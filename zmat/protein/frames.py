@@ -36,7 +36,7 @@ import math
 import numpy as np
 import torch
 
-from .._geometry import safe_unit
+from .._geometry import rigid_from_three_points
 from ..table import ConstructionTable
 from ..transform import to_xyz
 from .atom37 import ATOM14_NAMES, RESTYPE_3, RESTYPE_ATOM14_MASK, UNK, atom14_to_atom37
@@ -52,30 +52,6 @@ __all__ = [
     "backbone_frames_from_torsions",
     "rigid_from_three_points",
 ]
-
-
-def rigid_from_three_points(x1: torch.Tensor, x2: torch.Tensor, x3: torch.Tensor):
-    """AlphaFold's ``rigidFrom3Points`` (supplement Alg. 21), differentiable.
-
-    Args:
-        x1, x2, x3: ``(..., 3)``; for a backbone frame N, CA, C.
-
-    Returns:
-        ``R`` ``(..., 3, 3)`` (axes as columns: ``e1`` along ``x3 - x2``, ``x1``
-        in the ``(e1, e2)`` half-plane with positive ``e2``) and ``t = x2``.
-        Collinear points give a finite frame (``e2`` falls back to a fixed
-        perpendicular), with finite gradients.
-    """
-    v1, v2 = x3 - x2, x1 - x2
-    ex = torch.eye(3, dtype=x1.dtype, device=x1.device)
-    e1 = safe_unit(v1, ex[0])
-    u2 = v2 - e1 * (e1 * v2).sum(-1, keepdim=True)
-    # fallback for a straight angle: any unit vector orthogonal to e1
-    other = torch.where(e1[..., :1].abs() < 0.9, ex[0], ex[1])
-    perp = other - e1 * (e1 * other).sum(-1, keepdim=True)
-    e2 = safe_unit(u2, safe_unit(perp, ex[2]))
-    e3 = torch.linalg.cross(e1, e2, dim=-1)
-    return torch.stack([e1, e2, e3], -1), x2
 
 
 def superpose_on_atoms(x: torch.Tensor, ref: torch.Tensor, atoms: tuple[int, int, int]) -> torch.Tensor:

@@ -7,6 +7,7 @@ Proteins' own rooms (residue templates of the 20 amino acids, layouts, the stamp
 (``docs/allatom.md``).
 
 Modules, each importing only those above it: ``ccd`` (CCD entries), ``nucleic``,
-``sugar``, ``nucleic_ideal``, ``hydrogens``, ``ligands``, ``amino_ideal`` <- ``allatom``
+``sugar``, ``nucleic_ideal``, ``nucleic_frames`` (RhoFold's nucleotide frames and atoms from
+frames + torsions), ``hydrogens``, ``ligands``, ``amino_ideal`` <- ``allatom``
 (parsing, the tree) <- ``complex_batch`` <- ``complex``.
 """

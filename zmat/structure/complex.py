@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from ..clash import exclusions_from_bonds, vdw_radii
+from ..protein.atom37 import ATOM_ORDER, aatype_from_names, to_atom14, to_atom37
 from ..protein.frames import superpose_on_atoms
 from ..protein.io import write_atoms
 from ..protein.topology import TORSION_NAMES
@@ -37,6 +38,22 @@ __all__ = ["TORSION_KEYS", "Complex"]
 #: The keys of ``Complex.torsions``.
 TORSION_KEYS = TORSION_NAMES + NUCLEIC_TORSIONS
 _NU = [QUAD_NAMES.index(f"nu{j}") for j in range(5)]
+
+
+class _ProteinView:
+    """A Complex's amino-acid residues as ``zmat.protein.atom37``'s layout gather reads them
+    (per atom its amino-acid residue, -1 for every other atom and for hydrogens)."""
+
+    def __init__(self, c: Complex) -> None:
+        prot = c.family == "protein"
+        ri = c.parsed.residue
+        heavy37 = np.isin(c.atom_names, list(ATOM_ORDER)) & (c.elements != "H")
+        self.residue_index = np.where(prot[ri] & heavy37, (np.cumsum(prot) - 1)[ri], -1)
+        self.atom_names, self.res_names, self.n_atoms = c.atom_names, c.res_names[prot], c.n_atoms
+        self._n = int(prot.sum())
+
+    def __len__(self) -> int:
+        return self._n
 
 
 class Complex:
@@ -270,6 +287,27 @@ class Complex:
         self._check_torsions(torsions, set(TORSION_KEYS))
         c = apply_amino(self.amino_plan, self.internal, torsions, self.torsions)
         return apply_ideal(self.nucleic_plan, c, torsions, self.torsions)
+
+    # ------------------------------------------------- AlphaFold's tensors
+    @functools.cached_property
+    def _protein_view(self) -> _ProteinView:
+        return _ProteinView(self)
+
+    @property
+    def aatype(self) -> torch.Tensor:
+        """``(P,)`` int64 AlphaFold residue types of the structure's P amino-acid residues
+        (file order; nucleotides, ligands and modified residues are not among them)."""
+        return torch.from_numpy(aatype_from_names(self._protein_view.res_names))
+
+    def to_atom37(self, xyz=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(..., P, 37, 3)`` positions of the amino-acid residues and their ``(P, 37)`` mask,
+        as ``Protein.to_atom37`` gives for the protein alone (hydrogens left out);
+        ``xyz``: ``(..., N, 3)`` in this structure's atom order, default ``self.xyz``."""
+        return to_atom37(self._protein_view, self.xyz if xyz is None else xyz)
+
+    def to_atom14(self, xyz=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """As :meth:`to_atom37`, in atom14 (``OXT`` dropped)."""
+        return to_atom14(self._protein_view, self.xyz if xyz is None else xyz)
 
     # ------------------------------------------------------------- output
     def to_structure(self, xyz=None):
