@@ -40,6 +40,7 @@ import zmat
 from zmat.flows import InternalCoordinateTransform
 
 from .bgflow_algorithm import BgflowAlgorithm
+from .flow_cases import alanine_dipeptide, protein
 
 BACKBONE = ("N", "CA", "C")
 OPS = ("fwd", "inv", "inv+bwd")
@@ -79,8 +80,6 @@ def load_flows(path: str):
 # ------------------------------------------------------------------ problems
 def cases(tiny: bool):
     """``(name, table, xyz float64 (B, N, 3), fixed atoms)`` for every size."""
-    from .flows import alanine_dipeptide, protein
-
     table, xyz = alanine_dipeptide(8 if tiny else 1024)
     # the tree's first three atoms and the backbone C, N, CA, C, N of CC(=O)NC(C)C(=O)NC
     ala_fixed = np.union1d(_first_atoms(table), [1, 3, 4, 6, 8])

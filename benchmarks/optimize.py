@@ -122,7 +122,14 @@ def run_sella(counter, atoms):
 def run_pyberny(counter, atoms):
     from berny import Berny, geomlib
 
-    opt = Berny(geomlib.Geometry(atoms.get_chemical_symbols(), atoms.positions), maxsteps=10**6)
+    tight = {
+        "gradientmax": 1e-10,
+        "gradientrms": 1e-10,
+        "stepmax": 1e-12,
+        "steprms": 1e-12,
+    }  # the rule stops it
+    geom = geomlib.Geometry(atoms.get_chemical_symbols(), atoms.positions)
+    opt = Berny(geom, maxsteps=10**6, symmetry="nowarn", **tight)
     for geom in opt:
         e, f = counter.evaluate(np.asarray(geom.coords, dtype=float))
         opt.send((e / HARTREE, -f * BOHR / HARTREE))
@@ -329,7 +336,7 @@ def main(argv=None) -> None:
     p.add_argument("--full", action="store_true", help="all 30 Baker molecules (default: the 12 smallest)")
     p.add_argument("--molecules", nargs="+", help="these Baker molecules")
     p.add_argument("--optimizers", nargs="+", choices=list(OPTIMIZERS), default=list(OPTIMIZERS))
-    p.add_argument("--batches", nargs="+", type=int, default=[1, 64, 1024])
+    p.add_argument("--batches", nargs="*", type=int, default=[1, 64, 1024], help="none: skip the throughput")
     p.add_argument(
         "--max-calls", type=int, default=300, help="calls after which a run counts as not converged"
     )

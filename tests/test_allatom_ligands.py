@@ -126,11 +126,13 @@ def test_one_clash_loss_over_protein_and_ligand():
     assert x.grad[lig].abs().sum() > 0 and x.grad[~lig].abs().sum() > 0
 
 
-def test_unknown_atom_name_is_skipped_with_a_warning():
+def test_unknown_atom_name_is_kept_with_a_warning():
     atoms = _atoms("3o5r")
     atoms = atoms[atoms.res_name != "HOH"]
     k = int(np.flatnonzero(atoms.res_name == "FK5")[0])
     atoms.atom_name[k] = "QQ1"
-    with pytest.warns(UserWarning, match=r"FK5 A.*'QQ1'"):
+    with pytest.warns(UserWarning, match=r"chain A residue \d+ FK5: atoms \['QQ1'\]"):
         p = from_structure(atoms, ligands=True)
-    assert "QQ1" not in p.atom_names.tolist()
+    i = p.atom_names.tolist().index("QQ1")  # kept, as an extra atom bonded within FK5
+    assert p.parsed.extra[i] and p.parsed.extra.sum() == 1
+    assert (p.parsed.bonds == i).any() and not (p.ligand_quads == i).any()

@@ -15,7 +15,6 @@ import torch
 import zmat
 from zmat.protein import Complex, from_pdb, from_structure
 from zmat.protein.io import read_atoms
-from zmat.structure.ccd import ccd_residue
 from zmat.table import POSITIONAL
 
 pytest.importorskip("biotite")
@@ -192,15 +191,75 @@ def test_long_chain_ids_and_same_numbered_residues_survive():
     with pytest.warns(UserWarning, match=r"DA A5.*appears again"):
         from_structure(twice)
     r5.res_name[:] = "DC"  # the same number, another name (biotite's 1xnr has U129 / G129)
-    with pytest.warns(UserWarning, match=r"DC A5: atom 'N6' is not in its CCD entry"):
+    with pytest.warns(UserWarning, match=r"chain A residue 5 DC: atoms \['N9', 'C8', 'N7', 'N6'\]"):
         c = from_structure(struc.concatenate([a[:i], r5, a[i:]]))
     c0 = from_structure(a)
-    known = np.isin(r5.atom_name, ccd_residue("DC").atom_names)
-    assert len(c.res_names) == len(c0.res_names) + 1 and c.n_atoms == c0.n_atoms + known.sum()
+    assert len(c.res_names) == len(c0.res_names) + 1 and c.n_atoms == c0.n_atoms + r5.array_length()
     assert list(c.res_names[4:6]) == ["DA", "DC"] and list(c.res_ids[4:6]) == [5, 5]
     a.chain_id = np.full(a.array_length(), "LONGCHAIN", dtype="U12")
     got = from_structure(a, hydrogens=True).to_structure().chain_id
     assert set(got.tolist()) == {"LONGCHAIN"}
+
+
+def _check_extras(c, names):
+    """The extra atoms are ``names`` (chain, residue number, atom), each bonded within its residue
+    and hung off an atom of it; the rebuild is exact; to_structure writes them; no torsion has one."""
+    p = c.parsed
+    ri = p.residue
+    got = {(str(c.chain_id[i]), int(c.res_ids[ri[i]]), str(p.atom_names[i])) for i in np.flatnonzero(p.extra)}
+    assert got == set(names)
+    b = p.bonds[p.extra[p.bonds].any(1)]
+    assert (ri[b[:, 0]] == ri[b[:, 1]]).all() and set(np.flatnonzero(p.extra)) <= set(b.ravel().tolist())
+    ex = np.flatnonzero(p.extra)
+    assert (ri[p.refs[ex, 0]] == ri[ex]).all()
+    x = zmat.to_xyz(c.internal, c.table)
+    assert float((zmat.superpose(x, c.xyz) - c.xyz).norm(dim=-1).max()) < 1e-10
+    s = c.to_structure()
+    assert s.array_length() == c.n_atoms and (s.atom_name == p.atom_names).all()
+    assert np.allclose(s.coord[ex], p.xyz[ex], atol=1e-4)
+    assert not np.isin(c.parsed.quads, ex).any() and not np.isin(c.parsed.ligand_quads, ex).any()
+
+
+def test_atoms_the_ccd_entry_lacks_are_kept():
+    import biotite.structure as struc
+
+    a = read_atoms(os.path.join(DATA, "1bna.cif"))
+    m = (a.res_id == 5) & (a.chain_id == "A")
+    r5 = a[m].copy()
+    r5.res_name[:] = "DC"  # the repro's rename: N6, N7, C8, N9 of the DA are unknown to DC
+    r5.coord += 8.0
+    i = int(np.flatnonzero(m)[-1]) + 1
+    with pytest.warns(UserWarning, match=r"chain A residue 5 DC: atoms \['N9', 'C8', 'N7', 'N6'\] are not"):
+        c = from_structure(struc.concatenate([a[:i], r5, a[i:]]))
+    _check_extras(c, [("A", 5, n) for n in ("N9", "C8", "N7", "N6")])
+    p = c.parsed
+    pair = {tuple(sorted(p.atom_names[list(e)].tolist())) for e in p.bonds if p.residue[e[0]] == 5}
+    assert {("C1'", "N9"), ("C8", "N9"), ("C8", "N7"), ("C5", "N7"), ("C6", "N6")} <= pair
+
+
+def test_extra_atoms_of_a_protein_residue_in_a_complex():
+    a = read_atoms(os.path.join(DATA, "1l2y.pdb"))
+    a.res_name[a.res_id == 8] = "ALA"  # LYS 8 read as ALA: CG, CD, CE, NZ (and their H) are extra
+    m3 = (a.res_id == 3) & (a.atom_name == "H")
+    a.atom_name[m3] = "HN"  # CHARMM's amide H name
+    heavy = a[a.element != "H"]
+    with pytest.warns(UserWarning, match=r"chain A residue 8 ALA: atoms \['CG', 'CD', 'CE', 'NZ'\]"):
+        c = from_structure(heavy, ligands=True)  # a Complex
+    _check_extras(c, [("A", 8, n) for n in ("CG", "CD", "CE", "NZ")])
+    pos, mask = c.to_atom37()
+    assert mask[7].sum() == 5 and not mask[7, 5]  # ALA: N CA C CB O; no CG in atom37
+    t = {k: v + 0.3 for k, v in c.torsions.items() if k in ("phi", "psi", "omega")}
+    x = c.xyz_from_torsions(t)
+    b = c.parsed.bonds
+    assert torch.allclose(_geometry(x, torch.from_numpy(b))[0], _geometry(c.xyz, torch.from_numpy(b))[0])
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        ch = from_structure(a, hydrogens=True)
+    assert any("residue 3 TYR: atoms ['HN']" in str(x.message) for x in w)
+    names = [str(x) for x in ch.atom_names[(ch.parsed.residue == 2)]]
+    assert "HN" in names and "H" not in names  # the file's HN covers N: no H completed beside it
+    hyd = ("HG2", "HG3", "HD2", "HD3", "HE2", "HE3", "HZ1", "HZ2", "HZ3")
+    _check_extras(ch, [("A", 3, "HN")] + [("A", 8, n) for n in ("CG", "CD", "CE", "NZ") + hyd])
 
 
 @pytest.mark.slow

@@ -121,3 +121,17 @@ def test_box_feeds_normflows_circular_splines():
     assert lp.shape == (len(q),) and torch.isfinite(lp).all()
     out = model.sample(8)[0].double()
     assert torch.isfinite(T(box.inv(out))).all()
+
+
+def test_box_inverse_keeps_edge_samples_in_the_chart():
+    """A base sample on (or rounded past) the box's edge maps into ``T``'s bounds: ``cos beta``
+    stays in ``[-1, 1]``, where ``T`` would give NaN positions."""
+    T, q = _data()
+    box = BoxTransform.fit(T, q)
+    edge = torch.full((3, q.shape[1]), math.pi + 1e-5, dtype=torch.float32) * torch.tensor(
+        [[1.0], [-1.0], [1.0]]
+    )
+    back = box.inv(edge).double()
+    lo, hi = box.lower.float().double(), box.upper.float().double()  # the bounds as float32 has them
+    assert ((back >= lo) & (back <= hi)).all() and (back[:, T.kind == COS_BETA].abs() <= 1).all()
+    assert torch.isfinite(T(back)).all()

@@ -788,7 +788,8 @@ class BoxTransform(Transform):
         lower, upper, circular, bound: as given; ``circular_indices``: ``(n_circular,)`` int64.
 
     ``log_abs_det_jacobian(q, z)`` is ``sum log(2 bound / (upper - lower))``, a constant, of
-    shape ``q.shape[:-1]``. Any leading batch dimensions; the output has ``q``'s dtype.
+    shape ``q.shape[:-1]``. The inverse clamps onto ``[lower, upper]``, so samples on the
+    box's edge stay inside ``T``'s chart. Any leading batch dimensions; the output has ``q``'s dtype.
 
     Example:
         >>> T = InternalCoordinateTransform([[-1, -1, -1], [0, -1, -1], [1, 0, -1]], normalize_angles=True)
@@ -853,7 +854,10 @@ class BoxTransform(Transform):
         return (q - self.lower.to(q)) * self.scale.to(q) - self.bound
 
     def _inverse(self, z: torch.Tensor) -> torch.Tensor:
-        return (z + self.bound) / self.scale.to(z) + self.lower.to(z)
+        # onto [lower, upper]: a base sample on the box's edge (or rounded past it) stays in T's
+        # chart (``cos beta`` in [-1, 1], where T gives NaN outside); exact inside the box
+        q = (z + self.bound) / self.scale.to(z) + self.lower.to(z)
+        return torch.clamp(q, self.lower.to(q), self.upper.to(q))
 
     def log_abs_det_jacobian(self, q: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         return self.scale.to(q).log().sum().expand(q.shape[:-1])

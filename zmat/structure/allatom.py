@@ -16,8 +16,12 @@ table over all of them, and the atoms of every polymer torsion. What is kept:
 * ``ligands``: every other residue but water (ligands, cofactors, ions),
   bonds from its CCD entry (``zmat/structure/ccd.py``).
 
-An atom whose name its residue's CCD entry does not know is skipped with a
-warning naming it; an unknown residue (no CCD entry) with ``ligands=True``
+An atom whose name its residue's CCD entry does not know (a renamed residue, a
+force field's hydrogen name) is kept as an *extra* atom of its residue, bonded by
+covalent radii (``zmat.autotable.connectivity``; else to its nearest atom) to
+atoms of the same residue and placed off the nearest template atom it is bonded
+to, with one warning per residue naming them; extra atoms are in no torsion and
+not in ``atom37``. An unknown residue (no CCD entry) with ``ligands=True``
 raises ``ValueError``.
 
 The construction table is one tree over every kept atom, so
@@ -59,6 +63,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._segments import segment_ids, starts
+from ..autotable import connectivity
 from ..protein.io import chain_mask, reroute_degenerate, warn_coincident
 from ..protein.topology import CHI_ATOMS, RESIDUES, TORSION_NAMES
 from .ccd import ccd_residue
@@ -92,7 +97,8 @@ class ComplexAtoms:
 
     Per atom: ``atom_names``, ``elements``, ``residue`` (index into the
     residue arrays), ``xyz`` ``(N, 3)`` float64, ``added`` (True for a
-    completed hydrogen). Per residue: ``res_names``, ``res_ids``,
+    completed hydrogen), ``extra`` (True for an atom its CCD entry lacks).
+    Per residue: ``res_names``, ``res_ids``,
     ``ins_codes``, ``chain_ids``, ``hetero``, ``family`` (``"protein"``,
     ``"nucleic"``, ``"ligand"``), ``polymer_index`` (-1 for ligands).
     ``bonds`` ``(E, 2)`` and ``bond_orders`` ``(E,)`` (biotite ``BondType``
@@ -109,6 +115,7 @@ class ComplexAtoms:
     residue: np.ndarray
     xyz: np.ndarray
     added: np.ndarray
+    extra: np.ndarray
     res_names: np.ndarray
     res_ids: np.ndarray
     ins_codes: np.ndarray
@@ -209,6 +216,8 @@ class _Res:
     elements: list
     xyz: list
     added: list
+    extra: list  # per atom: not in the CCD entry (kept, bonded by distance)
+    extra_bonds: list  # local (i, j) bonds of the extra atoms (_extra_bonds)
 
 
 def _select(atoms, chain, hydrogens: bool, ligands: bool):
@@ -255,6 +264,8 @@ def _residues(atoms) -> list[_Res]:
             [],
             [],
             [],
+            [],
+            [],
         )
         for i in range(s, e):
             a = str(atoms.atom_name[i])
@@ -265,15 +276,41 @@ def _residues(atoms) -> list[_Res]:
                     stacklevel=4,
                 )
                 continue
-            if a not in known:
-                warnings.warn(f"residue {label}: atom {a!r} is not in its CCD entry; skipped", stacklevel=4)
-                continue
             res.names.append(a)
             res.elements.append(str(atoms.element[i]).capitalize())
             res.xyz.append(atoms.coord[i].astype(np.float64))
             res.added.append(False)
+            res.extra.append(a not in known)
+        if any(res.extra):
+            res.extra_bonds = _extra_bonds(res)
+            kept = [a for a, x in zip(res.names, res.extra, strict=True) if x]
+            warnings.warn(
+                f"chain {res.chain} residue {res.res_id}{res.ins_code} {name}: atoms {kept} are not in "
+                "its CCD entry; kept as extra atoms, bonded by distance within the residue",
+                stacklevel=4,
+            )
         out.append(res)
     return out
+
+
+def _extra_bonds(res: _Res) -> list[tuple[int, int]]:
+    """Local bonds of a residue's extra atoms: an extra hydrogen to its nearest heavy atom, an
+    extra heavy atom to the heavy atoms within covalent radii (``zmat.autotable.connectivity``),
+    else to its nearest heavy atom; all within the residue."""
+    xyz = np.array(res.xyz, np.float64).reshape(-1, 3)
+    heavy = np.array([e != "H" for e in res.elements], bool)
+    nbrs = connectivity(xyz[heavy], symbols=[e for e, h in zip(res.elements, heavy, strict=True) if h])
+    at = np.flatnonzero(heavy)  # heavy-local -> residue-local
+    local = np.cumsum(heavy) - 1
+    pairs = set()
+    for i in np.flatnonzero(res.extra).tolist():
+        js = at[nbrs[local[i]]].tolist() if heavy[i] else []
+        if not js:
+            d = np.where(heavy, np.linalg.norm(xyz - xyz[i], axis=1), np.inf)
+            d[i] = np.inf
+            js = [int(np.argmin(d))] if np.isfinite(d).any() else []
+        pairs |= {(min(i, j), max(i, j)) for j in js}
+    return sorted(pairs)
 
 
 def backbone_kind(res_name: str, family: str) -> str:
@@ -318,14 +355,19 @@ def _complete_hydrogens(residues: list[_Res], linked: np.ndarray, opts: Protonat
         nxt = k + 1 < len(residues) and linked[k + 1]
         res.names = file_names(res.name, res.kind, bool(linked[k]), res.names)
         heavy = {a for a, e in zip(res.names, res.elements, strict=True) if e != "H"}
-        have = [a for a, e in zip(res.names, res.elements, strict=True) if e == "H"]
+        have = [a for a, e, x in zip(res.names, res.elements, res.extra, strict=True) if e == "H" and not x]
+        # a heavy atom with a file hydrogen of an unknown name (CHARMM's HN) gets no more
+        elem = res.elements
+        carried = {
+            res.names[j if elem[i] == "H" else i] for i, j in res.extra_bonds if "H" in (elem[i], elem[j])
+        }
         coords = {a: x for a, x in zip(res.names, res.xyz, strict=True) if a in heavy}
         prev_c = None
         if linked[k] and res.kind == "protein" and "C" in residues[k - 1].names:
             p = residues[k - 1]
             prev_c = p.xyz[p.names.index("C")]
         label = f"chain {res.chain} residue {res.name} {res.res_id}{res.ins_code}"
-        for h, x in missing(res.name, res.kind, bool(linked[k]), nxt, opts, heavy, have):
+        for h, x in missing(res.name, res.kind, bool(linked[k]), nxt, opts, heavy, have, carried):
             if k in bridged and h == "HG":  # no thiol H on a disulfide
                 continue
             xyz, ok = place(res.name, res.kind, h, x, coords, prev_c, label)
@@ -335,6 +377,7 @@ def _complete_hydrogens(residues: list[_Res], linked: np.ndarray, opts: Protonat
             res.elements.append("H")
             res.xyz.append(xyz)
             res.added.append(True)
+            res.extra.append(False)
     if degenerate:
         more = f" and {len(degenerate) - 5} more" if len(degenerate) > 5 else ""
         warnings.warn(
@@ -363,6 +406,9 @@ def _bonds(residues: list[_Res], first: np.ndarray, linked: np.ndarray):
             if h in idx and x in idx and h not in set(names.tolist()):
                 pairs.append((idx[h], idx[x]))
                 orders.append(1)
+        for i, j in res.extra_bonds:
+            pairs.append((first[k] + i, first[k] + j))
+            orders.append(0)  # BondType.ANY: bonded by distance, order unknown
         if linked[k]:
             p = residues[k - 1]
             y, x = LINK_ATOMS[res.kind]
@@ -411,7 +457,18 @@ def _preferred(residues: list[_Res], first: np.ndarray, linked: np.ndarray, bond
             if e == "H":
                 nb = heavy_of.get(idx[a], [])
                 pref[idx[a]] = nb[0] if nb else -1
+        _prefer_nearest(res, first[k], pref)
     return pref, key
+
+
+def _prefer_nearest(res: _Res, base: int, pref: np.ndarray) -> None:
+    """An extra heavy atom's preferred parent: the nearest template atom it is bonded to (none:
+    it is reached over its bonds)."""
+    xyz = np.array(res.xyz, np.float64).reshape(-1, 3)
+    for i in np.flatnonzero(np.array(res.extra, bool) & (np.array(res.elements) != "H")).tolist():
+        nb = [j for p in res.extra_bonds if i in p for j in p if j != i and not res.extra[j]]
+        if nb:
+            pref[base + i] = base + min(nb, key=lambda j: float(np.linalg.norm(xyz[j] - xyz[i])))
 
 
 def _tree(n: int, pref: np.ndarray, bonds: np.ndarray, heavy: np.ndarray):
@@ -633,13 +690,18 @@ def parse_complex(atoms, chain=None, hydrogens=False, ligands: bool = False) -> 
         refs = reroute_degenerate(refs, xyz)
     fam = np.array([r.family for r in residues])
     poly = np.cumsum(fam != "ligand") - 1
-    lig_rows, lig_quads, lig_res = _ligand_torsions(fam, residue, bonds, orders, elements, parent, refs)
+    extra = np.array([x for r in residues for x in r.extra], bool)
+    plain = ~extra[bonds].any(1)  # no torsion about a bond by distance
+    lig_rows, lig_quads, lig_res = _ligand_torsions(
+        fam, residue, bonds[plain], orders[plain], elements, parent, refs
+    )
     return ComplexAtoms(
         atom_names=atom_names,
         elements=elements,
         residue=residue,
         xyz=xyz,
         added=np.array([a for r in residues for a in r.added], bool),
+        extra=extra,
         res_names=np.array([r.name for r in residues], "U5"),
         res_ids=np.array([r.res_id for r in residues], np.int64),
         ins_codes=np.array([r.ins_code for r in residues], "U1"),

@@ -42,12 +42,12 @@ _NU = [QUAD_NAMES.index(f"nu{j}") for j in range(5)]
 
 class _ProteinView:
     """A Complex's amino-acid residues as ``zmat.protein.atom37``'s layout gather reads them
-    (per atom its amino-acid residue, -1 for every other atom and for hydrogens)."""
+    (per atom its amino-acid residue, -1 for every other atom, hydrogens and extra atoms)."""
 
     def __init__(self, c: Complex) -> None:
         prot = c.family == "protein"
         ri = c.parsed.residue
-        heavy37 = np.isin(c.atom_names, list(ATOM_ORDER)) & (c.elements != "H")
+        heavy37 = np.isin(c.atom_names, list(ATOM_ORDER)) & (c.elements != "H") & ~c.parsed.extra
         self.residue_index = np.where(prot[ri] & heavy37, (np.cumsum(prot) - 1)[ri], -1)
         self.atom_names, self.res_names, self.n_atoms = c.atom_names, c.res_names[prot], c.n_atoms
         self._n = int(prot.sum())

@@ -109,7 +109,9 @@ def _heavy_of(res_name: str, kind: str, h: str) -> str | None:
     return nb[h][0] if nb.get(h) else extra_names(res_name, kind).get(h)
 
 
-def missing(res_name: str, kind: str, prev: bool, nxt: bool, opts: Protonation, heavy: set[str], have=()):
+def missing(
+    res_name: str, kind: str, prev: bool, nxt: bool, opts: Protonation, heavy: set[str], have=(), carried=()
+):
     """``[(hydrogen, heavy atom)]`` to add to a residue (see the module doc).
 
     Args:
@@ -123,6 +125,7 @@ def missing(res_name: str, kind: str, prev: bool, nxt: bool, opts: Protonation, 
             protonation: a heavy atom that has hydrogens in the file gets no more
             (whatever the file names them), a HIS with ``HD1`` or ``HE2`` keeps its
             tautomer.
+        carried: heavy atoms that carry file hydrogens of names the CCD entry lacks.
     """
     ccd = ccd_residue(res_name)
     nb = _ccd_tables(res_name)[2]
@@ -148,7 +151,7 @@ def missing(res_name: str, kind: str, prev: bool, nxt: bool, opts: Protonation, 
         add = [("HO5'", "O5'")]
     out = [(h, x) for h, x in hs if h not in drop] + add
     # a heavy atom with hydrogens in the file keeps the file's (its protonation)
-    covered = {_heavy_of(res_name, kind, h) for h in have}
+    covered = {_heavy_of(res_name, kind, h) for h in have} | set(carried)
     return [(h, x) for h, x in out if x in heavy and x not in covered and h not in have]
 
 
