@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from .._segments import on_host, segments
+from .._shapes import broadcast_shape
 from .exclusions import batch_keys
 
 __all__ = ["Atoms", "Layout", "prepare"]
@@ -83,7 +84,7 @@ def _radii(radii, xyz, full) -> torch.Tensor:
         radii = torch.as_tensor(radii, device=xyz.device).to(xyz.dtype)
     except (TypeError, ValueError, RuntimeError) as e:
         raise TypeError(f"clash_loss: radii must be numbers, got {type(radii).__name__}: {e}") from None
-    if radii.ndim == 0 or radii.shape[-1] != n or _broadcast(radii.shape, full) != full:
+    if radii.ndim == 0 or radii.shape[-1] != n or broadcast_shape(radii.shape, full) != full:
         raise ValueError(
             f"clash_loss: radii of shape {tuple(radii.shape)} do not match xyz of shape "
             f"{tuple(xyz.shape)}; expected (N,) or (..., N) with N = {n}"
@@ -99,7 +100,7 @@ def _check_mask(mask, xyz, full) -> None:
         raise TypeError("clash_loss: mask must be a bool tensor")
     if mask.device != xyz.device:
         raise ValueError(f"clash_loss: mask on {mask.device}, xyz on {xyz.device}")
-    if mask.ndim == 0 or mask.shape[-1] != n or _broadcast(mask.shape, full) != full:
+    if mask.ndim == 0 or mask.shape[-1] != n or broadcast_shape(mask.shape, full) != full:
         raise ValueError(
             f"clash_loss: mask of shape {tuple(mask.shape)} does not match xyz of "
             f"shape {tuple(xyz.shape)}; expected (N,) or (..., N) with N = {n}"
@@ -162,12 +163,3 @@ def _check_xyz(xyz) -> None:
         raise TypeError(f"clash_loss: xyz must be a float tensor, got {xyz.dtype}")
     if xyz.ndim < 2 or xyz.shape[-1] != 3:
         raise ValueError(f"clash_loss: xyz must have shape (..., N, 3), got {tuple(xyz.shape)}")
-
-
-def _broadcast(a, b):
-    """The broadcast shape of ``a`` and ``b``, or ``None``: numpy's rule, not torch's, whose
-    ``broadcast_shapes`` imports sympy (symbolic shapes) on its first call, ~1 s."""
-    try:
-        return tuple(np.broadcast_shapes(tuple(a), tuple(b)))
-    except ValueError:
-        return None

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from .._serial import serial
+from .._shapes import broadcast_shape
 
 __all__ = [
     "ATOM14_NAMES",
@@ -149,11 +150,7 @@ def _aatype_tensor(aatype, shape: torch.Size, device, name: str) -> torch.Tensor
     a = torch.as_tensor(aatype, device=device)
     if a.dtype.is_floating_point or a.dtype == torch.bool:
         raise TypeError(f"{name}: aatype must be an integer tensor, got {a.dtype}")
-    try:  # numpy's rule: torch.broadcast_shapes imports sympy on its first call (~1 s)
-        ok = np.broadcast_shapes(tuple(a.shape), tuple(shape)) == tuple(shape)
-    except ValueError:
-        ok = False
-    if not ok:
+    if broadcast_shape(a.shape, shape) != tuple(shape):
         raise ValueError(f"{name}: aatype of shape {tuple(a.shape)} does not match residues {tuple(shape)}")
     return a.long().clamp(0, UNK).expand(shape)  # out-of-range types read as unknown
 
