@@ -29,9 +29,20 @@ def tiny(dtype: torch.dtype) -> float:
 
 def safe_norm(v: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
     """``|v|`` with a zero (not NaN) gradient at ``v = 0``."""
-    sq = (v * v).sum(dim, keepdim=keepdim)
-    ok = ~(sq <= tiny(v.dtype))  # NaN counts as nonzero: it propagates (NaN policy)
+    return safe_sqrt((v * v).sum(dim, keepdim=keepdim))
+
+
+def safe_sqrt(sq: torch.Tensor) -> torch.Tensor:
+    """``sqrt(sq)`` of a squared norm, with a zero (not NaN) gradient at ``sq = 0``."""
+    ok = ~(sq <= tiny(sq.dtype))  # NaN counts as nonzero: it propagates (NaN policy)
     return torch.where(ok, torch.sqrt(torch.where(ok, sq, torch.ones_like(sq))), torch.zeros_like(sq))
+
+
+def dot(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``u . v`` over the last dimension (of size 3), ``(...)``: two fused multiply-adds over
+    the components, several times faster on batches than ``(u * v).sum(-1)`` (torch's
+    reduction over 3 elements is slow)."""
+    return torch.addcmul(torch.addcmul(u[..., 0] * v[..., 0], u[..., 1], v[..., 1]), u[..., 2], v[..., 2])
 
 
 def safe_unit(v: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
