@@ -15,12 +15,13 @@ values, so ``to_xyz(to_internal(x)) == x`` for every ``x = to_xyz(C)``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from ._geometry import _COLLINEAR, any_perpendicular, axis, dot, safe_atan2, safe_unit, tiny
+from ._geometry import _COLLINEAR, any_perpendicular, axis, dot, safe_atan2, safe_sqrt, safe_unit, tiny
 from .table import BOND, OFFSET, PLANAR, POSITIONAL, PROPER, ConstructionTable, index_tensor
 
 
@@ -83,23 +84,27 @@ def _rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return x.index_select(-2, rows)
 
 
-def _nerf_axis(b1: torch.Tensor, b2: torch.Tensor) -> torch.Tensor:
+def _nerf_axis(b1: torch.Tensor, b2: torch.Tensor, axes) -> torch.Tensor:
     """The third axis of ``_geometry.nerf_anchor`` from positions (``b1 = x_a - x_d``,
     ``b2 = x_b - x_a``): ``b1 x e1``, or a fixed perpendicular of the axis ``e1`` where
     ``d, a, b`` are collinear (the same test)."""
-    e1 = safe_unit(b2, axis(0, 3, b2))
+    e1 = safe_unit(b2, _axis(0, b2, axes))
     n = torch.linalg.cross(b1, e1, dim=-1)
     sq = (n * n).sum(-1, keepdim=True)
     straight = sq <= _COLLINEAR.get(b1.dtype, 1e-10) * (b1 * b1).sum(-1, keepdim=True)
     straight = straight | (sq <= tiny(b1.dtype))
-    return torch.where(straight, any_perpendicular(e1), n)
+    return torch.where(straight, any_perpendicular(e1, axes), n)
 
 
-def _planar_axis(b2: torch.Tensor) -> torch.Tensor:
+def _planar_axis(b2: torch.Tensor, axes) -> torch.Tensor:
     """The third axis of ``_geometry.planar_anchor``: ``(-y) x e1``, ``+z`` where it vanishes."""
-    e1 = safe_unit(b2, axis(0, 3, b2))
-    n = torch.stack([-e1[..., 2], torch.zeros_like(e1[..., 0]), e1[..., 0]], -1)
-    return safe_unit(n, axis(2, 3, b2))
+    e1 = safe_unit(b2, _axis(0, b2, axes))
+    return safe_unit(torch.linalg.cross(-_axis(1, b2, axes).expand_as(e1), e1, dim=-1), _axis(2, b2, axes))
+
+
+def _axis(k: int, like: torch.Tensor, axes) -> torch.Tensor:
+    """The ``k``-th axis of the placement frame: of the world (``axes`` None) or ``axes[..., k]``."""
+    return axis(k, 3, like) if axes is None else axes[..., k]
 
 
 def _own_or(n: torch.Tensor, defined: torch.Tensor, rows: torch.Tensor, fallback: torch.Tensor):
@@ -108,7 +113,7 @@ def _own_or(n: torch.Tensor, defined: torch.Tensor, rows: torch.Tensor, fallback
     return n.index_copy(-2, rows, torch.where(own, _rows(n, rows), fallback))
 
 
-def carried_dihedral(b1, b2, n, defined, norm_b2, plan: CarriedPlan) -> torch.Tensor:
+def carried_dihedral(b1, b2, n, defined, norm_b2, plan: CarriedPlan, axes_of=None) -> torch.Tensor:
     """Every row's dihedral ``(..., N)`` against the reference axis ``to_xyz`` carries.
 
     Args:
@@ -117,17 +122,23 @@ def carried_dihedral(b1, b2, n, defined, norm_b2, plan: CarriedPlan) -> torch.Te
         defined: ``(..., N)`` bool, where ``n`` is the normal (the angle at ``b`` is not straight).
         norm_b2: ``|b2|``, ``(..., N)``.
         plan: :func:`carried_plan` of the table.
+        axes_of: ``None`` (``to_xyz``'s frame is the world's), or a function of a row index
+            tensor giving the axes (columns, ``(..., len(rows), 3, 3)``) of the frame those
+            rows were placed in (a flow's tree, placed by ``to_xyz`` and then rotated).
 
     Returns 0 where the row's own normal is undefined (the axis then carries on unturned).
     """
+    def frame(rows):
+        return None if axes_of is None else axes_of(rows)
+
     axes, nerf = n, None  # each atom's axis where it ends a chain
-    if len(plan.planar_rows):
-        axes = _own_or(axes, defined, plan.planar_rows, _planar_axis(_rows(b2, plan.planar_rows)))
-    if len(plan.nerf_rows):
-        nerf = _nerf_axis(_rows(b1, plan.nerf_rows), _rows(b2, plan.nerf_rows))
-        axes = _own_or(axes, defined, plan.nerf_rows, nerf)
-    if len(plan.z_rows):
-        axes = axes.index_copy(-2, plan.z_rows, axis(2, 3, n).expand(*n.shape[:-2], len(plan.z_rows), 3))
+    if len(p := plan.planar_rows):
+        axes = _own_or(axes, defined, p, _planar_axis(_rows(b2, p), frame(p)))
+    if len(p := plan.nerf_rows):
+        nerf = _nerf_axis(_rows(b1, p), _rows(b2, p), frame(p))
+        axes = _own_or(axes, defined, p, nerf)
+    if len(p := plan.z_rows):
+        axes = axes.index_copy(-2, p, _axis(2, n, frame(p)).expand(*n.shape[:-2], len(p), 3))
     # pointer jumping over signed axes: an atom whose own normal is undefined takes its reference's
     ends = torch.cat([defined, defined], -1) | plan.fixed
     ptr = torch.where(ends, plan.slots, plan.jump)
@@ -139,3 +150,20 @@ def carried_dihedral(b1, b2, n, defined, norm_b2, plan: CarriedPlan) -> torch.Te
         m = m.index_copy(-2, plan.nerf_rows, nerf)
     phi = safe_atan2(dot(torch.linalg.cross(b2, m, dim=-1), n), norm_b2 * dot(m, n))
     return torch.where(defined, phi, 0.0)
+
+
+def internal_coordinates(xyz: torch.Tensor, table: ConstructionTable, axes_of=None) -> torch.Tensor:
+    """``zmat.to_internal`` (``(..., N, 3)`` positions -> ``(r, theta, phi)``, 0 where a
+    reference is missing); ``axes_of`` as for :func:`carried_dihedral`."""
+    plan = table.plan(xyz.device)
+    padded = torch.cat([xyz, torch.zeros_like(xyz[..., :1, :])], -2)
+    ref = padded.index_select(-2, plan.refs_or_origin.reshape(-1)).unflatten(-2, (table.n_atoms, 3))
+    xb, xa, xd = ref.unbind(-2)
+    b2, b3 = xb - xa, xyz - xb
+    n = torch.linalg.cross(b2, b3, dim=-1)  # the normal of the plane (a, b, i)
+    r, sin, norm_b2 = safe_sqrt(dot(b3, b3)), safe_sqrt(dot(n, n)), safe_sqrt(dot(b2, b2))
+    theta = safe_atan2(sin, -dot(b2, b3))
+    defined = sin > math.sqrt(_COLLINEAR.get(xyz.dtype, 1e-10)) * norm_b2 * r  # not straight at b
+    phi = carried_dihedral(xa - xd, b2, n, defined, norm_b2, table.cached(carried_plan, xyz.device), axes_of)
+    out = torch.stack([r, theta, phi], -1)
+    return torch.where(plan.present, out, torch.zeros((), dtype=xyz.dtype, device=xyz.device))

@@ -71,17 +71,19 @@ def dihedral_from_bonds(b1: torch.Tensor, b2: torch.Tensor, b3: torch.Tensor) ->
     return safe_atan2(safe_norm(b2) * (b1 * n2).sum(-1), (n1 * n2).sum(-1))
 
 
-def any_perpendicular(u: torch.Tensor) -> torch.Tensor:
+def any_perpendicular(u: torch.Tensor, axes: torch.Tensor | None = None) -> torch.Tensor:
     """A unit vector perpendicular to the unit vector ``u``: ``u x e`` with ``e``
     the first coordinate axis (``x``, then ``y``, then ``z``) whose component of
     ``u`` is the smallest up to ``1e-6``. The tolerance makes the choice the same
     for two methods whose ``u`` differ by rounding (``(1, 0, 0)`` and
     ``(1, 2e-16, 0)`` both take ``y``): an exact tie picks a fixed axis."""
-    a = u.abs()
+    a = (u if axes is None else (axes * u[..., :, None]).sum(-2)).abs()
     low = a.amin(-1) + _TIE
     ex = a[..., 0] <= low
     ey = ~ex & (a[..., 1] <= low)
     e = torch.stack([ex, ey, ~ex & ~ey], -1).to(u.dtype)
+    if axes is not None:  # the same choice in a rotated frame (axes as columns, (..., 3, 3))
+        e = (axes * e[..., None, :]).sum(-1)
     w = torch.linalg.cross(u, e, dim=-1)
     return w * torch.rsqrt((w * w).sum(-1, keepdim=True).clamp_min(tiny(u.dtype)))
 

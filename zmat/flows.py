@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch.distributions import Transform, constraints
 
+from ._carried import internal_coordinates
 from ._geometry import safe_atan2, safe_norm, tiny
 from .table import ConstructionTable, as_table, index_tensor
 from .transform import to_xyz
@@ -320,10 +321,25 @@ class InternalCoordinateTransform(Transform):
         self.inverse_shape(xyz.shape)
         t = self._tensors(xyz.device, xyz.dtype)
         P = _components(xyz)  # (3, N, B)
-        Q = torch.where(t["present"], _internal(P, t["path"]), 0.0)  # as zmat.to_internal
-        if self._plan.n_trees:  # the trees' orientations, into the second and third atoms' rows
+        axes = None
+        if self._plan.n_trees:
             root, first, second = P.index_select(1, t["tree_atoms"]).chunk(3, 1)
-            euler = torch.stack(_matrix_to_euler(*_frame(root, first, second), first - root))  # (3, T, B)
+            axes = _frame(root, first, second)
+        if len(self.fixed_atoms) == 0:  # zmat.to_internal in the trees' placement frames
+            R = torch.stack(axes, 1).permute(3, 2, 0, 1)  # (B, T, 3, 3), axes as columns
+            frame_of = t.get("frame_of")
+
+            def axes_of(rows):  # each row's tree's axes, (B, len(rows), 3, 3)
+                if frame_of is None:  # one tree
+                    return R.expand(-1, len(rows), 3, 3)
+                return R.index_select(1, frame_of.index_select(0, rows))
+
+            X = xyz.reshape(-1, self.n_atoms, 3)
+            Q = internal_coordinates(X, self.table, axes_of).permute(2, 1, 0)
+        else:
+            Q = torch.where(t["present"], _internal(P, t["path"]), 0.0)  # as zmat.to_internal
+        if self._plan.n_trees:  # the trees' orientations, into the second and third atoms' rows
+            euler = torch.stack(_matrix_to_euler(*axes, first - root))  # (3, T, B)
             orient = euler.flatten(0, 1).index_select(0, t["euler_index"]).view_as(Q)
             Q = torch.where(t["orientation"], orient, Q)
         Q = self._scale(torch.where(t["cm_cartesian"], P, Q), t, inverse=True)

@@ -9,14 +9,12 @@ opposite). ``(b, a, d)`` is row ``i`` of the construction table.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from ._amp import float32_under_autocast
 from ._analytic import place_analytic, place_prefix
-from ._carried import carried_dihedral, carried_plan
-from ._geometry import _COLLINEAR, dihedral_from_bonds, dot, safe_atan2, safe_sqrt
+from ._carried import internal_coordinates
+from ._geometry import dihedral_from_bonds
 from ._levels import place_levels
 from ._reference import place_reference
 from .table import ConstructionTable, as_table
@@ -118,19 +116,7 @@ def to_internal(xyz: torch.Tensor, table) -> torch.Tensor:
     """
     table = as_table(table)
     xyz = _check(xyz, table, "xyz")
-    plan = table.plan(xyz.device)
-    padded = torch.cat([xyz, torch.zeros_like(xyz[..., :1, :])], -2)
-    ref = padded.index_select(-2, plan.refs_or_origin.reshape(-1)).unflatten(-2, (table.n_atoms, 3))
-    xb, xa, xd = ref.unbind(-2)
-    b2, b3 = xb - xa, xyz - xb
-    n = torch.linalg.cross(b2, b3, dim=-1)  # the normal of the plane (a, b, i)
-    r, sin, norm_b2 = safe_sqrt(dot(b3, b3)), safe_sqrt(dot(n, n)), safe_sqrt(dot(b2, b2))
-    theta = safe_atan2(sin, -dot(b2, b3))
-    defined = sin > math.sqrt(_COLLINEAR.get(xyz.dtype, 1e-10)) * norm_b2 * r  # not straight at b
-    phi = carried_dihedral(xa - xd, b2, n, defined, norm_b2, table.cached(carried_plan, xyz.device))
-    zero = torch.zeros((), dtype=xyz.dtype, device=xyz.device)
-    out = torch.stack([r, theta, phi], -1)
-    return torch.where(plan.present, out, zero)
+    return internal_coordinates(xyz, table)
 
 
 def dihedrals(xyz: torch.Tensor, quads: torch.Tensor) -> torch.Tensor:
