@@ -68,7 +68,8 @@ def test_every_straight_angle_draw_round_trips():
 def test_sibling_on_the_axis_round_trips():
     # the issue's table: atom 4 at 180 degrees on the axis 2-3 is atom 5's sibling reference
     table = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0], [3, 2, 1], [3, 2, 4]]
-    x = torch.tensor([[0, 0, 0], [0, 0, 1.0], [0, 1.0, 1.5], [1.0, 1.0, 2.0], [2, 1, 2.5], [1, 2, 3.0]], dtype=torch.float64)
+    x = [[0, 0, 0], [0, 0, 1.0], [0, 1.0, 1.5], [1.0, 1.0, 2.0], [2, 1, 2.5], [1, 2, 3.0]]
+    x = torch.tensor(x, dtype=torch.float64)
     y = zmat.to_xyz(zmat.to_internal(x, table), table)
     assert (zmat.superpose(y, x) - x).norm(dim=-1).max() < 1e-10
     x = zmat.to_xyz(zmat.to_internal(x, table), table)  # exactly, in to_xyz's placement
