@@ -128,6 +128,7 @@ def carried_dihedral(b1, b2, n, defined, norm_b2, plan: CarriedPlan, axes_of=Non
 
     Returns 0 where the row's own normal is undefined (the axis then carries on unturned).
     """
+
     def frame(rows):
         return None if axes_of is None else axes_of(rows)
 
