@@ -63,7 +63,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._segments import segment_ids, starts
-from ..autotable import connectivity
+from ..autotable import connectivity, elements
 from ..protein.io import chain_mask, reroute_degenerate, warn_coincident
 from ..protein.topology import CHI_ATOMS, RESIDUES, TORSION_NAMES
 from .ccd import ccd_residue
@@ -297,8 +297,16 @@ def _extra_bonds(res: _Res) -> list[tuple[int, int]]:
     """Local bonds of a residue's extra atoms: an extra hydrogen to its nearest heavy atom, an
     extra heavy atom to the heavy atoms within covalent radii (``zmat.autotable.connectivity``),
     else to its nearest heavy atom; all within the residue."""
+    for i in np.flatnonzero(res.extra).tolist():
+        try:
+            elements([res.elements[i]])
+        except ValueError:
+            raise ValueError(
+                f"chain {res.chain} residue {res.res_id}{res.ins_code} {res.name}: atom {res.names[i]} has "
+                f"element {res.elements[i]!r}, which has no covalent radius to bond it by distance"
+            ) from None
     xyz = np.array(res.xyz, np.float64).reshape(-1, 3)
-    heavy = np.array([e != "H" for e in res.elements], bool)
+    heavy = np.array([e not in ("H", "D", "T") for e in res.elements], bool)  # D, T: isotopes
     nbrs = connectivity(xyz[heavy], symbols=[e for e, h in zip(res.elements, heavy, strict=True) if h])
     at = np.flatnonzero(heavy)  # heavy-local -> residue-local
     local = np.cumsum(heavy) - 1
