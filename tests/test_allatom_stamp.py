@@ -1,5 +1,6 @@
 """The all-atom tables stamped from residue templates (zmat/structure/templates.py) equal the
-ones grown atom by atom, on real files; each residue type and variant is compiled once."""
+ones grown atom by atom, on real files (every piece stamped: chains with modified and partially
+resolved residues, ligands, ions); each residue type and variant is compiled once."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 import zmat
 from zmat.protein.frames import superpose_on_atoms
 from zmat.protein.io import read_atoms
-from zmat.structure import templates
+from zmat.structure import allatom, templates
 from zmat.structure.allatom import parse_complex
 
 pytest.importorskip("biotite")
@@ -28,8 +29,14 @@ def _parse(name, **kw):
         return parse_complex(read_atoms(os.path.join(DATA, name)), **kw)
 
 
-def _check_equal_and_exact(name, **kw):
-    stamped, grown = _parse(name, **kw), _parse(name, stamped=False, **kw)
+def _check_equal_and_exact(name, monkeypatch, **kw):
+    grows = []
+    grow = allatom._grow
+    monkeypatch.setattr(allatom, "_grow", lambda root, *a: grows.append(root) or grow(root, *a))
+    stamped = _parse(name, **kw)
+    assert not grows, f"{name} {kw}: {len(grows)} pieces grown atom by atom"  # every piece stamped
+    grown = _parse(name, stamped=False, **kw)
+    assert grows
     for f in FIELDS:
         a, b = getattr(stamped, f), getattr(grown, f)
         assert a.shape == b.shape and np.array_equal(a, b), f"{name} {kw}: {f} differs"
@@ -52,8 +59,8 @@ def _check_equal_and_exact(name, **kw):
         ("4gxy.pdb", {"ligands": True, "hydrogens": True}),  # RNA: partial nucleotides, CCC in-chain
     ],
 )
-def test_stamped_tables_equal_the_grown_ones(name, kw):
-    _check_equal_and_exact(name, **kw)
+def test_stamped_tables_equal_the_grown_ones(name, kw, monkeypatch):
+    _check_equal_and_exact(name, monkeypatch, **kw)
 
 
 @pytest.mark.slow
@@ -66,8 +73,8 @@ def test_stamped_tables_equal_the_grown_ones(name, kw):
         ("3wip.pdb", {"ligands": True, "hydrogens": True}),
     ],
 )
-def test_stamped_tables_equal_the_grown_ones_large(name, kw):
-    _check_equal_and_exact(name, **kw)
+def test_stamped_tables_equal_the_grown_ones_large(name, kw, monkeypatch):
+    _check_equal_and_exact(name, monkeypatch, **kw)
 
 
 def test_each_residue_variant_is_compiled_once(monkeypatch):

@@ -405,20 +405,22 @@ def _components(n: int, pref: np.ndarray, bonds: np.ndarray, heavy: np.ndarray):
     return label, root_of, root_of[np.argsort(lowest)]
 
 
-def _tree(n: int, pref: np.ndarray, bonds: np.ndarray, heavy: np.ndarray, stamp: bool = True):
+def _tree(
+    n: int, pref: np.ndarray, tree: np.ndarray, bonds: np.ndarray, heavy: np.ndarray, stamp: bool = True
+):
     """Parents, ``virtual`` (the roots hung off the frame) and the frame ``(r0, r1, r2)`` of
     the module doc's trees. ``bonds``: the bonds a tree may follow (no cross-links).
 
-    A component whose atoms all have a template parent but its root (every chain of
-    complete template residues, an ion) is stamped: its parents are the templates'.
-    The others (ligands, residues missing atoms, extra atoms) are grown atom by atom
+    ``pref``: template parents; ``tree``: the templates' tree parents. A component whose
+    atoms all have a tree parent but its root is stamped: its parents are the templates'.
+    The others (pieces a residue's own growth does not cover) are grown atom by atom
     (:func:`_grow`); ``stamp=False`` grows every component (the reference)."""
     label, root_of, roots = _components(n, pref, bonds, heavy)
     first = label[roots[0]]
-    ok = _complete(label, pref, root_of) if stamp else np.zeros(len(root_of), bool)
+    ok = _complete(label, tree, root_of) if stamp else np.zeros(len(root_of), bool)
     if (label == first).sum() < 3:  # a tiny first component (an ion): the frame grows through the next
         ok[:] = False
-    parent = np.where(ok[label], pref, -1)
+    parent = np.where(ok[label], tree, -1)
     frame = _stamped_frame(int(roots[0]), parent) if ok[first] else None
     if frame is None and ok[first]:  # no leaf beside the root: grown
         ok[first] = False
@@ -595,14 +597,16 @@ def parse_complex(
     linked = _linked(residues)
     if hydrogens:
         _complete_hydrogens(residues, linked, opts)
-    bonds, orders, tree_ok, pref, key, quads = stamp(residues, linked, _disulfides(residues), cache=stamped)
+    bonds, orders, tree_ok, pref, tree, key, quads = stamp(
+        residues, linked, _disulfides(residues), cache=stamped
+    )
     sizes = np.array([len(r.names) for r in residues], np.int64)
     n = int(sizes.sum())
     xyz = np.array([x for r in residues for x in r.xyz], np.float64).reshape(n, 3)
     elements = np.array([e for r in residues for e in r.elements], "U2")
     residue = segment_ids(sizes)
     heavy = elements != "H"
-    parent, virtual, frame = _tree(n, pref, bonds[tree_ok], heavy, stamp=stamped)
+    parent, virtual, frame = _tree(n, pref, tree, bonds[tree_ok], heavy, stamp=stamped)
     last = quads[:, :N_DIHEDRALS, 3]
     key[last[last >= 0]] = True  # a torsion's atom represents its siblings (not the ring nu)
     refs = _rows(parent, frame, key, heavy, virtual)

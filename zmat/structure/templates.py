@@ -59,6 +59,9 @@ class ResidueTemplate:
         parent: ``(n,)`` the template parent of each atom (local, -1: none or in the
             previous residue); ``link_parent``: ``(atom, name)`` pairs, the atoms whose
             parent is the previous residue's atom ``name`` (when linked).
+        tree: ``(n,)`` the tree parents: ``parent``, and for the atoms without one (a
+            ligand's, a modified residue's, those whose template parent is missing) the
+            parents growth over the residue's bonds gives them (:func:`_local_growth`).
         key: ``(n,)`` bool, the atoms a template torsion ends on.
         quads: ``(Q, 4)`` local atoms of each ``QUAD_NAMES`` dihedral (-1: a missing
             atom, the dihedral is undefined; ``-2``: in a neighbour), ``cross``:
@@ -73,6 +76,7 @@ class ResidueTemplate:
     bonds: np.ndarray
     orders: np.ndarray
     parent: np.ndarray
+    tree: np.ndarray
     link_parent: tuple
     key: np.ndarray
     quads: np.ndarray | None
@@ -105,10 +109,22 @@ def compile_residue(name, family, kind, names, elements, linked, *, res=None) ->
     parent, link_parent, key = _local_parents(name, family, kind, names, elements, slot, bonds, linked)
     if res is not None and any(res.extra):
         _prefer_nearest(res, parent)
+    heavy = np.array([e != "H" for e in elements], bool)
+    tree = _local_growth(parent, [a for a, _ in link_parent], bonds, heavy)
     quads, cross = _local_quads(name, family, slot) if family != "ligand" else (None, ())
     y, x = LINK_ATOMS.get(kind, ("", ""))
     return ResidueTemplate(
-        names, slot, bonds, orders, parent, link_parent, key, quads, cross, (slot.get(y, -1), slot.get(x, -1))
+        names,
+        slot,
+        bonds,
+        orders,
+        parent,
+        tree,
+        link_parent,
+        key,
+        quads,
+        cross,
+        (slot.get(y, -1), slot.get(x, -1)),
     )
 
 
@@ -173,6 +189,52 @@ def _local_parents(name, family, kind, names, elements, slot, bonds, linked):
     return parent, tuple(link_parent), key
 
 
+def _local_growth(parent: np.ndarray, entry: list, bonds: np.ndarray, heavy: np.ndarray) -> np.ndarray:
+    """Tree parents of a residue's atoms: ``allatom._grow`` run on the residue alone, from
+    the atoms its previous residue places (``entry``: the linked link atom) or, for a residue
+    that starts its piece, from its first heavy atom without a template parent (the piece's
+    root). Growth only ever crosses a residue through its link, and a frontier atom's parent
+    is its lowest placed neighbour, so this is what the growth of the whole structure gives:
+    template children first, then the lowest unplaced bonded atom, those without a template
+    parent first. Atoms it does not reach keep -1."""
+    n = len(parent)
+    tree = parent.copy()
+    if not entry:
+        free = np.flatnonzero((parent < 0) & heavy)
+        entry = free[:1].tolist()
+    if not entry or (parent >= 0).sum() + len(entry) == n:
+        return tree
+    kids = [[] for _ in range(n)]
+    for v in np.flatnonzero(parent >= 0).tolist():
+        kids[parent[v]].append(v)
+    nbrs = [[] for _ in range(n)]
+    for i, j in bonds.tolist():
+        nbrs[i].append(j)
+        nbrs[j].append(i)
+    placed = np.zeros(n, bool)
+
+    def place(v: int) -> None:
+        todo = [v]
+        while todo:
+            u = todo.pop()
+            placed[u] = True
+            todo += [c for c in kids[u] if not placed[c]]
+
+    for v in entry:
+        place(v)
+    while True:
+        frontier = [
+            (int(parent[c] >= 0), c, min(u for u in nbrs[c] if placed[u]))
+            for c in range(n)
+            if not placed[c] and any(placed[u] for u in nbrs[c])
+        ]
+        if not frontier:
+            return tree
+        _, c, u = min(frontier)
+        tree[c] = u
+        place(c)
+
+
 def _prefer_nearest(res, parent: np.ndarray) -> None:
     """An extra heavy atom's parent: the nearest template atom it is bonded to (none: it is
     reached over its bonds)."""
@@ -219,15 +281,15 @@ def stamp(residues, linked: np.ndarray, disulfides, cache: bool = True):
 
     Returns:
         ``bonds`` ``(E, 2)``, ``orders`` ``(E,)``, ``tree_ok`` ``(E,)``,
-        ``pref`` ``(N,)`` (-1: none), ``key`` ``(N,)``, ``quads`` ``(L, Q, 4)``.
+        ``pref`` ``(N,)`` template parents (-1: none), ``tree`` ``(N,)`` tree parents
+        (``ResidueTemplate.tree``), ``key`` ``(N,)``, ``quads`` ``(L, Q, 4)``.
     """
     tmpl = [template_of(r, linked[k], cache) for k, r in enumerate(residues)]
     sizes = np.array([len(t.names) for t in tmpl], np.int64)
     first = starts(sizes)
     pairs, orders = [], []
-    pref = np.concatenate(
-        [np.where(t.parent >= 0, t.parent + f, -1) for t, f in zip(tmpl, first.tolist(), strict=True)]
-    )
+    pref = _offset([t.parent for t in tmpl], first)
+    tree = _offset([t.tree for t in tmpl], first)
     for k, t in enumerate(tmpl):
         pairs.append(t.bonds + first[k])
         orders.append(t.orders)
@@ -236,7 +298,9 @@ def stamp(residues, linked: np.ndarray, disulfides, cache: bool = True):
             pairs.append(np.array([[first[k - 1] + prev.link[1], first[k] + t.link[0]]], np.int64))
             orders.append(np.ones(1, np.int64))
             for a, x in t.link_parent:
-                pref[first[k] + a] = first[k - 1] + prev.slot[x] if x in prev.slot else -1
+                pref[first[k] + a] = tree[first[k] + a] = (
+                    first[k - 1] + prev.slot[x] if x in prev.slot else -1
+                )
     n_tree = sum(len(p) for p in pairs)
     for i, j in disulfides:
         pairs.append(np.array([[first[i] + tmpl[i].slot["SG"], first[j] + tmpl[j].slot["SG"]]], np.int64))
@@ -244,7 +308,12 @@ def stamp(residues, linked: np.ndarray, disulfides, cache: bool = True):
     bonds = np.concatenate(pairs).reshape(-1, 2) if pairs else np.zeros((0, 2), np.int64)
     orders = np.concatenate(orders) if orders else np.zeros(0, np.int64)
     key = np.concatenate([t.key for t in tmpl]) if tmpl else np.zeros(0, bool)
-    return bonds, orders, np.arange(len(bonds)) < n_tree, pref, key, _stamp_quads(tmpl, first, linked)
+    return bonds, orders, np.arange(len(bonds)) < n_tree, pref, tree, key, _stamp_quads(tmpl, first, linked)
+
+
+def _offset(local: list, first: np.ndarray) -> np.ndarray:
+    """Residues' local atom indices (-1: none) made global, back to back."""
+    return np.concatenate([np.where(a >= 0, a + f, -1) for a, f in zip(local, first.tolist(), strict=True)])
 
 
 def _stamp_quads(tmpl: list, first: np.ndarray, linked: np.ndarray) -> np.ndarray:
