@@ -118,7 +118,7 @@ def carried_dihedral(b1, b2, n, defined, norm_b2, plan: CarriedPlan, axes_of=Non
 
     Args:
         b1, b2: ``x_a - x_d`` and ``x_b - x_a`` per row, ``(..., N, 3)``.
-        n: ``b2 x (x_i - x_b)``, each atom's own normal, ``(..., N, 3)``.
+        n: ``unit(b2 x (x_i - x_b))``, each atom's own normal where defined, ``(..., N, 3)``.
         defined: ``(..., N)`` bool, where ``n`` is the normal (the angle at ``b`` is not straight).
         norm_b2: ``|b2|``, ``(..., N)``.
         plan: :func:`carried_plan` of the table.
@@ -165,6 +165,7 @@ def internal_coordinates(xyz: torch.Tensor, table: ConstructionTable, axes_of=No
     r, sin, norm_b2 = safe_sqrt(dot(b3, b3)), safe_sqrt(dot(n, n)), safe_sqrt(dot(b2, b2))
     theta = safe_atan2(sin, -dot(b2, b3))
     defined = sin > math.sqrt(_COLLINEAR.get(xyz.dtype, 1e-10)) * norm_b2 * r  # not straight at b
+    n = n / torch.where(defined, sin, 1.0)[..., None]  # unit: atan2's zero test is absolute
     phi = carried_dihedral(xa - xd, b2, n, defined, norm_b2, table.cached(carried_plan, xyz.device), axes_of)
     out = torch.stack([r, theta, phi], -1)
     return torch.where(plan.present, out, torch.zeros((), dtype=xyz.dtype, device=xyz.device))
