@@ -9,10 +9,16 @@ Each repetition times one *fresh* call and then one *cached* call right after it
 so that a load swing on a shared machine hits both alike; the ratio is taken per
 pair, and the tables give its median and spread (min-max over pairs) beside the
 medians of each call. Every call is timed in wall seconds and in process CPU
-seconds (``time.process_time``: all threads of this process). On a loaded
-machine (other processes on the cores) the wall times swing and the per-pair
-ratios and CPU times are what to trust; on an idle machine the wall ratio at
-torch's default thread count is the figure the issue's target is about.
+seconds (``time.process_time``: all threads of this process). The process runs
+with the allocator settings of every benchmark child (``benchmarks/run.py``:
+large blocks reused, not handed back to the system).
+
+How to read it: on a loaded machine the wall times swing, and the per-pair
+ratios at one thread (wall and CPU) are what to trust; at several threads the
+CPU time also counts the threads' spinning while they wait for a descheduled
+partner, so a loaded machine's CPU ratios there are not the work's. On an idle
+machine the wall ratio at torch's default thread count is the figure the
+issue's target is about.
 
 Rows, at torch's default thread count and at one thread:
 
@@ -30,6 +36,7 @@ Rows, at torch's default thread count and at one thread:
 from __future__ import annotations
 
 import argparse
+import os
 import pickle
 import sys
 import time
@@ -139,6 +146,11 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, nargs="+", help="thread counts (default: torch's default and 1)")
     p.add_argument("--rows", nargs="+", choices=PAIRS, default=PAIRS, metavar="ROW", help=f"of {PAIRS}")
     a = p.parse_args(argv)
+    from .run import ALLOCATOR_ENV
+
+    if any(os.environ.get(k) != v for k, v in ALLOCATOR_ENV.items()):  # the runner's allocator settings
+        os.execve(sys.executable, [sys.executable, "-m", "benchmarks.fresh_ratios", *sys.argv[1:]],
+                  {**os.environ, **ALLOCATOR_ENV})  # fmt: skip
     t0 = time.perf_counter()
     records = run(a.reps, a.batch, a.length, threads=a.threads, rows=a.rows)
     print(table(records))
