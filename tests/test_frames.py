@@ -227,6 +227,7 @@ def test_new_sequence_plans_nothing_and_keeps_the_forest_bits(dtype, monkeypatch
         w = torch.linspace(-1, 1, pos.numel(), dtype=dtype).view(pos.shape)
         return pos, mask, *torch.autograd.grad((pos * w).sum(), ins)
 
+    monkeypatch.setattr(frames, "GROUPED_RESIDUES", 100)
     with monkeypatch.context() as m:
         m.setattr(zmat.ConstructionTable, "concatenate", None)  # planning a forest would fail
         grouped = run()

@@ -603,8 +603,8 @@ class ProteinBatch:
         state = {k: v for k, v in vars(self).items() if k in ("torsions", "torsion_mask")}
         if not self.__dict__.get("_prepared"):
             return (type(self), (self.sequences,), state or None)
-        f = self._flat
-        arrays = (f.ideal, f.torsion_slot, f.is_pro, f.proline_rows, *self.table.kernel_arrays())
+        f, (ints, flags, *_) = self._flat, self.table.kernel_arrays()
+        arrays = (f.ideal, f.torsion_slot, f.is_pro, f.proline_rows, ints, flags, _kernel._chunks(ints[-2]))
         made = (self._types, self._stamp, [torch.from_numpy(np.ascontiguousarray(a)) for a in arrays])
         return (_prepared_batch, (self.sequences, made), state or None)
 
@@ -710,10 +710,10 @@ def _prepared_batch(sequences: list, made: tuple) -> ProteinBatch:
     """A prepared :class:`ProteinBatch` from its pickled arrays (``ProteinBatch.__reduce__``)."""
     batch = ProteinBatch.__new__(ProteinBatch)
     batch.sequences, (batch._types, batch._stamp, tensors) = sequences, made
-    ideal, slot, is_pro, pro_rows, ints, flags = (t.numpy() for t in tensors)
+    ideal, slot, is_pro, pro_rows, *kernel = (t.numpy() for t in tensors)
     batch.L_max, batch.N_max = batch._stamp.L_max, batch._stamp.n_max
     batch._set_flat(ideal, None, slot, is_pro, pro_rows)
-    batch.table = batch_table(batch._stamp, (ints, flags))  # (the cached property's slot)
+    batch.table = batch_table(batch._stamp, tuple(kernel))  # (the cached property's slot)
     batch._prepared = True
     return batch
 

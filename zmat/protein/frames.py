@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _kernel
+from .._analytic import permute  # (a permutation's backward: a gather, not index_add)
 from .._geometry import rigid_from_three_points
 from ..table import ConstructionTable
 from ..transform import to_xyz
@@ -229,6 +230,11 @@ def _default_torsions(dtype, device) -> torch.Tensor:
     return torch.as_tensor(out, dtype=dtype, device=device)
 
 
+#: residues from which :func:`_local_atoms` builds each type's residues as one
+#: batch (about where planning a forest costs more than ~20 calls)
+GROUPED_RESIDUES = 1024
+
+
 @functools.lru_cache(maxsize=16)
 def _groups(aatype_bytes: bytes, device: str):
     """The residues grouped by type (types ascending, residues in order), so
@@ -272,24 +278,27 @@ def _local_atoms(internal: torch.Tensor, aatype_bytes: bytes) -> torch.Tensor:
     (:func:`_groups` of ``aatype_bytes``) -> ``(M, 14, 3)`` positions in each
     residue's tree frame, in residue order (0 for absent slots and UNK).
 
-    Where the compiled kernel serves: one ``to_xyz`` per type present, its
-    residues the batch of its table, so nothing is planned per sequence.
-    Elsewhere one ``to_xyz`` on the sequence's forest (:func:`_forest`:
-    fewer launches on an accelerator). The same bits either way."""
+    From :data:`GROUPED_RESIDUES` residues on, where the compiled kernel
+    serves: one ``to_xyz`` per type present, its residues the batch of its
+    table, so nothing is planned per sequence. Else one ``to_xyz`` on the
+    sequence's forest (:func:`_forest`: cheap to plan when small, one call to
+    differentiate twice, fewer launches on an accelerator). The same bits
+    either way."""
     order, inverse, groups = _groups(aatype_bytes, str(internal.device))
     tables, M = _residue_tables(), len(internal)
-    if not _kernel.usable(internal):
+    if M < GROUPED_RESIDUES or not _kernel.usable(internal):
         table, cells, atom_of = _forest(aatype_bytes, str(internal.device))
-        x = internal.index_select(0, inverse).reshape(-1, 3).index_select(0, cells)
+        x = permute(internal, 0, inverse, order).reshape(-1, 3).index_select(0, cells)
         local = to_xyz(x, table)
         return torch.cat([local, local.new_zeros(1, 3)]).index_select(0, atom_of).view(M, 14, 3)
-    out = []
-    for r, r0, n in groups:
-        k = tables[r].n_atoms  # a type's atoms are its first k slots
-        out.append(F.pad(to_xyz(internal[r0 : r0 + n, :k], tables[r]), (0, 0, 0, 14 - k)))
     n = groups[-1][1] + groups[-1][2] if groups else 0
+    parts = internal.split([g[2] for g in groups] + [M - n])  # (one backward: a cat, not a sum of slices)
+    out = []
+    for (r, _, _), x in zip(groups, parts, strict=False):
+        k = tables[r].n_atoms  # a type's atoms are its first k slots
+        out.append(F.pad(to_xyz(x[:, :k], tables[r]), (0, 0, 0, 14 - k)))
     out.append(internal.new_zeros(M - n, 14, 3))  # UNK: last
-    return torch.cat(out).index_select(0, inverse)
+    return permute(torch.cat(out), 0, inverse, order)
 
 
 def atom14_from_frames(R: torch.Tensor, t: torch.Tensor, aatype, torsions: torch.Tensor):
@@ -326,12 +335,12 @@ def atom14_from_frames(R: torch.Tensor, t: torch.Tensor, aatype, torsions: torch
     flat_aa = aa.reshape(-1).cpu().numpy().clip(0, UNK).astype(np.int64)
     dev, dt = t.device, t.dtype
     ideal, tors, has = _row_tensors(dt, dev)
-    order, _, groups = _groups(flat_aa.tobytes(), str(dev))  # residues grouped by type
+    order, inverse, groups = _groups(flat_aa.tobytes(), str(dev))  # residues grouped by type
     a = torch.as_tensor(flat_aa, device=dev)
     a_grouped = a.index_select(0, order)
     base = ideal[a_grouped]  # (M, 14, 3)
     col = tors[a_grouped]  # (M, 14)
-    tor = torch.gather(torsions.reshape(-1, 7).index_select(0, order), 1, col.clamp(min=0))
+    tor = torch.gather(permute(torsions.reshape(-1, 7), 0, order, inverse), 1, col.clamp(min=0))
     default = torch.gather(_default_torsions(dt, dev)[a_grouped], 1, col.clamp(min=0))
     tor = torch.where(torch.isnan(tor), default, tor)  # NaN: not given (no sync: a select)
     dihedral = torch.where(col >= 0, base[..., 2] + tor, base[..., 2])

@@ -470,8 +470,8 @@ def batch_table(st: Stamp, kernel: tuple | None = None) -> ConstructionTable:
 
     Its plan is made on first use (:func:`batch_plan`), and the compiled
     kernel's is stamped without it (:func:`kernel_arrays`, the table's
-    ``kernel_arrays``; ``kernel``: those, made already): a fresh batch's
-    training step on the CPU reads none."""
+    ``kernel_arrays``; ``kernel``: those, made already, and the kernel's
+    chunks): a fresh batch's training step on the CPU reads none."""
     made = kernel
     kernel = functools.cache(lambda: kernel_arrays(st)) if made is None else (lambda: made)
     table = ConstructionTable.from_plan(lambda: batch_plan(st, kernel()), st.N, constant_anchors=True)
