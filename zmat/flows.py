@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch.distributions import Transform, constraints
 
+from . import _kernel
 from ._geometry import safe_atan2, safe_norm, tiny
 from .table import ConstructionTable, as_table, index_tensor
 from .transform import to_xyz
@@ -243,12 +244,10 @@ class InternalCoordinateTransform(Transform):
             out = self._devices[device, dtype] = self._plan.tensors(device, dtype)
         return out
 
-    def _scale(self, q3: torch.Tensor, t: dict, inverse: bool) -> torch.Tensor:
-        """Normalised entries -> radians (``inverse=True``: radians -> normalised)."""
+    def _scale(self, q3: torch.Tensor, t: dict) -> torch.Tensor:
+        """Normalised entries -> radians."""
         if not self.normalize_angles:
             return q3
-        if inverse:  # component-major (3, N, B)
-            return (q3 - t["cm_shift"]) / t["cm_scale"]
         return torch.addcmul(t["shift"], q3, t["scale"])
 
     def _call(self, q: torch.Tensor) -> torch.Tensor:
@@ -256,7 +255,7 @@ class InternalCoordinateTransform(Transform):
         shape = self.forward_shape(q.shape)  # before the chart's select: a bad shape names itself
         q = _in_chart(self, q)
         t = self._tensors(q.device, q.dtype)
-        c = self._scale(q.reshape(-1, self.n_atoms, 3), t, inverse=False)  # (B, N, 3)
+        c = self._scale(q.reshape(-1, self.n_atoms, 3), t)  # (B, N, 3)
         p = self._plan
         if p.n_frames == 0:  # every atom fixed
             return c.reshape(shape)
@@ -292,8 +291,7 @@ class InternalCoordinateTransform(Transform):
         those groups refer to (against their copied anchors), then those free trees refer to."""
         p, out = self._plan, []
         if p.n_copies:
-            P = _components(c.index_select(1, t["copy_src"]))
-            out.append(torch.where(t["copy_present"], _internal(P, t["copy_path"]), 0.0).permute(2, 1, 0))
+            out.append(_rows(c.index_select(1, t["copy_src"]), t, "copy_"))
         if p.n_tree_copies:
             out.append(self._tree_copies(c, R, origin, t).permute(2, 1, 0))
         return out
@@ -319,21 +317,22 @@ class InternalCoordinateTransform(Transform):
         _check_tensor(xyz, "xyz")
         self.inverse_shape(xyz.shape)
         t = self._tensors(xyz.device, xyz.dtype)
-        P = _components(xyz)  # (3, N, B)
-        Q = torch.where(t["present"], _internal(P, t["path"]), 0.0)  # as zmat.to_internal
+        x = xyz.reshape(-1, self.n_atoms, 3)
+        q = _rows(x, t, "")  # (B, N, 3): as zmat.to_internal, positions where Cartesian
         if self._plan.n_trees:  # the trees' orientations, into the second and third atoms' rows
-            root, first, second = P.index_select(1, t["tree_atoms"]).chunk(3, 1)
+            root, first, second = _components(x.index_select(1, t["tree_atoms"])).chunk(3, 1)
             euler = torch.stack(_matrix_to_euler(*_frame(root, first, second), first - root))  # (3, T, B)
-            orient = euler.flatten(0, 1).index_select(0, t["euler_index"]).view_as(Q)
-            Q = torch.where(t["orientation"], orient, Q)
-        Q = self._scale(torch.where(t["cm_cartesian"], P, Q), t, inverse=True)
-        return Q.permute(2, 1, 0).reshape(*xyz.shape[:-2], 3 * self.n_atoms)
+            orient = euler.flatten(0, 1).t().index_select(1, t["euler_index"]).view_as(q)
+            q = torch.where(t["orientation"], orient, q)
+        if self.normalize_angles:
+            q = (q - t["shift"]) / t["scale"]
+        return q.reshape(*xyz.shape[:-2], 3 * self.n_atoms)
 
     def log_abs_det_jacobian(self, q: torch.Tensor, xyz: torch.Tensor | None = None) -> torch.Tensor:
         """``log|det d xyz / d q|``, ``(...)``, from ``q`` (``xyz`` is not read)."""
         q3 = q.unflatten(-1, self.forward_shape(q.shape)[-2:])
         t = self._tensors(q.device, q.dtype)
-        out = _log_det(self._scale(q3, t, inverse=False), t["ld_weights"])
+        out = _log_det(self._scale(q3, t), t["ld_weights"])
         return out + self._constant if self._constant else out
 
     def call_and_ladj(self, q: torch.Tensor):
@@ -396,6 +395,26 @@ def _internal(P: torch.Tensor, path: torch.Tensor) -> torch.Tensor:
     y = torch.stack([norm[2], norm[0] * _dot(b[:, 0], n[:, 1])])
     x = torch.stack([-_dot(b[:, 1], b[:, 2]), _dot(n[:, 0], n[:, 1])])
     return torch.cat([norm[1:2], safe_atan2(y, x)])
+
+
+def _rows(x: torch.Tensor, t: dict, key: str) -> torch.Tensor:
+    """Rows ``(B, M, 3)`` of internal coordinates (0 where the reference is missing; the
+    position itself where Cartesian) from positions ``x`` ``(B, K, 3)``: the plan's rows
+    ``key + "path"`` (``""``: the table's, ``"copy_"``: the copies'). On the CPU one call of
+    the compiled kernel (``zmat._kernel.internal``), else :func:`_internal` in torch ops."""
+    path, flags = t[key + "path"], t[key + "flags"]
+    if _kernel.usable(x) and not torch.compiler.is_compiling():
+        return _kernel.internal(x, path, flags, lambda v: _rows_torch(v, t, key))
+    return _rows_torch(x, t, key)
+
+
+def _rows_torch(x: torch.Tensor, t: dict, key: str) -> torch.Tensor:
+    """:func:`_rows` in torch ops (the kernel's reference)."""
+    P = _components(x)
+    Q = torch.where(t[key + "present"], _internal(P, t[key + "path"]), 0.0)
+    if key + "cm_cartesian" in t:
+        Q = torch.where(t[key + "cm_cartesian"], P, Q)
+    return Q.permute(2, 1, 0)
 
 
 def _frame(xo: torch.Tensor, xa: torch.Tensor, xb: torch.Tensor):
@@ -578,7 +597,7 @@ class _Plan:
             "pose_index": np.concatenate([pose, 3 * own[None, :, 1] + 1]).T.ravel(),
             "anchor_atoms": anchor_atoms.T.ravel(),
             "copy_src": copy_src,
-            "euler_index": euler_index.T.ravel(),
+            "euler_index": euler_index.ravel(),
             "path": _path(refs),
             "tree_second_third": own[:, 1:].T.ravel(),
             "tree_copy_src": tree_copy_src,
@@ -594,16 +613,18 @@ class _Plan:
         self.masks = {
             "cartesian": cartesian,
             "cm_cartesian": cm(cartesian),
-            "orientation": cm(orientation),
+            "orientation": orientation,
             "present": cm(refs >= 0),
             "copy_present": cm(copy_refs >= 0),
+            "flags": _row_flags(refs, cartesian[:, 0]),
+            "copy_flags": _row_flags(copy_refs, np.zeros(len(copy_refs), bool)),
             "third_on_second": third_on_second[:, None],  # row (second, root), else (root, second)
         }
         scale, shift = np.ones((n, 3)), np.zeros((n, 3))
         scale[kind == ANGLE] = math.pi
         scale[kind == PERIODIC] = 2 * math.pi
         shift[kind == PERIODIC] = -math.pi
-        self.floats = {"scale": scale, "shift": shift, "cm_scale": cm(scale), "cm_shift": cm(shift)}
+        self.floats = {"scale": scale, "shift": shift}
         weights = np.stack([2.0 * (free & (nref >= 1)), 1.0 * (free & (nref >= 2))], 1)
         self.floats["ld_weights"] = weights.ravel()  # the log-det's, (bond, angle) per atom
         self.floats["zero_one"] = np.array([0.0, 1.0])
@@ -615,6 +636,12 @@ class _Plan:
         floats = {k: np.ascontiguousarray(v) for k, v in self.floats.items()}
         out.update({k: torch.as_tensor(v, dtype=dtype, device=device) for k, v in floats.items()})
         return out
+
+
+def _row_flags(refs: np.ndarray, cartesian: np.ndarray) -> np.ndarray:
+    """``(M,)`` uint8 of ``zmat._kernel.internal``: bits 0-2 the references present, bit 3 Cartesian."""
+    bits = (refs >= 0) @ np.array([1, 2, 4]) + 8 * cartesian
+    return bits.astype(np.uint8)
 
 
 def _path(refs: np.ndarray) -> np.ndarray:
