@@ -7,7 +7,8 @@
 // each norm 0 (zero gradient) below `tiny` on its square, each atan2 0 (zero
 // gradient) where x^2 + y^2 <= tiny. A row's flags say which entries its table
 // uses (bit 0: r, 1: theta, 2: phi; the others are 0 with zero gradient) or
-// that the row is the position of atom i itself (bit 3). Arithmetic in double.
+// that the row is the position of atom i itself (bit 3). Arithmetic in the
+// tensors' dtype, as the torch path's.
 // Backward: the chain rule of those formulas, summed into the four atoms in
 // row order per structure (the same bits on any number of threads).
 #include <cmath>
@@ -17,14 +18,16 @@
 
 namespace {
 
-using A = double;
-
+template <typename A>
 inline void cross(const A* u, const A* v, A* o) {
   o[0] = u[1] * v[2] - u[2] * v[1];
   o[1] = u[2] * v[0] - u[0] * v[2];
   o[2] = u[0] * v[1] - u[1] * v[0];
 }
-inline A dot(const A* u, const A* v) { return u[0] * v[0] + u[1] * v[1] + u[2] * v[2]; }
+template <typename A>
+inline A dot(const A* u, const A* v) {
+  return u[0] * v[0] + u[1] * v[1] + u[2] * v[2];
+}
 
 struct Rows {
   int64_t m;
@@ -33,7 +36,7 @@ struct Rows {
 };
 
 // One row's geometry from positions p (strides s1 atoms, s2 components).
-template <typename T>
+template <typename T, typename A = T>
 struct Row {
   A b1[3], b2[3], b3[3], n1[3], n2[3];
   Row(const T* p, int64_t s1, int64_t s2, int64_t d, int64_t a, int64_t b, int64_t i) {
@@ -49,9 +52,12 @@ struct Row {
   }
 };
 
-inline A safe_sqrt(A sq, A tiny) { return sq <= tiny ? A(0) : std::sqrt(sq); }
+template <typename A>
+inline A safe_sqrt(A sq, A tiny) {
+  return sq <= tiny ? A(0) : std::sqrt(sq);
+}
 
-template <typename T>
+template <typename T, typename A = T>
 void forward(const T* p, int64_t bn, const int64_t* ps, const Rows& q, T* out, A tiny, int64_t threads) {
   const int64_t m = q.m;
   zmat::parallel_for(bn, threads, [&](int64_t s) {
@@ -80,7 +86,7 @@ void forward(const T* p, int64_t bn, const int64_t* ps, const Rows& q, T* out, A
 }
 
 // grad (B, K, 3) contiguous, k atoms: the gradient of sum g . out.
-template <typename T>
+template <typename T, typename A = T>
 void backward(const T* p, int64_t bn, const int64_t* ps, const Rows& q, const T* g, const int64_t* gs, T* grad,
               int64_t k, A tiny, int64_t threads) {
   const int64_t m = q.m;
@@ -182,5 +188,5 @@ void backward(const T* p, int64_t bn, const int64_t* ps, const Rows& q, const T*
                 threads);                                                                                   \
   }
 
-ZMAT_INTERNAL(float, f32, 1e-12)
+ZMAT_INTERNAL(float, f32, 1e-12f)
 ZMAT_INTERNAL(double, f64, 1e-24)
