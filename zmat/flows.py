@@ -263,11 +263,7 @@ class InternalCoordinateTransform(Transform):
         C = c
         if p.n_copies or p.n_tree_copies:  # the fixed atoms groups and trees refer to, in their frames
             C = torch.cat([c, *self._copies(c, R, origin, t)], 1)
-        Y = to_xyz(C, p.placement)
-        X = _move(R, origin, Y if C is c else Y[:, : self.n_atoms], t.get("frame_of"))
-        if len(self.fixed_atoms):
-            X = torch.where(t["cartesian"], c, X)
-        return X.reshape(shape)
+        return _moved(R, origin, to_xyz(C, p.placement), c, t, len(self.fixed_atoms) > 0).reshape(shape)
 
     def _frames(self, c: torch.Tensor, t: dict):
         """Rotations ``(B, F, 3, 3)`` and origins ``(B, F, 3)`` of the free trees, then of the
@@ -447,6 +443,25 @@ def _move(R: torch.Tensor, origin: torch.Tensor, Y: torch.Tensor, frame_of) -> t
     return (origin + (R * _components(Y)).sum(1)).permute(2, 1, 0)
 
 
+def _moved(R: torch.Tensor, origin: torch.Tensor, Y: torch.Tensor, c: torch.Tensor, t: dict, fixed: bool):
+    """Positions ``(B, N, 3)``: the atoms placed by ``to_xyz`` (``Y`` ``(B, M, 3)``, ``M >= N``)
+    moved by their frames (:func:`_move`), the Cartesian ones ``c`` ``(B, N, 3)`` as given
+    (``fixed``: there are fixed atoms). On the CPU one call of the compiled kernel
+    (``zmat._kernel.move``)."""
+    if _kernel.usable(c) and not torch.compiler.is_compiling():
+        reference = lambda *v: _moved_torch(*v, t, fixed)  # noqa: E731
+        cartesian = t["cartesian_atoms" if fixed else "no_cartesian_atoms"]
+        return _kernel.move(R, origin, Y, c, t["frame_all"], cartesian, reference)
+    return _moved_torch(R, origin, Y, c, t, fixed)
+
+
+def _moved_torch(R: torch.Tensor, origin: torch.Tensor, Y: torch.Tensor, c: torch.Tensor, t: dict, fixed):
+    """:func:`_moved` in torch ops (the kernel's reference). A free root needs no select:
+    ``o + R 0`` is ``o``, its position, exactly."""
+    X = _move(R, origin, Y[:, : c.shape[1]], t.get("frame_of"))
+    return torch.where(t["cartesian"], c, X) if fixed else X
+
+
 def _sin_from_cos(c: torch.Tensor) -> torch.Tensor:
     """``sqrt(1 - c^2)``, 0 with a zero gradient at ``|c| >= 1``."""
     s2 = (1 - c) * (1 + c)
@@ -608,10 +623,13 @@ class _Plan:
         }
         if self.n_frames > 1:
             self.arrays["frame_of"] = frame_of
+        self.arrays["frame_all"] = frame_of
         cartesian = np.repeat(~free | (nref == 0), 3).reshape(n, 3)
         third_on_second = refs[np.minimum(tree_atoms[:, 2], n - 1), 0] == tree_atoms[:, 1]
         self.masks = {
             "cartesian": cartesian,
+            "cartesian_atoms": cartesian[:, 0].astype(np.uint8),
+            "no_cartesian_atoms": np.zeros(n, np.uint8),
             "cm_cartesian": cm(cartesian),
             "orientation": orientation,
             "present": cm(refs >= 0),
