@@ -253,7 +253,8 @@ class InternalCoordinateTransform(Transform):
     def _call(self, q: torch.Tensor) -> torch.Tensor:
         _check_tensor(q, "q")
         shape = self.forward_shape(q.shape)  # before the chart's select: a bad shape names itself
-        q = _in_chart(self, q)
+        if self._plan.n_trees:  # (no tree, no cos beta)
+            q = _in_chart(self, q)
         t = self._tensors(q.device, q.dtype)
         c = self._scale(q.reshape(-1, self.n_atoms, 3), t)  # (B, N, 3)
         p = self._plan
@@ -276,7 +277,7 @@ class InternalCoordinateTransform(Transform):
             origins.append(pose[..., :3])
         if p.n_anchored:
             xo, xa, xb = _components(c.index_select(1, t["anchor_atoms"])).chunk(3, 1)
-            Rs.append(torch.stack(_frame(xo, xa, xb), 1).permute(3, 2, 0, 1))
+            Rs.append(torch.stack(_frame(xo, xa, xb, t["axes"]), 1).permute(3, 2, 0, 1))
             origins.append(xo.permute(2, 1, 0))
         if len(Rs) == 1:
             return Rs[0], origins[0]
@@ -317,7 +318,8 @@ class InternalCoordinateTransform(Transform):
         q = _rows(x, t, "")  # (B, N, 3): as zmat.to_internal, positions where Cartesian
         if self._plan.n_trees:  # the trees' orientations, into the second and third atoms' rows
             root, first, second = _components(x.index_select(1, t["tree_atoms"])).chunk(3, 1)
-            euler = torch.stack(_matrix_to_euler(*_frame(root, first, second), first - root))  # (3, T, B)
+            u, v, w = _frame(root, first, second, t["axes"])
+            euler = torch.stack(_matrix_to_euler(u, v, w, first - root))  # (3, T, B)
             orient = euler.flatten(0, 1).t().index_select(1, t["euler_index"]).view_as(q)
             q = torch.where(t["orientation"], orient, q)
         if self.normalize_angles:
@@ -413,19 +415,17 @@ def _rows_torch(x: torch.Tensor, t: dict, key: str) -> torch.Tensor:
     return Q.permute(2, 1, 0)
 
 
-def _frame(xo: torch.Tensor, xa: torch.Tensor, xb: torch.Tensor):
+def _frame(xo: torch.Tensor, xa: torch.Tensor, xb: torch.Tensor, axes: torch.Tensor):
     """The axes ``u, v, u x v`` of the placement frame of three points: ``u`` along ``xa - xo``,
     ``v`` the unit part of ``xb - xo`` normal to ``u`` (as ``to_xyz`` places a tree's first three
     atoms: root at the origin, the second on ``+x``, the third in the ``xy``-plane, ``y > 0``).
-    Degenerate points fall back to fixed axes: finite, differentiable."""
-    ex = torch.zeros_like(xo[:, :1, :1])
-    ex[0] = 1
+    Degenerate points fall back to fixed axes (``axes``: ``(2, 3, 1, 1)``, ``+x`` and ``+z``):
+    finite, differentiable."""
+    ex, ez = axes
     u = _unit(xa - xo, ex)
     w = xb - xo
     # fallback for v: u x e, e = +z unless u is nearly along z, then +x
-    along_z = u[2:].abs() > 0.9
-    e = torch.cat([along_z, torch.zeros_like(along_z), ~along_z]).to(u.dtype)
-    perp = _cross(u, e)
+    perp = _cross(u, torch.where(u[2:].abs() > 0.9, ex, ez))
     perp = perp * torch.rsqrt((perp * perp).sum(0, keepdim=True).clamp_min(tiny(u.dtype)))
     v = _unit(w - _dot(w, u) * u, perp)
     return u, v, _cross(u, v)
@@ -646,6 +646,7 @@ class _Plan:
         weights = np.stack([2.0 * (free & (nref >= 1)), 1.0 * (free & (nref >= 2))], 1)
         self.floats["ld_weights"] = weights.ravel()  # the log-det's, (bond, angle) per atom
         self.floats["zero_one"] = np.array([0.0, 1.0])
+        self.floats["axes"] = np.array([[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])[..., None, None]
 
     def tensors(self, device, dtype) -> dict:
         """The arrays on ``device``, the floats in ``dtype``."""
