@@ -207,3 +207,22 @@ def test_clash_term_moves_the_target_against_the_clash(held):
     ) / ab.sqrt()
     before, after = bb.clash(bb.xyz(bad[l])), bb.clash(bb.xyz(x0_after[l]))
     assert after.sum() < 0.99 * before.sum() and (after <= before + 1e-4).all()
+
+
+def test_aggregate_over_seeds():
+    """Several seeds: the mean and sample standard deviation of every number, ``mean ± sd`` in the table."""
+    cfg = dict(bench.SIZES["tiny"], guidance=(1.0,))
+    data = dict(entries=2, held_out_entries=["x"], train_residues=1, held_out_residues=1, train_windows=1,
+                held_out_windows=1)  # fmt: skip
+
+    def fake(seed, v):
+        rows = {name: {key: v for key, _, _ in bench.ROWS} for name, _ in bench.columns(cfg)}
+        return dict(seed=seed, config=cfg, data=data, threads=1, rows=rows, _sets=None)
+
+    res = bench.aggregate([fake(0, 1.0), fake(1, 2.0), fake(2, 6.0)])
+    assert res["seed"] == [0, 1, 2] and "_sets" not in res
+    row = res["rows"]["own+clash+guidance 1"]
+    assert row["rama_js"] == pytest.approx(3.0) and row["rama_js_sd"] == pytest.approx(
+        np.std([1, 2, 6], ddof=1)
+    )
+    assert "| 3.0000 ± 2.6458 |" in bench.table(res)
