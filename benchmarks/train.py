@@ -2,13 +2,15 @@
 
 Two trainings of ``examples/torsion_diffusion.py``'s model, identical but for the loss (the
 same initial weights, seeds, batches, noise and steps; the steps interleaved, so that both
-see the same machine load and their times compare): FoldingDiff's own loss, and the same
-plus ``zmat.clash_loss`` and the peptide-bond terms of ``structural_violations`` on the
-decoded predicted ``x0`` (weight ``abar_t``). Each model is sampled twice from the same
-noise: plainly and with clash guidance (the ``clash_loss`` gradient of the decoded predicted
-``x0`` on the DDPM mean in the last steps, ``--guidance``). Samples are compared with held-out
-windows: clashes (AlphaFold's definition), violations, Ramachandran, radius of gyration,
-CA(i)-CA(i+2) distances; and the time per training step.
+see the same machine load and their times compare): FoldingDiff's own loss, and the same with
+the clash term (``zmat.clash_loss`` and the peptide-bond terms of ``structural_violations`` on
+the decoded predicted ``x0``, as a clash-guided noise target at low noise, on the batch and on
+sampler chains: ``examples/torsion_diffusion.py``'s ``losses``). Each model is sampled from the
+same noise plainly and with clash guidance at each ``--guidance`` scale (the ``clash_loss``
+gradient of the decoded predicted ``x0`` on the DDPM mean in the last steps). Samples are
+compared with held-out windows (``--validate``: with the training windows, other noise):
+clashes (AlphaFold's definition), violations, Ramachandran, radius of gyration, CA(i)-CA(i+2)
+distances; and the time per training step. ``--seed 0 1 2``: mean ± sd over training seeds.
 
     python -m benchmarks --suite train            # quick (a few minutes on 2 cores)
     python -m benchmarks --suite train --full     # longer windows, bigger model, more steps

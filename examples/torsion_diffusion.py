@@ -27,7 +27,7 @@ two models that differ only in the extra loss and compares their samples.
 
     python examples/torsion_diffusion.py                       # tiny, with the clash term
     python examples/torsion_diffusion.py --clash-weight 0      # FoldingDiff's own loss only
-    python examples/torsion_diffusion.py --guidance 3          # stronger clash guidance at sampling
+    python examples/torsion_diffusion.py --guidance 0          # no clash guidance at sampling
     python examples/torsion_diffusion.py --steps 2000 --length 32 --diffusion-steps 200
 """
 
@@ -339,7 +339,7 @@ def main(argv=None) -> None:
     p.add_argument("--diffusion-steps", type=int, default=50, help="T (FoldingDiff: 1000)")
     p.add_argument("--clash-weight", type=float, default=3.0, help="0: FoldingDiff's own loss only")
     p.add_argument("--chains", type=int, default=4, help="sampler chains the clash term sees")
-    p.add_argument("--guidance", type=float, default=1.0, help="clash guidance at sampling; 0: none")
+    p.add_argument("--guidance", type=float, default=3.0, help="clash guidance at sampling; 0: none")
     p.add_argument("--samples", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
