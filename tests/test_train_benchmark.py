@@ -195,7 +195,7 @@ def test_clash_term_moves_the_target_against_the_clash(held):
     want = torch.nn.functional.smooth_l1_loss(
         ex.wrap(eps_hat - target), torch.zeros_like(eps), beta=0.1 * math.pi
     )
-    assert float(ls.total.detach()) == pytest.approx(float(want), rel=1e-5)
+    assert float(ls.total.detach()) == pytest.approx(float(want.detach()), rel=1e-5)
     ls.total.backward()  # the clash term's part of the gradient: zero at high noise, and
     grad = eps_hat.grad  # descending it moves x0_hat against the clash
     ex.losses(net, bad, sched, bb, 0.0, torch.Generator().manual_seed(0)).total.backward()
