@@ -749,11 +749,23 @@ class KernelPlan:
     def concatenate(plans: list[KernelPlan]) -> KernelPlan:
         """The plan of ``ConstructionTable.concatenate`` of the plans' tables:
         their columns side by side, indices shifted by each table's first atom
-        (:func:`zmat._columns.joined`; a narrower offset chain has unused entries)."""
-        ints = _columns.decode(KernelArrays, _columns.joined(KernelArrays, [p._packed for p in plans]))
-        return KernelPlan(
-            ints, _columns.joined(KernelFlags, [p._flags for p in plans]).view(bool), plans[0].vjp
-        )
+        (the arrays :func:`zmat._columns.joined` of their packed plans decodes to;
+        a narrower offset chain's rows: entry 0, unused). One write of each plan's
+        columns, shifted as it is copied: no packing, no pass over the result."""
+        k = max(len(p._ints) for p in plans) - 2
+        n = sum(p.n for p in plans)
+        ints, flags = np.zeros((k + 2, n), np.int64), np.zeros((k + 2, n), np.uint8)
+        at = 0
+        for p in plans:
+            kp, end = len(p._ints) - 2, at + p.n
+            np.add(p._ints[:kp], 3 * at, out=ints[:kp, at:end])  # gather: flat into C, 3 per atom
+            parent = p._ints[kp]
+            ints[k, at:end] = -1
+            np.add(parent, at, out=ints[k, at:end], where=parent >= 0)  # dfs positions, -1 none
+            np.add(p._ints[kp + 1], at, out=ints[k + 1, at:end])  # atom of every position
+            flags[:kp, at:end], flags[k:, at:end] = p._flags[:kp], p._flags[kp:]
+            at = end
+        return KernelPlan(ints, flags.view(bool), plans[0].vjp)
 
 
 @dataclass(frozen=True)
