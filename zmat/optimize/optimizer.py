@@ -186,6 +186,7 @@ class InternalStepper:
         self.best_q, self.best_g, self.best_E = x.new_zeros(bsz, p), x.new_zeros(bsz, p), zeros
         self.prev_E, self.pred_E, self.interp_E = zeros, zeros, zeros
         self.on_sphere = torch.zeros(bsz, dtype=torch.bool, device=self.device)
+        self.best_off = torch.zeros(bsz, dtype=torch.bool, device=self.device)  # best point off target
         self.step_norm = zeros
 
     def needs_rebuild(self, xyz: torch.Tensor) -> torch.Tensor:
@@ -276,9 +277,11 @@ class InternalStepper:
         d = wrap(self.best_q - q, self.periodic)
         t, Ei = cubic_search(E, self.best_E, (gq * d).sum(-1), (self.best_g * d).sum(-1))
         # while constraints are still on their way to their targets, energies of different points are
-        # not comparable: no line search, and the current point counts as the best
+        # not comparable: no line search, and the current point counts as the best; so does the first
+        # point on target (the best so far was off it: lower, but not a point of the constrained problem)
         moving = self._off_target(q)
-        t, Ei = torch.where(first | moving, 0.0, t), torch.where(first | moving, E, Ei)
+        fresh = first | moving | self.best_off
+        t, Ei = torch.where(fresh, 0.0, t), torch.where(fresh, E, Ei)
         iq = q + t[:, None] * d
         ig = gq + t[:, None] * (self.best_g - gq)
 
@@ -313,7 +316,8 @@ class InternalStepper:
         def keep_old(new, old):
             return torch.where(active.reshape(-1, *[1] * (new.ndim - 1)), new, old)
 
-        better = first | moving | (E < self.best_E)
+        better = fresh | (E < self.best_E)
+        self.best_off = keep_old(moving, self.best_off)
         self.H, self.trust = keep_old(H, self.H), trust
         self.best_q = keep_old(torch.where(better[:, None], q, self.best_q), self.best_q)
         self.best_g = keep_old(torch.where(better[:, None], gq, self.best_g), self.best_g)
