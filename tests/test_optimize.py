@@ -76,7 +76,8 @@ def test_wilson_b_matches_finite_differences(atoms):
 def test_primitives_cover_rings_linear_bends_fragments_and_hydrogen_bonds():
     benzene = build_primitives(molecule("C6H6").positions, molecule("C6H6").numbers)
     assert dict(zip(KINDS, benzene.counts, strict=False)) == {
-        "bond": 12, "angle": 18, "linear": 0, "dihedral": 24, "oop": 6, "cartesian": 0,
+        "bond": 12, "angle": 18, "linear": 0, "dihedral": 24, "oop": 6, "translation": 0, "rotation": 0,
+        "cartesian": 0,
     }  # fmt: skip
     assert benzene.find((0, 5)) is not None  # the ring closure a z-matrix has no coordinate for
     hcn = build_primitives(molecule("HCN").positions, molecule("HCN").numbers)
