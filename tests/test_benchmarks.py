@@ -4,6 +4,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -178,6 +179,20 @@ def test_ops_are_counted_for_batch_one_latency():
         assert 0 < fwd <= 10 and 0 < bwd <= 10, (fwd, bwd)
 
 
+def test_fresh_ratios_interleave_fresh_and_cached_calls():
+    from benchmarks import fresh_ratios
+    from benchmarks.fresh import table
+
+    records = fresh_ratios.run(reps=2, n_seq=2, length=12, threads=[1])
+    assert [r["case"] for r in records] == list(fresh_ratios.PAIRS)
+    for r in records:
+        assert r["pairs"] == 2 and r["threads"] == 1
+        for what in ("wall", "cpu"):
+            assert r[f"{what} ratio"] > 0 and "-" in r[f"{what} min-max"]
+            assert r[f"fresh {what}"] > 0 and r[f"cached {what}"] > 0
+    assert "ratios:" in table(records) and "step, DataLoader" in table(records)
+
+
 def test_limits_report_the_fraction_of_the_slowest_resource():
     from benchmarks import limits
     from benchmarks.fresh import table
@@ -215,3 +230,21 @@ def test_flows_suite_runs_tiny_and_agrees_with_bgflows_algorithm(tmp_path, capsy
         assert r["zmat round trip A (float64)"] < 1e-11
         assert r["bgflow-algorithm round trip A (float64)"] < 1e-10
     assert "fwd+logdet" in capsys.readouterr().out
+
+
+def test_flows_grid_fixes_the_proteins_backbone():
+    """The grid's fixed-atom protein rows keep N, CA, C Cartesian, named by the table's own
+    atoms (the file's atom order named other atoms: a "backbone" of side-chain atoms, whose
+    rows made long chains of positional placements)."""
+    from benchmarks.flow_cases import protein
+    from benchmarks.flows_grid import _protein_fixed
+
+    table, _, names = protein(12, 1)
+    refs = table.refs
+    ca = np.nonzero(names == "CA")[0]
+    o = np.nonzero(names == "O")[0]
+    assert len(ca) == 12 and (names[refs[ca, 0]] == "N").all()  # names follow the table
+    assert len(o) == 12 and (names[refs[o, 0]] == "C").all()
+    fixed = _protein_fixed(table, names)
+    assert np.isin(np.nonzero(np.isin(names, ("N", "CA", "C")))[0], fixed).all()
+    assert len(fixed) == 36
