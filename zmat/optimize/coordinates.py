@@ -19,6 +19,8 @@ value vector ``q``):
   chains;
 * **out-of-plane** angles of three-coordinate centres: the angle between the
   bond ``j -> l`` and the plane ``(i, j, k)``;
+* **translation** and **rotation** of each fragment (``coords="tric"``,
+  :mod:`.fragments`), in place of the contact bonds between fragments;
 * **cartesian** components of frozen atoms (constant rows of B).
 
 Everything is built once on the host from the starting geometry (the union
@@ -40,11 +42,12 @@ from ase.data import covalent_radii, vdw_radii
 from scipy.sparse.csgraph import connected_components
 
 from .._geometry import dihedral_from_bonds, safe_atan2, safe_norm
+from . import fragments
 
 __all__ = ["KINDS", "Primitives", "build_primitives", "values", "wilson_b"]
 
 #: the kinds, in the order of ``q``
-KINDS = ("bond", "angle", "linear", "dihedral", "oop", "cartesian")
+KINDS = ("bond", "angle", "linear", "dihedral", "oop", "translation", "rotation", "cartesian")
 LINEAR = math.radians(175.0)  # an angle above this is treated as linear
 UNLINEAR = math.radians(170.0)  # a linear bend below this becomes an angle again (hysteresis)
 _SMALL_ANGLE = math.radians(45.0)  # angles below this are left out (pyberny)
@@ -62,7 +65,9 @@ class Primitives:
         dihedral: ``(nd, 4)``; oop: ``(no, 4)`` (``i, j, k, l``: bond
         ``j -> l`` against the plane ``i, j, k``); cartesian: ``(nc, 2)``
         (atom, axis). ``weak``: ``(P,)`` number of non-covalent links in each
-        primitive (0 for covalent ones).
+        primitive (0 for covalent ones). translation, rotation: ``(n, m)``
+        the atoms of each row's fragment (padded), ``frag`` their
+        :class:`.fragments.FragmentRows` (``coords="tric"``; else no rows).
     """
 
     n_atoms: int
@@ -74,6 +79,9 @@ class Primitives:
     oop: torch.Tensor
     cartesian: torch.Tensor
     weak: torch.Tensor = field(repr=False)
+    translation: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 1, dtype=torch.long))
+    rotation: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 1, dtype=torch.long))
+    frag: fragments.FragmentRows | None = field(default=None, repr=False)
 
     @property
     def counts(self) -> tuple[int, ...]:
@@ -104,7 +112,7 @@ class Primitives:
 
     def to(self, device) -> Primitives:
         moved = {k: getattr(self, k).to(device) for k in (*KINDS, "linear_ref", "weak")}
-        return replace(self, **moved)
+        return replace(self, **moved, frag=self.frag.to(device) if self.frag is not None else None)
 
     def linear_triples(self) -> frozenset:
         """The ``(i, j, k)`` triples held by linear bends."""
@@ -118,6 +126,8 @@ class Primitives:
         if len(self.linear):
             ends = self.linear[:, [0, 1, 2]]
             out = out | (_angle(xyz[..., ends, :]) < UNLINEAR).any()
+        if len(self.rotation):  # a fragment turned far from its reference: a new reference
+            out = out | fragments.turned_far(self.frag, xyz[..., self.rotation, :])
         return out
 
 
@@ -163,6 +173,11 @@ def _kind_values(prims: Primitives, kind: str, p: torch.Tensor) -> torch.Tensor:
         return _dihedral(p)
     if kind == "oop":
         return _oop(p)
+    f = prims.frag
+    if kind == "translation":
+        return fragments.translation(p, f.t_mask, f.t_axis)
+    if kind == "rotation":
+        return fragments.rotation(p, f.r_mask, f.r_axis, f.r_ref, f.r_reg)
     raise AssertionError(kind)
 
 
@@ -219,8 +234,9 @@ def _radii(numbers: np.ndarray, table: np.ndarray, fallback: float) -> np.ndarra
     return np.where(np.isfinite(r), r, fallback)
 
 
-def _bonds(xyz: np.ndarray, numbers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Bond matrix (covalent, hydrogen and fragment-joining bonds) and the covalent-fragment matrix."""
+def _bonds(xyz: np.ndarray, numbers: np.ndarray, join: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Bond matrix (covalent, hydrogen and, if ``join``, fragment-joining bonds) and the covalent-fragment
+    matrix."""
     n = len(numbers)
     d = np.linalg.norm(xyz[:, :, None] - xyz[:, None], axis=-1)  # (B, N, N)
     rc = _radii(numbers, covalent_radii, 0.7)
@@ -243,7 +259,7 @@ def _bonds(xyz: np.ndarray, numbers: np.ndarray) -> tuple[np.ndarray, np.ndarray
     # join fragments: contacts within the sum of van der Waals radii, widened until connected (pyberny)
     rv = _radii(numbers, vdw_radii, 2.0)
     shift, dmin = 0.0, d.min(0)
-    while connected_components(bonds, directed=False)[0] > 1:
+    while join and connected_components(bonds, directed=False)[0] > 1:
         _, lab = connected_components(bonds, directed=False)
         apart = lab[:, None] != lab[None, :]
         bonds |= apart & (dmin < rv[:, None] + rv[None, :] + shift)
@@ -305,6 +321,7 @@ def build_primitives(
     frozen: tuple[int, ...] = (),
     out_of_plane: bool = True,
     linear: frozenset = frozenset(),
+    coords: str = "redundant",
 ) -> Primitives:
     """The primitive internal coordinates of a molecule (or cluster) at ``xyz``.
 
@@ -318,6 +335,9 @@ def build_primitives(
         out_of_plane: include out-of-plane angles of three-coordinate centres.
         linear: ``(i, j, k)`` triples that were linear before (a rebuild): they
             stay linear down to 170 degrees (hysteresis), new ones from 175.
+        coords: ``"redundant"`` (fragments joined by contact bonds) or
+            ``"tric"`` (each fragment's translation and rotation instead,
+            :mod:`.fragments`; the reference is ``xyz``).
 
     Returns:
         a :class:`Primitives` on the CPU (``.to(device)`` to move it).
@@ -326,7 +346,10 @@ def build_primitives(
     xyz = xyz[None] if xyz.ndim == 2 else xyz
     numbers = np.asarray(numbers, dtype=np.int64)
     n = len(numbers)
-    bonds, same = _bonds(xyz, numbers)
+    if coords not in ("redundant", "tric"):
+        raise ValueError(f"coords must be 'redundant' or 'tric', got {coords!r}")
+    tric = coords == "tric"
+    bonds, same = _bonds(xyz, numbers, join=not tric)
     weak_bond = {(i, j): int(not same[i, j]) for i, j in zip(*np.nonzero(np.triu(bonds)), strict=False)}
     angles, bends, refs = {}, [], []
     for j in range(n):
@@ -361,6 +384,11 @@ def build_primitives(
             table[key] = 1
     cart = [(a, c) for a in frozen for c in range(3)]
     weak = [*weak_bond.values(), *angles.values(), *[0] * len(bends), *dihedrals.values(), *oop.values()]
+    frag = {}
+    if tric:
+        t_idx, r_idx, rows = fragments.fragment_rows(xyz, same)
+        frag = {"translation": t_idx, "rotation": r_idx, "frag": rows}
+        weak += [0] * (len(t_idx) + len(r_idx))
 
     def idx(rows, k):
         return torch.tensor(list(rows), dtype=torch.long).reshape(-1, k)
@@ -375,4 +403,5 @@ def build_primitives(
         oop=idx(oop, 4),
         cartesian=idx(cart, 2),
         weak=torch.tensor(weak + [0] * len(cart), dtype=torch.long),
+        **frag,
     )

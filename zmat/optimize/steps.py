@@ -66,6 +66,9 @@ def model_hessian(prims: Primitives, xyz: torch.Tensor, radii: torch.Tensor) -> 
             parts.append(
                 0.005 * rho(dih[:, 0], dih[:, 1]) * rho(dih[:, 1], dih[:, 2]) * rho(dih[:, 2], dih[:, 3])
             )
+    n_frag = len(prims.translation) + len(prims.rotation)
+    if n_frag:  # fragments' translations and rotations (bohr): geomeTRIC's 0.05
+        parts.append(xyz.new_full((xyz.shape[0], n_frag), 0.05))
     if len(prims.cartesian):
         parts.append(xyz.new_full((xyz.shape[0], len(prims.cartesian)), 0.5))
     return torch.diag_embed(torch.cat(parts, -1))
