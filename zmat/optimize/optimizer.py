@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from ase.data import covalent_radii
 
-from .coordinates import build_primitives, values, wilson_b
+from .coordinates import build_primitives, values, values_and_b
 from .steps import (
     BOHR,
     HARTREE,
@@ -234,10 +234,10 @@ class InternalStepper:
         if not self.constrained:
             return grad.detach().norm(dim=-1).amax(-1)
         x, gx = self._cartesian(xyz, grad)
-        Bm = wilson_b(self.prims, x)
+        q, Bm = values_and_b(self.prims, x)
         U, Binv, _ = reduced_space(Bm)
         gq = (Binv.transpose(1, 2) @ gx[..., None])[..., 0]
-        return self._fmax(Bm, U, self._free_projector(U), gq, gx, values(self.prims, x)).to(grad.dtype)
+        return self._fmax(Bm, U, self._free_projector(U), gq, gx, q).to(grad.dtype)
 
     def step(
         self, xyz: torch.Tensor, energy: torch.Tensor, grad: torch.Tensor, active: torch.Tensor | None = None
@@ -259,9 +259,8 @@ class InternalStepper:
         active = torch.ones(bsz, dtype=torch.bool, device=xyz.device) if active is None else active
         x, gx = self._cartesian(xyz, grad)
         E = energy.detach().to(torch.float64) / self.energy_unit
-        Bm = wilson_b(self.prims, x)
+        q, Bm = values_and_b(self.prims, x)
         U, Binv, keep = reduced_space(Bm)
-        q = values(self.prims, x)
         gq = (Binv.transpose(1, 2) @ gx[..., None])[..., 0]
         first, upd = self.first, active & ~self.first
 

@@ -3,7 +3,9 @@
 Units inside: bohr, radians, hartree (the model Hessian's constants are in
 atomic units). Every function works on a batch of conformers at once
 (leading dimension ``B``) without host synchronisation: choices per
-conformer are ``torch.where`` selections, iterations have a fixed count.
+conformer are ``torch.where`` selections, iterations have a fixed count (on
+the CPU, where reading a tensor costs no device sync, the back-transformation
+stops once converged and the trust-sphere iterations run only when needed).
 
 * :func:`model_hessian`: the diagonal model Hessian of Swart and Bickelhaupt
   (as pyberny uses it): ``0.45 rho_ij`` for bonds, ``0.15 rho_ij rho_jk`` for
@@ -18,7 +20,8 @@ conformer are ``torch.where`` selections, iterations have a fixed count.
 * :func:`cubic_search`: pyberny's line search between the current and the
   best point (a cubic through two energies and two slopes).
 * :func:`back_transform`: Cartesians for a step in internal coordinates,
-  ``x <- x + B^+ (q_target - q(x))`` with ``B^+`` of the starting geometry.
+  ``x <- x + B^+ (q_target - q(x))`` with ``B^+`` of the starting geometry,
+  until the update is below a tolerance.
 """
 
 from __future__ import annotations
@@ -154,7 +157,9 @@ def trust_step(g: torch.Tensor, H: torch.Tensor, trust: torch.Tensor):
     c = (W.transpose(1, 2) @ g[..., None])[..., 0]
     y = _rfo(c, e)
     on_sphere = y.norm(dim=-1) > trust
-    y = torch.where(on_sphere[:, None], _sphere(c, e, trust), y)
+    # on the CPU, skip the sphere's Newton iterations when no conformer needs them (no device sync)
+    if g.device.type != "cpu" or bool(on_sphere.any()):
+        y = torch.where(on_sphere[:, None], _sphere(c, e, trust), y)
     dE = (c * y).sum(-1) + 0.5 * (e * y * y).sum(-1)
     return (W @ y[..., None])[..., 0], dE, on_sphere
 
@@ -201,6 +206,7 @@ def back_transform(
     periodic: torch.Tensor,
     iterations: int = 10,
     refresh: int = 0,
+    tol: float = 1e-8,
 ):
     """Cartesians whose internal coordinates are ``q + dq``.
 
@@ -208,9 +214,12 @@ def back_transform(
     ``B^+`` ``(B, 3N, P)`` from the starting geometry (a fixed Jacobian:
     cheap, and linear convergence for the small steps of an optimisation).
     Keeps, per conformer, the iterate with the smallest residual (so a step
-    that diverges falls back to the first, pyberny's rule). ``refresh``:
-    further rounds of ``iterations``, each with ``B^+`` of the best iterate
-    so far (Newton's method: constraints then hold to rounding).
+    that diverges falls back to the first, pyberny's rule). A conformer stops
+    moving once its Cartesian update is below ``tol`` (bohr) everywhere; on
+    the CPU the loop ends when every conformer has (reading a CPU tensor is
+    no device sync), elsewhere it runs ``iterations`` (no host sync).
+    ``refresh``: further rounds, each with ``B^+`` of the best iterate so far
+    (Newton's method: constraints then hold to rounding).
 
     Returns ``(xyz, q)``: ``(B, N, 3)`` and its values ``(B, P)``.
     """
@@ -219,12 +228,15 @@ def back_transform(
     x, r = xyz, dq
     best_x, best_q = xyz, q
     best = torch.full((bsz,), float("inf"), dtype=xyz.dtype, device=xyz.device)
+    host = xyz.device.type == "cpu"
     for round_ in range(1 + refresh):
         if round_:
             x, r = best_x, wrap(target - best_q, periodic)
             Binv = reduced_space(wilson_b(prims, x))[1]
+        done = torch.zeros(bsz, dtype=torch.bool, device=xyz.device)
         for _ in range(iterations):
-            x = x + (Binv @ r[..., None]).reshape(bsz, n, 3)
+            dx = torch.where(done[:, None, None], 0.0, (Binv @ r[..., None]).reshape(bsz, n, 3))
+            x = x + dx
             qx = values(prims, x)
             r = wrap(target - qx, periodic)
             size = r.abs().amax(-1) if r.shape[-1] else best.new_zeros(bsz)
@@ -232,4 +244,7 @@ def back_transform(
             best = torch.where(better, size, best)
             best_x = torch.where(better[:, None, None], x, best_x)
             best_q = torch.where(better[:, None], qx, best_q)
+            done = done | (dx.abs().flatten(1).amax(-1) < tol)
+            if host and bool(done.all()):
+                break
     return best_x, best_q
