@@ -113,7 +113,7 @@ class InternalStepper:
         trust: initial trust radius (bohr / radian, pyberny's 0.3).
         units: ``"eV/A"`` (ASE's), ``"hartree/bohr"`` or ``"kcal/mol/A"``.
         out_of_plane: include out-of-plane angles.
-        back_iterations: iterations of the back-transformation per step.
+        back_iterations: most iterations of the back-transformation per step.
 
     Call :meth:`step` with each evaluated geometry; it returns the largest
     per-atom force norm there and the next geometry.
