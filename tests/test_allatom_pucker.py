@@ -182,3 +182,48 @@ def test_ideal_rebuild_of_amino_acids_in_a_complex():
     q = from_pdb(os.path.join(DATA, "1ubi.pdb"), ligands=True)
     drift = float(rmsd(zmat.to_xyz(q.ideal_internal(), q.table), q.xyz))
     assert 1.5 < drift < 3.0, drift
+
+
+def test_one_residue_pucker_edit_in_own_geometry_is_local():
+    """xyz_from_torsions(geometry="own") with one nucleotide's pucker given: that residue is
+    rebuilt ideally at the new pucker (its torsions its own), every bond and bond angle
+    outside it keeps its measured value and the other strand stays in place (1bna with H;
+    the ideal rebuild moved 167 of 816 bonds by more than 0.02 A)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        c = from_pdb(os.path.join(DATA, "1bna.cif"), hydrogens=True)
+    k = 5
+    nan = torch.full((len(c),), math.nan, dtype=torch.float64)
+    phase = nan.clone()
+    phase[k] = math.radians(18.0)  # C3'-endo; the file's DA 6 is C2'-endo (127 deg)
+    x = c.xyz_from_torsions({"pucker_phase": phase}, geometry="own")
+    poly = c.parsed.polymer_index[c.parsed.residue]
+    got = c.measure_torsions(x)
+    assert abs(float(got["pucker_phase"][k]) - math.radians(18.0)) < 1e-8
+    for name in ("alpha", "beta", "gamma", "epsilon", "zeta", "chi"):  # its own torsions kept
+        torch.testing.assert_close(got[name][k], c.torsions[name][k], atol=1e-8, rtol=0, equal_nan=True)
+    b = c.bonds.numpy()
+    nbrs = {}
+    for i, j in b.tolist():
+        nbrs.setdefault(i, []).append(j)
+        nbrs.setdefault(j, []).append(i)
+    ang = torch.tensor([(i, a, j) for a, js in nbrs.items() for m, i in enumerate(js) for j in js[m + 1 :]])
+    outside_b = ~torch.from_numpy((poly[b] == k).any(1))
+    outside_a = ~torch.from_numpy(poly[ang.numpy()] == k).any(1)
+
+    def geometry(xyz):
+        return (xyz[b[:, 0]] - xyz[b[:, 1]]).norm(dim=-1), _angle(
+            xyz[ang[:, 0]], xyz[ang[:, 1]], xyz[ang[:, 2]]
+        )
+
+    (bl, th), (new_b, new_a) = geometry(c.xyz), geometry(x)
+    assert (new_b - bl)[outside_b].abs().max() < 1e-9 and (new_a - th)[outside_a].abs().max() < 1e-9
+    assert (new_b - bl)[~outside_b].abs().max() > 0.02  # the edited ring did change
+    strand = c.res_chain_ids[np.flatnonzero(c.polymer)[k]]
+    other = torch.from_numpy(c.chain_id != strand)
+    assert (x - c.xyz)[other].norm(dim=-1).max() < 1e-9
+    # the same edit through the ideal rebuild moves bonds outside the residue
+    ideal_b, _ = geometry(c.xyz_from_torsions({"pucker_phase": phase}, geometry="ideal"))
+    assert (ideal_b - bl)[outside_b].abs().max() > 0.02

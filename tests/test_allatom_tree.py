@@ -312,3 +312,26 @@ def test_alphafold_tensors_of_a_complex_are_its_proteins(name, kw, chain):
     x = c.xyz.clone().requires_grad_(True)
     c.to_atom37(x)[0].sum().backward()
     assert float(x.grad.abs().sum()) == float(mask.sum() * 3)
+
+
+def test_extra_deuterium_bonds_as_hydrogen_and_an_unknown_element_is_named():
+    """Neutron structures name hydrogens D: an extra D bonds to its nearest heavy atom like an H
+    (ASE has no radius for "D": it was a KeyError); an element with no radius names its atom."""
+    import biotite.structure as struc
+
+    a = read_atoms(os.path.join(DATA, "1bna.cif"))
+    m = (a.res_id == 5) & (a.chain_id == "A")
+    i = int(np.flatnonzero(m)[-1]) + 1
+    d = a[[int(np.flatnonzero(m & (a.atom_name == "C8"))[0])]].copy()
+    d.atom_name[:], d.element[:] = "D8", "D"
+    d.coord += np.array([0.0, 0.0, 1.08], np.float32)
+    with pytest.warns(UserWarning, match=r"chain A residue 5 DA: atoms \['D8'\]"):
+        c = from_structure(struc.concatenate([a[:i], d, a[i:]]), hydrogens=True)
+    _check_extras(c, [("A", 5, "D8")])
+    p = c.parsed
+    (k,) = np.flatnonzero(p.extra)
+    bonded = {int(j) for e in p.bonds if k in e for j in e if j != k}
+    assert [str(p.atom_names[j]) for j in bonded] == ["C8"]
+    d.element[:] = "QQ"
+    with pytest.raises(ValueError, match=r"chain A residue 5 DA: atom D8 has element '(QQ|Qq)'"):
+        from_structure(struc.concatenate([a[:i], d, a[i:]]), hydrogens=True)

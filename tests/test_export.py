@@ -12,7 +12,7 @@ from torch.export import Dim
 import zmat
 from zmat.clash import candidate_pairs, clash_loss
 
-N = 40
+N = 20  # short: the levels method traces one step per level
 CHAIN = [[-1, -1, -1], [0, -1, -1], [1, 0, -1]] + [[i - 1, i - 2, i - 3] for i in range(3, N)]
 
 

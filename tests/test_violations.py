@@ -351,7 +351,7 @@ def test_serial_cpu_path_float32_and_gradgradcheck():
             torch.testing.assert_close(got[key], want[key], rtol=1e-5, atol=1e-5, msg=key)
         d = torch.full((len(cols), 3), 0.01, dtype=pos.dtype, requires_grad=True)
         assert torch.autograd.gradcheck(f, (d,))
-        assert torch.autograd.gradgradcheck(f, (d,))
+        assert torch.autograd.gradgradcheck(f, (d,), fast_mode=True)  # random projections: minutes faster
 
 
 def test_benchmark_runs(tmp_path):

@@ -71,7 +71,22 @@ def _positions_and_symbols(atoms, symbols):
     pos = np.asarray(atoms, np.float64)
     if pos.ndim != 2 or pos.shape[1] != 3:
         raise ValueError(f"positions must have shape (N, 3), got {pos.shape}")
-    return pos, None if symbols is None else list(symbols)
+    return pos, None if symbols is None else elements(symbols)
+
+
+def elements(symbols) -> list[str]:
+    """Element symbols as ASE spells them: deuterium and tritium are hydrogen (neutron
+    structures name them D and T); a symbol ASE does not know is an error naming the atom."""
+    from ase.data import atomic_numbers
+
+    out = []
+    for i, symbol in enumerate(symbols):
+        s = str(symbol).strip().capitalize()  # PDB files spell CL, FE
+        s = {"D": "H", "T": "H"}.get(s, s)
+        if s not in atomic_numbers:
+            raise ValueError(f"atom {i}: unknown element symbol {symbols[i]!r} (no covalent radius)")
+        out.append(s)
+    return out
 
 
 def connectivity(

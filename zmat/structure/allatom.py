@@ -50,6 +50,15 @@ the dihedral of their first hydrogen); the roots hung off the frame stay
 ``PROPER`` rows of their own. No row is position-anchored. Coincident atoms
 warn and their rows go around them (``zmat.protein.io.reroute_degenerate``,
 as for proteins).
+
+The tables are stamped: bonds, template parents, key atoms and torsion atoms from
+each residue type and variant's template, compiled once
+(``zmat/structure/templates.py``); every component whose atoms all have a template
+parent (a chain of template residues, an ion) takes those parents as its tree, and the
+rows come from the parents in one vectorised pass (:func:`_rows`). Only components
+with atoms that have no template parent (ligands, residues missing atoms, extra
+atoms) are grown atom by atom (:func:`_grow`); ``parse_complex(..., stamped=False)``
+grows every one, and gives the same arrays.
 """
 
 from __future__ import annotations
@@ -62,14 +71,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._segments import segment_ids, starts
-from ..autotable import connectivity
+from .._segments import segment_ids
+from ..autotable import connectivity, elements
 from ..protein.io import chain_mask, reroute_degenerate, warn_coincident
-from ..protein.topology import CHI_ATOMS, RESIDUES, TORSION_NAMES
+from ..protein.topology import RESIDUES
 from .ccd import ccd_residue
 from .hydrogens import LINK_ATOMS, Protonation, extra_names, file_names, missing, place
 from .ligands import rotatable_bonds, torsion_rows
-from .nucleic import NUCLEIC_TORSIONS, NUCLEOTIDES, nucleic_parents, torsion_atoms
+from .nucleic import NUCLEOTIDES
+from .templates import N_DIHEDRALS, QUAD_NAMES, stamp
 
 __all__ = ["QUAD_NAMES", "WATER", "ComplexAtoms", "in_chain_modified", "needs_complex", "parse_complex"]
 
@@ -78,17 +88,6 @@ WATER = ("HOH", "DOD", "WAT", "H2O")
 LINK_MAX = 2.0
 #: SG-SG distances below this (Angstrom) are disulfide bonds.
 DISULFIDE_MAX = 2.5
-#: The dihedral quads of every polymer residue: protein torsions, nucleotide
-#: torsions (alpha..chi), then the five endocyclic nu0..nu4.
-QUAD_NAMES = TORSION_NAMES + NUCLEIC_TORSIONS[:7] + tuple(f"nu{j}" for j in range(5))
-
-_PROTEIN_QUADS = {
-    "phi": ("-C", "N", "CA", "C"),
-    "psi": ("N", "CA", "C", "+N"),
-    "omega": ("CA", "C", "+N", "+CA"),
-}
-_N_DIHEDRALS = len(TORSION_NAMES) + 7  # QUAD_NAMES before nu0..nu4
-_NUCLEIC_KEYS = {"P", "O5'", "C5'", "C4'", "C3'", "O3'", "C2'", "C4", "C2"}  # torsion atoms
 
 
 @dataclass(frozen=True)
@@ -297,8 +296,16 @@ def _extra_bonds(res: _Res) -> list[tuple[int, int]]:
     """Local bonds of a residue's extra atoms: an extra hydrogen to its nearest heavy atom, an
     extra heavy atom to the heavy atoms within covalent radii (``zmat.autotable.connectivity``),
     else to its nearest heavy atom; all within the residue."""
+    for i in np.flatnonzero(res.extra).tolist():
+        try:
+            elements([res.elements[i]])
+        except ValueError:
+            raise ValueError(
+                f"chain {res.chain} residue {res.res_id}{res.ins_code} {res.name}: atom {res.names[i]} has "
+                f"element {res.elements[i]!r}, which has no covalent radius to bond it by distance"
+            ) from None
     xyz = np.array(res.xyz, np.float64).reshape(-1, 3)
-    heavy = np.array([e != "H" for e in res.elements], bool)
+    heavy = np.array([e not in ("H", "D", "T") for e in res.elements], bool)  # D, T: isotopes
     nbrs = connectivity(xyz[heavy], symbols=[e for e, h in zip(res.elements, heavy, strict=True) if h])
     at = np.flatnonzero(heavy)  # heavy-local -> residue-local
     local = np.cumsum(heavy) - 1
@@ -388,93 +395,10 @@ def _complete_hydrogens(residues: list[_Res], linked: np.ndarray, opts: Protonat
 
 
 # ------------------------------------------------------------------- graph
-def _bonds(residues: list[_Res], first: np.ndarray, linked: np.ndarray):
-    """``(E, 2)`` bonds, ``(E,)`` orders and ``(E,)`` whether a tree may follow the bond:
-    CCD bonds within residues (extra hydrogens on their heavy atom) and polymer links yes,
-    disulfides (cross-links) no."""
-    pairs, orders = [], []
-    for k, res in enumerate(residues):
-        ccd = ccd_residue(res.name)
-        idx = {a: first[k] + j for j, a in enumerate(res.names)}
-        names = ccd.atom_names
-        for i, j, o in ccd.bonds.tolist():
-            a, b = str(names[i]), str(names[j])
-            if a in idx and b in idx:
-                pairs.append((idx[a], idx[b]))
-                orders.append(o)
-        for h, x in extra_names(res.name, res.kind).items():
-            if h in idx and x in idx and h not in set(names.tolist()):
-                pairs.append((idx[h], idx[x]))
-                orders.append(1)
-        for i, j in res.extra_bonds:
-            pairs.append((first[k] + i, first[k] + j))
-            orders.append(0)  # BondType.ANY: bonded by distance, order unknown
-        if linked[k]:
-            p = residues[k - 1]
-            y, x = LINK_ATOMS[res.kind]
-            pairs.append((first[k - 1] + p.names.index(x), idx[y]))
-            orders.append(1)
-    n_tree = len(pairs)
-    for i, j in _disulfides(residues):
-        pairs.append((first[i] + residues[i].names.index("SG"), first[j] + residues[j].names.index("SG")))
-        orders.append(1)
-    tree = np.arange(len(pairs)) < n_tree
-    return np.array(pairs, np.int64).reshape(-1, 2), np.array(orders, np.int64), tree
-
-
-def _preferred(residues: list[_Res], first: np.ndarray, linked: np.ndarray, bonds: np.ndarray, n: int):
-    """Per atom its preferred bond reference (-1: none) and whether it is a
-    torsion atom of its template (preferred representative among siblings)."""
-    pref = np.full(n, -1, np.int64)
-    key = np.zeros(n, bool)
-    heavy_of = {}
-    for i, j in bonds.tolist():
-        heavy_of.setdefault(i, []).append(j)
-        heavy_of.setdefault(j, []).append(i)
-    for k, res in enumerate(residues):
-        idx = {a: first[k] + j for j, a in enumerate(res.names)}
-        prev = residues[k - 1] if linked[k] else None
-        prev_idx = {a: first[k - 1] + j for j, a in enumerate(prev.names)} if prev else {}
-
-        def resolve(spec: str, idx=idx, prev_idx=prev_idx) -> int:
-            return prev_idx.get(spec[1:], -1) if spec.startswith("-") else idx.get(spec, -1)
-
-        if res.family == "protein":
-            t = RESIDUES[res.name]
-            for j, a in enumerate(t.atoms):
-                if a in idx:
-                    pref[idx[a]] = resolve(t.rows[j][0])
-                    key[idx[a]] = t.torsion[j] is not None
-        elif res.family == "nucleic":
-            for a, p in nucleic_parents(res.name).items():
-                if a in idx:
-                    pref[idx[a]] = resolve(p)
-                    key[idx[a]] = a in _NUCLEIC_KEYS
-        elif linked[k]:  # a modified residue in a chain: entered through its link atom
-            y, x = LINK_ATOMS[res.kind]
-            pref[idx[y]], key[idx[y]] = prev_idx[x], True
-        for a, e in zip(res.names, res.elements, strict=True):
-            if e == "H":
-                nb = heavy_of.get(idx[a], [])
-                pref[idx[a]] = nb[0] if nb else -1
-        _prefer_nearest(res, first[k], pref)
-    return pref, key
-
-
-def _prefer_nearest(res: _Res, base: int, pref: np.ndarray) -> None:
-    """An extra heavy atom's preferred parent: the nearest template atom it is bonded to (none:
-    it is reached over its bonds)."""
-    xyz = np.array(res.xyz, np.float64).reshape(-1, 3)
-    for i in np.flatnonzero(np.array(res.extra, bool) & (np.array(res.elements) != "H")).tolist():
-        nb = [j for p in res.extra_bonds if i in p for j in p if j != i and not res.extra[j]]
-        if nb:
-            pref[base + i] = base + min(nb, key=lambda j: float(np.linalg.norm(xyz[j] - xyz[i])))
-
-
-def _tree(n: int, pref: np.ndarray, bonds: np.ndarray, heavy: np.ndarray):
-    """Parents, placement order and ``virtual`` (the roots hung off the frame) of the
-    module doc's trees. ``bonds``: the bonds a tree may follow (no cross-links). Linear in
-    atoms and components: the components first, then one breadth-first growth each."""
+def _components(n: int, pref: np.ndarray, bonds: np.ndarray, heavy: np.ndarray):
+    """Per atom its component, and the components' roots in file order: the first heavy
+    atom without a template parent (a chain's first ``N`` / ``P`` / ``O5'``, a ligand's
+    first heavy atom). Linear: one connected-components pass."""
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
 
@@ -482,43 +406,97 @@ def _tree(n: int, pref: np.ndarray, bonds: np.ndarray, heavy: np.ndarray):
     edges = np.concatenate([bonds.reshape(-1, 2), np.stack([has, pref[has]], 1)])
     graph = coo_matrix((np.ones(len(edges)), (edges[:, 0], edges[:, 1])), shape=(n, n))
     n_comp, label = connected_components(graph, directed=False)
-    # per component its root: the first heavy atom without a preferred parent (a chain's
-    # first N / P / O5', a ligand's first heavy atom); the components in file order
     by = np.lexsort((np.arange(n), ~heavy, pref >= 0, label))
     root_of = by[np.r_[True, label[by][1:] != label[by][:-1]]]  # indexed by label
     lowest = np.full(n_comp, n, np.int64)
     np.minimum.at(lowest, label, np.arange(n))
-    children = [[] for _ in range(n)]
-    for v in has.tolist():
-        children[pref[v]].append(v)
-    nbrs = [[] for _ in range(n)]
-    for i, j in bonds.tolist():
-        nbrs[i].append(j)
-        nbrs[j].append(i)
-    parent = np.full(n, -1, np.int64)
-    placed = np.zeros(n, bool)
+    return label, root_of, root_of[np.argsort(lowest)]
+
+
+def _tree(
+    n: int, pref: np.ndarray, tree: np.ndarray, bonds: np.ndarray, heavy: np.ndarray, stamp: bool = True
+):
+    """Parents, ``virtual`` (the roots hung off the frame) and the frame ``(r0, r1, r2)`` of
+    the module doc's trees. ``bonds``: the bonds a tree may follow (no cross-links).
+
+    ``pref``: template parents; ``tree``: the templates' tree parents. A component whose
+    atoms all have a tree parent but its root is stamped: its parents are the templates'.
+    The others (pieces a residue's own growth does not cover) are grown atom by atom
+    (:func:`_grow`); ``stamp=False`` grows every component (the reference)."""
+    label, root_of, roots = _components(n, pref, bonds, heavy)
+    first = label[roots[0]]
+    ok = _complete(label, tree, root_of) if stamp else np.zeros(len(root_of), bool)
+    if (label == first).sum() < 3:  # a tiny first component (an ion): the frame grows through the next
+        ok[:] = False
+    parent = np.where(ok[label], tree, -1)
+    frame = _stamped_frame(int(roots[0]), parent) if ok[first] else None
+    if frame is None and ok[first]:  # no leaf beside the root: grown
+        ok[first] = False
+        parent[label == first] = -1
+    children, nbrs = _adjacency(~ok[label], pref, bonds)
+    placed = ok[label].copy()
     virtual = np.zeros(n, bool)
-    order: list[int] = []
-    frame: list[int] = []  # the first three atoms down the tree: every other root hangs off them
-    for root in root_of[np.argsort(lowest)].tolist():
-        grown = _grow(root, children, nbrs, pref, parent, placed)
-        if not order:
-            grown = _leaf_root(grown, parent)
+    frame = frame or []
+    for root in roots[~ok[label[roots]]].tolist():
+        tree = _grow(root, children, nbrs, pref, parent, placed)
+        if not frame:
+            tree = _leaf_root(tree, parent)
         elif len(frame) < 3:  # tiny first components (ions): the frame grows through the next
-            parent[grown[0]] = frame[-1]
+            parent[tree[0]] = frame[-1]
         else:
-            parent[grown[0]] = frame[2]
-            virtual[grown[0]] = True
+            parent[tree[0]] = frame[2]
+            virtual[tree[0]] = True
         if len(frame) < 3:  # extend the frame along first children
             kids: dict[int, int] = {}
-            for v in grown[1:]:
+            for v in tree[1:]:
                 kids.setdefault(int(parent[v]), v)
-            v = grown[0]
+            v = tree[0]
             while v is not None and len(frame) < 3:
                 frame.append(v)
                 v = kids.get(v)
-        order += grown
-    return parent, order, virtual
+    rest = roots[ok[label[roots]] & (label[roots] != first)]
+    parent[rest], virtual[rest] = frame[2], True
+    return parent, virtual, tuple(frame)
+
+
+def _complete(label: np.ndarray, pref: np.ndarray, root_of: np.ndarray) -> np.ndarray:
+    """Per component: every atom but its root has a template parent, and following
+    parents leads every atom to the root (pointer doubling: log depth numpy steps)."""
+    n = len(pref)
+    top = np.where(pref >= 0, pref, np.arange(n))
+    for _ in range(max(1, n.bit_length())):
+        top = top[top]
+    wrong = (top != root_of[label]) | ((pref < 0) & (np.arange(n) != root_of[label]))
+    return np.bincount(label, weights=wrong, minlength=len(root_of)) == 0
+
+
+def _stamped_frame(root: int, parent: np.ndarray) -> list[int] | None:
+    """The first tree's frame with its template parents (``_leaf_root``'s re-rooting at a
+    leaf child of a root with several children; its children in index order, as grown);
+    None where the root has no leaf child (then it is grown)."""
+    kids = np.flatnonzero(parent == root)
+    if len(kids) > 1:
+        n_kids = np.bincount(parent[parent >= 0], minlength=len(parent))
+        leaves = kids[n_kids[kids] == 0]
+        if not len(leaves):
+            return None
+        leaf = int(leaves[0])
+        parent[root], parent[leaf] = leaf, -1
+        root, kids = leaf, np.array([root])
+    c1 = int(kids[0])
+    return [root, c1, int(np.flatnonzero(parent == c1)[0])]
+
+
+def _adjacency(mask: np.ndarray, pref: np.ndarray, bonds: np.ndarray):
+    """Template children and bonded neighbours of the atoms in ``mask`` (those grown)."""
+    children: dict[int, list[int]] = {}
+    nbrs: dict[int, list[int]] = {}
+    for v in np.flatnonzero(mask & (pref >= 0)).tolist():
+        children.setdefault(int(pref[v]), []).append(v)
+    for i, j in bonds[mask[bonds[:, 0]]].tolist():
+        nbrs.setdefault(i, []).append(j)
+        nbrs.setdefault(j, []).append(i)
+    return children, nbrs
 
 
 def _grow(root: int, children, nbrs, pref: np.ndarray, parent: np.ndarray, placed: np.ndarray) -> list[int]:
@@ -531,12 +509,12 @@ def _grow(root: int, children, nbrs, pref: np.ndarray, parent: np.ndarray, place
     while True:
         while queue:
             u = queue.popleft()
-            for c in children[u]:
+            for c in children.get(u, ()):
                 if not placed[c]:
                     placed[c], parent[c] = True, u
                     out.append(c)
                     queue.append(c)
-            for c in nbrs[u]:
+            for c in nbrs.get(u, ()):
                 if not placed[c]:
                     heapq.heappush(frontier, (int(pref[c] >= 0), c, u))
         while frontier and placed[frontier[0][1]]:
@@ -574,78 +552,36 @@ def _leaf_root(grown: list[int], parent: np.ndarray) -> list[int]:
 
 
 def _rows(
-    parent: np.ndarray, order: list[int], key: np.ndarray, heavy: np.ndarray, virtual: np.ndarray
+    parent: np.ndarray, frame: tuple, key: np.ndarray, heavy: np.ndarray, virtual: np.ndarray
 ) -> np.ndarray:
-    """Rows over the tree (module doc): PROPER, OFFSET on a representative
-    sibling; the tree's first atoms BOND / PLANAR, their siblings on them. The
-    ``virtual`` roots (other chains, ligands) stay PROPER rows of their own: no
-    torsion of the frame's atoms turns them."""
+    """Rows over the tree (module doc), stamped from the parents: ``(parent, grandparent,
+    great-grandparent)`` (PROPER), OFFSET on a representative sibling; the frame's
+    ``r1`` BOND, ``r2`` PLANAR, ``r1``'s other children on ``r2``. The ``virtual`` roots
+    (other chains, ligands) stay PROPER rows of their own: no torsion of the frame's
+    atoms turns them."""
     n = len(parent)
-    refs = np.full((n, 3), -1, np.int64)
-    ang = np.full(n, -1, np.int64)
-    root = order[0]
-    c1 = next((v for v in order if parent[v] == root), -1)
-    t = -1
-    proper = np.zeros(n, bool)
-    for v in order[1:]:
-        p = int(parent[v])
-        a = int(parent[p]) if parent[p] >= 0 else (c1 if v != c1 else -1)
-        if a < 0:
-            refs[v, 0] = p
-            continue
-        ang[v] = a
-        if ang[p] >= 0:
-            d = int(ang[p])
-            proper[v] = True
-        elif t < 0:
-            t, d = v, -1
-        else:
-            d = t
-        refs[v] = (p, a, d)
+    r0, r1, r2 = frame
+    up = np.append(parent, -1)  # up[-1] == -1: the parent of "none" is none
+    a, d = up[parent], up[up[parent]]
+    refs = np.stack([parent, a, d], 1)
+    on_r1 = parent == r1
+    refs[on_r1, 2] = np.where(np.arange(n)[on_r1] == r2, -1, r2)
     # one representative per group of proper siblings; the others OFFSET on it
+    proper = (d >= 0) & ~virtual
     rank = np.where(key, 0, np.where(heavy, 1, 2)) * n + np.arange(n)
-    best = np.full(n, -1, np.int64)
-    proper &= ~virtual
-    for v in np.flatnonzero(proper).tolist():
-        p = parent[v]
-        if best[p] < 0 or rank[v] < rank[best[p]]:
-            best[p] = v
     sib = np.flatnonzero(proper)
-    rep = best[parent[sib]]
-    off = sib[rep != sib]
-    refs[off, 2] = best[parent[off]]
+    best = np.full(n, n * 3, np.int64)
+    np.minimum.at(best, parent[sib], rank[sib])
+    rep = best[parent[sib]] % n
+    off = sib != rep
+    refs[sib[off], 2] = rep[off]
     return refs
 
 
-def _quads(residues: list[_Res], first: np.ndarray, linked: np.ndarray) -> np.ndarray:
-    """``(L, Q, 4)`` atoms of each ``QUAD_NAMES`` dihedral of the polymer residues."""
-    poly = [k for k, r in enumerate(residues) if r.family != "ligand"]
-    out = np.full((len(poly), len(QUAD_NAMES), 4), -1, np.int64)
-    for row, k in enumerate(poly):
-        res = residues[k]
-        if res.family == "protein":
-            defs = dict(_PROTEIN_QUADS)
-            defs.update({f"chi{c + 1}": q for c, q in enumerate(CHI_ATOMS[res.name])})
-        else:
-            defs = torsion_atoms(res.name)
-        for name, quad in defs.items():
-            ids = [_atom(residues, first, linked, k, s) for s in quad]
-            if min(ids) >= 0:
-                out[row, QUAD_NAMES.index(name)] = ids
-    return out
-
-
-def _atom(residues, first, linked, k: int, spec: str) -> int:
-    off = {"-": -1, "+": 1}.get(spec[0], 0)
-    name = spec[1:] if off else spec
-    if off == -1 and not linked[k] or off == 1 and not (k + 1 < len(residues) and linked[k + 1]):
-        return -1
-    r = residues[k + off]
-    return first[k + off] + r.names.index(name) if name in r.names else -1
-
-
 # ------------------------------------------------------------------- parse
-def parse_complex(atoms, chain=None, hydrogens=False, ligands: bool = False) -> ComplexAtoms:
+def parse_complex(
+    atoms, chain=None, hydrogens=False, ligands: bool = False, stamped: bool = True
+) -> ComplexAtoms:
     """All kept atoms of an ``AtomArray`` with bonds, rows and torsion atoms.
 
     Args:
@@ -655,6 +591,9 @@ def parse_complex(atoms, chain=None, hydrogens=False, ligands: bool = False) -> 
             the missing ones completed, :class:`~zmat.structure.hydrogens.Protonation`
             defaults) or a ``Protonation``.
         ligands: keep the residues that are neither polymer nor water.
+        stamped: rows stamped from the residue templates (``zmat/structure/templates.py``);
+            False compiles every residue anew and grows every tree atom by atom (the
+            reference the stamped rows are tested against: the same arrays).
 
     Raises:
         ValueError: unknown chain, nothing left, a residue without a CCD
@@ -666,20 +605,19 @@ def parse_complex(atoms, chain=None, hydrogens=False, ligands: bool = False) -> 
     linked = _linked(residues)
     if hydrogens:
         _complete_hydrogens(residues, linked, opts)
+    bonds, orders, tree_ok, pref, tree, key, quads = stamp(
+        residues, linked, _disulfides(residues), cache=stamped
+    )
     sizes = np.array([len(r.names) for r in residues], np.int64)
-    first = starts(sizes)
     n = int(sizes.sum())
     xyz = np.array([x for r in residues for x in r.xyz], np.float64).reshape(n, 3)
     elements = np.array([e for r in residues for e in r.elements], "U2")
-    bonds, orders, tree_ok = _bonds(residues, first, linked)
-    pref, key = _preferred(residues, first, linked, bonds, n)
     residue = segment_ids(sizes)
     heavy = elements != "H"
-    parent, order, virtual = _tree(n, pref, bonds[tree_ok], heavy)
-    quads = _quads(residues, first, linked)
-    last = quads[:, :_N_DIHEDRALS, 3]
+    parent, virtual, frame = _tree(n, pref, tree, bonds[tree_ok], heavy, stamp=stamped)
+    last = quads[:, :N_DIHEDRALS, 3]
     key[last[last >= 0]] = True  # a torsion's atom represents its siblings (not the ring nu)
-    refs = _rows(parent, order, key, heavy, virtual)
+    refs = _rows(parent, frame, key, heavy, virtual)
     atom_names = np.array([a for r in residues for a in r.names], "U6")
 
     def label(i: int) -> str:

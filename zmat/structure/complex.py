@@ -38,6 +38,7 @@ __all__ = ["TORSION_KEYS", "Complex"]
 #: The keys of ``Complex.torsions``.
 TORSION_KEYS = TORSION_NAMES + NUCLEIC_TORSIONS
 _NU = [QUAD_NAMES.index(f"nu{j}") for j in range(5)]
+_PUCKER = ("pucker_phase", "pucker_amplitude")
 
 
 class _ProteinView:
@@ -234,12 +235,32 @@ class Complex:
         ``"own"`` keeps every measured bond, angle and fixed dihedral
         (:meth:`internal_with_torsions`), ``"ideal"`` uses ideal geometry
         (:meth:`ideal_internal`). ``torsions``: dict of ``(L,)`` tensors; NaN or a missing
-        key keeps the structure's own."""
+        key keeps the structure's own. With ``"own"``, ``pucker_phase`` /
+        ``pucker_amplitude`` given (not NaN) for a nucleotide rebuild that residue's own
+        rows ideally (:meth:`ideal_internal`, its other torsions its own) and keep every
+        other row measured: a pucker edit of one residue changes no bond or angle outside it."""
         if geometry == "ideal":
             return self.ideal_internal(torsions)
         if geometry != "own":
             raise ValueError(f"geometry must be 'own' or 'ideal', got {geometry!r}")
-        return self.internal if torsions is None else self.internal_with_torsions(torsions)
+        if torsions is None:
+            return self.internal
+        rings = {k: v for k, v in torsions.items() if k in _PUCKER}
+        rest = {k: v for k, v in torsions.items() if k not in _PUCKER}
+        out = self.internal_with_torsions(rest) if rest else self.internal
+        if not rings:
+            return out
+        self._check_torsions(rings, set(_PUCKER))
+        edited = torch.zeros(len(self), dtype=torch.bool, device=out.device)
+        for v in rings.values():
+            edited = edited | ~torch.as_tensor(v, device=out.device).isnan()
+        ideal = self.ideal_internal({**rest, **rings})
+        ri = self.parsed.residue
+        nucleic = torch.from_numpy((self.family == "nucleic")[ri]).to(out.device)
+        atoms = (
+            nucleic & edited[torch.from_numpy(np.maximum(self.parsed.polymer_index, 0)[ri]).to(out.device)]
+        )
+        return torch.where(atoms[:, None], ideal, out)
 
     def xyz_from_torsions(self, torsions: dict | None = None, geometry: str = "own", method: str = "auto"):
         """``(N, 3)`` coordinates with other torsions in the file's frame: the tree's first

@@ -1,0 +1,109 @@
+"""The all-atom tables stamped from residue templates (zmat/structure/templates.py) equal the
+ones grown atom by atom, on real files (every piece stamped: chains with modified and partially
+resolved residues, ligands, ions); each residue type and variant is compiled once."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import zmat
+from zmat.protein.frames import superpose_on_atoms
+from zmat.protein.io import read_atoms
+from zmat.structure import allatom, templates
+from zmat.structure.allatom import parse_complex
+
+pytest.importorskip("biotite")
+
+DATA = os.path.join(os.path.dirname(__file__), "data")
+FIELDS = ("refs", "bonds", "bond_orders", "quads", "key", "ligand_rows", "ligand_quads", "atom_names", "xyz")
+
+
+def _parse(name, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return parse_complex(read_atoms(os.path.join(DATA, name)), **kw)
+
+
+def _check_equal_and_exact(name, monkeypatch, **kw):
+    grows = []
+    grow = allatom._grow
+    monkeypatch.setattr(allatom, "_grow", lambda root, *a: grows.append(root) or grow(root, *a))
+    stamped = _parse(name, **kw)
+    assert not grows, f"{name} {kw}: {len(grows)} pieces grown atom by atom"  # every piece stamped
+    grown = _parse(name, stamped=False, **kw)
+    assert grows
+    for f in FIELDS:
+        a, b = getattr(stamped, f), getattr(grown, f)
+        assert a.shape == b.shape and np.array_equal(a, b), f"{name} {kw}: {f} differs"
+    table = zmat.ConstructionTable(stamped.refs)
+    xyz = torch.from_numpy(stamped.xyz)
+    x = zmat.to_xyz(zmat.to_internal(xyz, table), table)
+    frame = tuple(int(np.flatnonzero(table.kind == k)[0]) for k in (zmat.table.ROOT, zmat.table.BOND))
+    frame += (int(np.flatnonzero(table.kind == zmat.table.PLANAR)[0]),)
+    err = (superpose_on_atoms(x, xyz, frame) - xyz).norm(dim=-1).max()
+    assert err < 1e-10, f"{name} {kw}: rebuild error {float(err):.1e} A"
+    return stamped
+
+
+@pytest.mark.parametrize(
+    "name, kw",
+    [
+        ("1l2y.pdb", {"hydrogens": True}),  # NMR, every H in the file
+        ("1bna.cif", {"hydrogens": True}),  # DNA, two strands
+        ("3o5r.cif", {"ligands": True, "hydrogens": True}),  # protein + FK506
+        ("4gxy.pdb", {"ligands": True, "hydrogens": True}),  # RNA: partial nucleotides, CCC in-chain
+    ],
+)
+def test_stamped_tables_equal_the_grown_ones(name, kw, monkeypatch):
+    _check_equal_and_exact(name, monkeypatch, **kw)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name, kw",
+    [
+        ("1igy.pdb", {"ligands": True}),  # 4 chains joined by disulfides, glycans
+        ("4p5j.cif", {"ligands": True}),  # RNA with an in-chain modified residue (A23) and ligands
+        ("5ugo.cif", {"ligands": True, "hydrogens": True}),
+        ("3wip.pdb", {"ligands": True, "hydrogens": True}),
+    ],
+)
+def test_stamped_tables_equal_the_grown_ones_large(name, kw, monkeypatch):
+    _check_equal_and_exact(name, monkeypatch, **kw)
+
+
+def test_each_residue_variant_is_compiled_once(monkeypatch):
+    """A second structure with the same residue variants compiles nothing; a residue with
+    extra atoms (bonded by distance) is compiled for itself, uncached (the fallback)."""
+    compiled = []
+    compile_residue = templates.compile_residue
+
+    def counting(name, *args, res=None):
+        compiled.append((name, res is not None))
+        return compile_residue(name, *args, res=res)
+
+    monkeypatch.setattr(templates, "compile_residue", counting)
+    templates._cached.cache_clear()
+    p = _parse("1bna.cif", hydrogens=True)
+    assert 0 < len(compiled) < 12 < len(p.res_names)  # 24 nucleotides: 5'/3' ends, inner, per base
+    assert not any(own for _, own in compiled)
+    before = len(compiled)
+    _parse("1bna.cif", hydrogens=True)
+    assert len(compiled) == before
+    # DA 5 renamed DC: its N9, C8, N7, N6 are extra atoms, its template its own
+    atoms = read_atoms(os.path.join(DATA, "1bna.cif"))
+    atoms.res_name[(atoms.res_id == 5) & (atoms.chain_id == "A")] = "DC"
+    del compiled[:]
+    with pytest.warns(UserWarning, match="extra atoms"):
+        s = parse_complex(atoms)
+    assert [c for c in compiled if c[1]] == [("DC", True)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        g = parse_complex(atoms, stamped=False)
+    for f in FIELDS:
+        assert np.array_equal(getattr(s, f), getattr(g, f)), f

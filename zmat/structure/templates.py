@@ -1,0 +1,332 @@
+"""Residue templates of the all-atom path: every residue type and variant compiled once.
+
+A *variant* is everything a residue's own rows depend on: its name, the backbone it
+links into, the atoms it has in their order (so the hydrogens it has or was given,
+its terminal and protonation state, the atoms a partially resolved residue lacks)
+with their elements, and whether it is linked to the previous residue of its chain.
+:func:`compile_residue` turns one into a :class:`ResidueTemplate` over the residue's
+*local* atom indices: its bonds with orders, each atom's template parent (the bond
+reference of its row), which atoms represent their siblings (``key``), and the atoms
+of every polymer torsion. References into a neighbour residue (the parent ``C`` /
+``O3'`` of a linked ``N`` / ``P``, the ``-C`` of phi, the ``+N`` of psi) are kept by
+atom name and resolved when a structure is stamped.
+
+:func:`stamp` makes a structure's bonds, parents, keys and torsion atoms from its
+residues' templates: local indices plus the residue's first atom, the link bonds and
+link parents between residues, the disulfides; no loop over atoms. The tree and rows
+are then stamped from the parents (``zmat.structure.allatom``). A residue with atoms
+its CCD entry lacks (*extra* atoms, bonded by distance: geometry, not type) is
+compiled for itself, uncached: the per-atom fallback.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from .._segments import starts
+from ..protein.topology import CHI_ATOMS, RESIDUES, TORSION_NAMES
+from .ccd import ccd_residue
+from .hydrogens import LINK_ATOMS, extra_names
+from .nucleic import NUCLEIC_TORSIONS, nucleic_parents, torsion_atoms
+
+__all__ = ["QUAD_NAMES", "ResidueTemplate", "compile_residue", "stamp"]
+
+#: The dihedral quads of every polymer residue: protein torsions, nucleotide
+#: torsions (alpha..chi), then the five endocyclic nu0..nu4.
+QUAD_NAMES = TORSION_NAMES + NUCLEIC_TORSIONS[:7] + tuple(f"nu{j}" for j in range(5))
+#: QUAD_NAMES before nu0..nu4: a torsion's last atom represents its siblings.
+N_DIHEDRALS = len(TORSION_NAMES) + 7
+
+_PROTEIN_QUADS = {
+    "phi": ("-C", "N", "CA", "C"),
+    "psi": ("N", "CA", "C", "+N"),
+    "omega": ("CA", "C", "+N", "+CA"),
+}
+_NUCLEIC_KEYS = {"P", "O5'", "C5'", "C4'", "C3'", "O3'", "C2'", "C4", "C2"}  # torsion atoms
+
+
+@dataclass(frozen=True)
+class ResidueTemplate:
+    """One residue type and variant over its ``n`` local atoms.
+
+    Attributes:
+        names: ``(n,)`` atom names; ``slot`` name -> local index.
+        bonds: ``(E, 2)`` local bonds (CCD, terminal hydrogens, extra atoms' by
+            distance), ``orders`` ``(E,)`` biotite ``BondType`` codes.
+        parent: ``(n,)`` the template parent of each atom (local, -1: none or in the
+            previous residue); ``link_parent``: ``(atom, name)`` pairs, the atoms whose
+            parent is the previous residue's atom ``name`` (when linked).
+        tree: ``(n,)`` the tree parents: ``parent``, and for the atoms without one (a
+            ligand's, a modified residue's, those whose template parent is missing) the
+            parents growth over the residue's bonds gives them (:func:`_local_growth`).
+        key: ``(n,)`` bool, the atoms a template torsion ends on.
+        quads: ``(Q, 4)`` local atoms of each ``QUAD_NAMES`` dihedral (-1: a missing
+            atom, the dihedral is undefined; ``-2``: in a neighbour), ``cross``:
+            ``(q, j, offset, name)`` for each neighbour atom (``offset`` -1 / +1);
+            ``None`` for a ligand.
+        link: ``(atom in, atom out)`` local indices of the backbone link atoms
+            (``N, C`` / ``P, O3'``), -1 where absent.
+    """
+
+    names: tuple
+    slot: dict
+    bonds: np.ndarray
+    orders: np.ndarray
+    parent: np.ndarray
+    tree: np.ndarray
+    link_parent: tuple
+    key: np.ndarray
+    quads: np.ndarray | None
+    cross: tuple
+    link: tuple
+
+
+@functools.cache
+def _cached(
+    name: str, family: str, kind: str, names: tuple, elements: tuple, linked: bool
+) -> ResidueTemplate:
+    return compile_residue(name, family, kind, names, elements, linked)
+
+
+def template_of(res, linked: bool, cache: bool = True) -> ResidueTemplate:
+    """The template of a residue (``allatom._Res``); cached unless it has extra atoms
+    (or ``cache`` is False: the per-atom reference)."""
+    if cache and not any(res.extra):
+        return _cached(res.name, res.family, res.kind, tuple(res.names), tuple(res.elements), bool(linked))
+    return compile_residue(
+        res.name, res.family, res.kind, tuple(res.names), tuple(res.elements), bool(linked), res=res
+    )
+
+
+def compile_residue(name, family, kind, names, elements, linked, *, res=None) -> ResidueTemplate:
+    """A :class:`ResidueTemplate` (module doc); ``res``: the residue itself, for its
+    extra atoms (bonds by distance, parents by nearness)."""
+    slot = {a: j for j, a in enumerate(names)}
+    bonds, orders = _local_bonds(name, kind, slot, res)
+    parent, link_parent, key = _local_parents(name, family, kind, names, elements, slot, bonds, linked)
+    if res is not None and any(res.extra):
+        _prefer_nearest(res, parent)
+    heavy = np.array([e != "H" for e in elements], bool)
+    tree = _local_growth(parent, [a for a, _ in link_parent], bonds, heavy)
+    quads, cross = _local_quads(name, family, slot) if family != "ligand" else (None, ())
+    y, x = LINK_ATOMS.get(kind, ("", ""))
+    return ResidueTemplate(
+        names,
+        slot,
+        bonds,
+        orders,
+        parent,
+        tree,
+        link_parent,
+        key,
+        quads,
+        cross,
+        (slot.get(y, -1), slot.get(x, -1)),
+    )
+
+
+def _local_bonds(name: str, kind: str, slot: dict, res) -> tuple[np.ndarray, np.ndarray]:
+    """CCD bonds within the residue, terminal hydrogens' bonds, the extra atoms' bonds."""
+    ccd = ccd_residue(name)
+    cnames = ccd.atom_names
+    pairs, orders = [], []
+    for i, j, o in ccd.bonds.tolist():
+        a, b = str(cnames[i]), str(cnames[j])
+        if a in slot and b in slot:
+            pairs.append((slot[a], slot[b]))
+            orders.append(o)
+    known = set(cnames.tolist())
+    for h, x in extra_names(name, kind).items():
+        if h in slot and x in slot and h not in known:
+            pairs.append((slot[h], slot[x]))
+            orders.append(1)
+    for i, j in res.extra_bonds if res is not None else ():
+        pairs.append((i, j))
+        orders.append(0)  # BondType.ANY: bonded by distance, order unknown
+    return np.array(pairs, np.int64).reshape(-1, 2), np.array(orders, np.int64)
+
+
+def _local_parents(name, family, kind, names, elements, slot, bonds, linked):
+    """Template parents (``"-X"``: the previous residue's X, when linked) and key atoms;
+    every hydrogen on its first bonded atom."""
+    n = len(names)
+    parent = np.full(n, -1, np.int64)
+    key = np.zeros(n, bool)
+    link_parent = []
+
+    def put(a: str, spec: str) -> None:
+        if spec.startswith("-"):
+            if linked:
+                link_parent.append((slot[a], spec[1:]))
+        else:
+            parent[slot[a]] = slot.get(spec, -1)
+
+    if family == "protein":
+        t = RESIDUES[name]
+        for j, a in enumerate(t.atoms):
+            if a in slot:
+                put(a, t.rows[j][0])
+                key[slot[a]] = t.torsion[j] is not None
+    elif family == "nucleic":
+        for a, p in nucleic_parents(name).items():
+            if a in slot:
+                put(a, p)
+                key[slot[a]] = a in _NUCLEIC_KEYS
+    elif linked:  # a modified residue in a chain: entered through its link atom
+        y, x = LINK_ATOMS[kind]
+        put(y, "-" + x)
+        key[slot[y]] = True
+    partner: dict[int, int] = {}
+    for i, j in bonds.tolist():
+        partner.setdefault(i, j)
+        partner.setdefault(j, i)
+    for j, e in enumerate(elements):
+        if e == "H":
+            parent[j] = partner.get(j, -1)
+    return parent, tuple(link_parent), key
+
+
+def _local_growth(parent: np.ndarray, entry: list, bonds: np.ndarray, heavy: np.ndarray) -> np.ndarray:
+    """Tree parents of a residue's atoms: ``allatom._grow`` run on the residue alone, from
+    the atoms its previous residue places (``entry``: the linked link atom) or, for a residue
+    that starts its piece, from its first heavy atom without a template parent (the piece's
+    root). Growth only ever crosses a residue through its link, and a frontier atom's parent
+    is its lowest placed neighbour, so this is what the growth of the whole structure gives:
+    template children first, then the lowest unplaced bonded atom, those without a template
+    parent first. Atoms it does not reach keep -1."""
+    n = len(parent)
+    tree = parent.copy()
+    if not entry:
+        free = np.flatnonzero((parent < 0) & heavy)
+        entry = free[:1].tolist()
+    if not entry or (parent >= 0).sum() + len(entry) == n:
+        return tree
+    kids = [[] for _ in range(n)]
+    for v in np.flatnonzero(parent >= 0).tolist():
+        kids[parent[v]].append(v)
+    nbrs = [[] for _ in range(n)]
+    for i, j in bonds.tolist():
+        nbrs[i].append(j)
+        nbrs[j].append(i)
+    placed = np.zeros(n, bool)
+
+    def place(v: int) -> None:
+        todo = [v]
+        while todo:
+            u = todo.pop()
+            placed[u] = True
+            todo += [c for c in kids[u] if not placed[c]]
+
+    for v in entry:
+        place(v)
+    while True:
+        frontier = [
+            (int(parent[c] >= 0), c, min(u for u in nbrs[c] if placed[u]))
+            for c in range(n)
+            if not placed[c] and any(placed[u] for u in nbrs[c])
+        ]
+        if not frontier:
+            return tree
+        _, c, u = min(frontier)
+        tree[c] = u
+        place(c)
+
+
+def _prefer_nearest(res, parent: np.ndarray) -> None:
+    """An extra heavy atom's parent: the nearest template atom it is bonded to (none: it is
+    reached over its bonds)."""
+    xyz = np.array(res.xyz, np.float64).reshape(-1, 3)
+    for i in np.flatnonzero(np.array(res.extra, bool) & (np.array(res.elements) != "H")).tolist():
+        nb = [j for p in res.extra_bonds if i in p for j in p if j != i and not res.extra[j]]
+        if nb:
+            parent[i] = min(nb, key=lambda j: float(np.linalg.norm(xyz[j] - xyz[i])))
+
+
+def _local_quads(name: str, family: str, slot: dict):
+    """``(Q, 4)`` local quads and the neighbour atoms of each (module doc)."""
+    if family == "protein":
+        defs = dict(_PROTEIN_QUADS)
+        defs.update({f"chi{c + 1}": q for c, q in enumerate(CHI_ATOMS[name])})
+    else:
+        defs = torsion_atoms(name)
+    quads = np.full((len(QUAD_NAMES), 4), -1, np.int64)
+    cross = []
+    for qname, quad in defs.items():
+        q = QUAD_NAMES.index(qname)
+        ids = []
+        for j, spec in enumerate(quad):
+            if spec[0] in "-+":
+                ids.append(-2)
+                cross.append((q, j, -1 if spec[0] == "-" else 1, spec[1:]))
+            else:
+                ids.append(slot.get(spec, -1))
+        if -1 in ids:  # a missing own atom: undefined
+            cross = [c for c in cross if c[0] != q]
+        else:
+            quads[q] = ids
+    return quads, tuple(cross)
+
+
+def stamp(residues, linked: np.ndarray, disulfides, cache: bool = True):
+    """Bonds, orders, tree-followable bonds, parents, keys and quads of a structure
+    stamped from its residues' templates (``allatom.ComplexAtoms``' arrays).
+
+    Args:
+        residues: the ``R`` residues (``allatom._Res``), ``linked`` ``(R,)`` bool.
+        disulfides: ``(residue, residue)`` pairs (cross-links: bonds, not tree edges).
+        cache: False compiles every residue anew (the per-atom reference).
+
+    Returns:
+        ``bonds`` ``(E, 2)``, ``orders`` ``(E,)``, ``tree_ok`` ``(E,)``,
+        ``pref`` ``(N,)`` template parents (-1: none), ``tree`` ``(N,)`` tree parents
+        (``ResidueTemplate.tree``), ``key`` ``(N,)``, ``quads`` ``(L, Q, 4)``.
+    """
+    tmpl = [template_of(r, linked[k], cache) for k, r in enumerate(residues)]
+    sizes = np.array([len(t.names) for t in tmpl], np.int64)
+    first = starts(sizes)
+    pairs, orders = [], []
+    pref = _offset([t.parent for t in tmpl], first)
+    tree = _offset([t.tree for t in tmpl], first)
+    for k, t in enumerate(tmpl):
+        pairs.append(t.bonds + first[k])
+        orders.append(t.orders)
+        if linked[k]:  # the polymer link and the parents across it
+            prev = tmpl[k - 1]
+            pairs.append(np.array([[first[k - 1] + prev.link[1], first[k] + t.link[0]]], np.int64))
+            orders.append(np.ones(1, np.int64))
+            for a, x in t.link_parent:
+                pref[first[k] + a] = tree[first[k] + a] = (
+                    first[k - 1] + prev.slot[x] if x in prev.slot else -1
+                )
+    n_tree = sum(len(p) for p in pairs)
+    for i, j in disulfides:
+        pairs.append(np.array([[first[i] + tmpl[i].slot["SG"], first[j] + tmpl[j].slot["SG"]]], np.int64))
+        orders.append(np.ones(1, np.int64))
+    bonds = np.concatenate(pairs).reshape(-1, 2) if pairs else np.zeros((0, 2), np.int64)
+    orders = np.concatenate(orders) if orders else np.zeros(0, np.int64)
+    key = np.concatenate([t.key for t in tmpl]) if tmpl else np.zeros(0, bool)
+    return bonds, orders, np.arange(len(bonds)) < n_tree, pref, tree, key, _stamp_quads(tmpl, first, linked)
+
+
+def _offset(local: list, first: np.ndarray) -> np.ndarray:
+    """Residues' local atom indices (-1: none) made global, back to back."""
+    return np.concatenate([np.where(a >= 0, a + f, -1) for a, f in zip(local, first.tolist(), strict=True)])
+
+
+def _stamp_quads(tmpl: list, first: np.ndarray, linked: np.ndarray) -> np.ndarray:
+    """``(L, Q, 4)``: the polymer templates' quads offset, neighbour atoms resolved."""
+    poly = [k for k, t in enumerate(tmpl) if t.quads is not None]
+    out = np.full((len(poly), len(QUAD_NAMES), 4), -1, np.int64)
+    R = len(tmpl)
+    for row, k in enumerate(poly):
+        t = tmpl[k]
+        q = np.where(t.quads >= 0, t.quads + first[k], t.quads)
+        for qi, j, off, name in t.cross:
+            ok = linked[k] if off < 0 else k + 1 < R and linked[k + 1]
+            m = k + off
+            q[qi, j] = first[m] + tmpl[m].slot[name] if ok and name in tmpl[m].slot else -1
+        out[row] = np.where((q < 0).any(1, keepdims=True), -1, q)
+    return out
