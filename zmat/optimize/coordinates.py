@@ -19,6 +19,8 @@ value vector ``q``):
   chains;
 * **out-of-plane** angles of three-coordinate centres: the angle between the
   bond ``j -> l`` and the plane ``(i, j, k)``;
+* **translation** and **rotation** of each fragment (``coords="tric"``,
+  :mod:`.fragments`), in place of the contact bonds between fragments;
 * **cartesian** components of frozen atoms (constant rows of B).
 
 Everything is built once on the host from the starting geometry (the union
@@ -41,11 +43,13 @@ from ase.data import covalent_radii, vdw_radii
 from scipy.sparse.csgraph import connected_components
 
 from .._geometry import safe_atan2, safe_norm
+from . import fragments
 
 __all__ = ["KINDS", "Primitives", "build_primitives", "values", "values_and_b", "wilson_b"]
 
 #: the kinds, in the order of ``q``
-KINDS = ("bond", "angle", "linear", "dihedral", "oop", "cartesian")
+KINDS = ("bond", "angle", "linear", "dihedral", "oop", "translation", "rotation", "cartesian")
+GEOMETRIC = KINDS[:5]  # the kinds of the fused formula (:func:`_fused`); the fragments' have their own
 LINEAR = math.radians(175.0)  # an angle above this is treated as linear
 UNLINEAR = math.radians(170.0)  # a linear bend below this becomes an angle again (hysteresis)
 _SMALL_ANGLE = math.radians(45.0)  # angles below this are left out (pyberny)
@@ -63,7 +67,9 @@ class Primitives:
         dihedral: ``(nd, 4)``; oop: ``(no, 4)`` (``i, j, k, l``: bond
         ``j -> l`` against the plane ``i, j, k``); cartesian: ``(nc, 2)``
         (atom, axis). ``weak``: ``(P,)`` number of non-covalent links in each
-        primitive (0 for covalent ones).
+        primitive (0 for covalent ones). translation, rotation: ``(n, m)``
+        the atoms of each row's fragment (padded), ``frag`` their
+        :class:`.fragments.FragmentRows` (``coords="tric"``; else no rows).
     """
 
     n_atoms: int
@@ -75,6 +81,9 @@ class Primitives:
     oop: torch.Tensor
     cartesian: torch.Tensor
     weak: torch.Tensor = field(repr=False)
+    translation: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 1, dtype=torch.long))
+    rotation: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 1, dtype=torch.long))
+    frag: fragments.FragmentRows | None = field(default=None, repr=False)
 
     @property
     def counts(self) -> tuple[int, ...]:
@@ -105,7 +114,7 @@ class Primitives:
 
     def to(self, device) -> Primitives:
         moved = {k: getattr(self, k).to(device) for k in (*KINDS, "linear_ref", "weak")}
-        return replace(self, **moved)
+        return replace(self, **moved, frag=self.frag.to(device) if self.frag is not None else None)
 
     def linear_triples(self) -> frozenset:
         """The ``(i, j, k)`` triples held by linear bends."""
@@ -119,6 +128,8 @@ class Primitives:
         if len(self.linear):
             ends = self.linear[:, [0, 1, 2]]
             out = out | (_angle(xyz[..., ends, :]) < UNLINEAR).any()
+        if len(self.rotation):  # a fragment turned far from its reference: a new reference
+            out = out | fragments.turned_far(self.frag, xyz[..., self.rotation, :])
         return out
 
 
@@ -140,7 +151,7 @@ def _layout(prims: Primitives, device) -> tuple:
     """
     cache = prims.__dict__.setdefault("_layouts", {})
     if device not in cache:
-        kinds = KINDS[:-1]
+        kinds = GEOMETRIC
         rows = [getattr(prims, k) for k in kinds]
         atoms = torch.cat([torch.cat([r, r[:, -1:].expand(-1, 4 - r.shape[1])], 1) for r in rows])
         code = torch.cat([torch.full((len(r),), k) for k, r in enumerate(rows)])
@@ -183,37 +194,63 @@ def _fused(masks: torch.Tensor, ref: torch.Tensor, p: torch.Tensor) -> torch.Ten
     return torch.where(bond, norm(b1, dim=-1), ang)
 
 
+def _fragment_values(prims: Primitives, kind: str, p: torch.Tensor) -> torch.Tensor:
+    """Translations or rotations of the fragments from their gathered atoms ``(B, n, m, 3)``."""
+    f = prims.frag
+    if kind == "translation":
+        return fragments.translation(p, f.t_mask, f.t_axis)
+    return fragments.rotation(p, f.r_mask, f.r_axis, f.r_ref, f.r_reg)
+
+
+def _others(prims: Primitives) -> tuple[str, ...]:
+    """The non-empty kinds outside the fused formula (fragments' translations and rotations), in order."""
+    return tuple(k for k in ("translation", "rotation") if len(getattr(prims, k)))
+
+
 def values(prims: Primitives, xyz: torch.Tensor) -> torch.Tensor:
     """The primitives' values ``q``, ``(B, P)``, at positions ``xyz`` ``(B, N, 3)``.
 
     Lengths in the unit of ``xyz``, angles in radians (dihedrals in ``(-pi, pi]``).
     """
     atoms, masks, ref, _, cart = _layout(prims, xyz.device)
-    q = _fused(masks, ref.to(xyz.dtype), xyz[:, atoms])
-    return torch.cat([q, xyz.flatten(1)[:, cart]], 1) if len(cart) else q
+    out = [_fused(masks, ref.to(xyz.dtype), xyz[:, atoms])]
+    out += [_fragment_values(prims, k, xyz[:, getattr(prims, k)]) for k in _others(prims)]
+    if len(cart):
+        out.append(xyz.flatten(1)[:, cart])
+    return torch.cat(out, 1) if len(out) > 1 else out[0]
 
 
 def values_and_b(prims: Primitives, xyz: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``q`` ``(B, P)`` and the Wilson B matrix ``dq/dx`` ``(B, P, 3N)`` at ``xyz``, by autograd.
 
-    One backward pass for every primitive at once: each row's four atoms are a
-    separate copy in the gathered leaf ``(B, G, 4, 3)``, so the gradient of the
-    summed values is every row's own derivative, scattered into its columns.
+    One backward pass for every primitive at once: each row's atoms are a
+    separate copy in a gathered leaf (``(B, G, 4, 3)`` for the fused kinds, one
+    more per fragment kind), so the gradient of the summed values is every
+    row's own derivative, scattered into its columns.
     """
     atoms, masks, ref, cols, cart = _layout(prims, xyz.device)
-    bsz, n3 = xyz.shape[0], 3 * prims.n_atoms
+    bsz, n3, x = xyz.shape[0], 3 * prims.n_atoms, xyz.detach()
+    idx = [atoms] + [getattr(prims, k) for k in _others(prims)]
     with torch.enable_grad():
-        leaf = xyz.detach()[:, atoms].requires_grad_(True)
-        q = _fused(masks, ref.to(xyz.dtype), leaf)
-        (local,) = torch.autograd.grad(q.sum(), leaf)
-    B = xyz.new_zeros(bsz, len(atoms), n3)
-    B.scatter_add_(2, cols.expand(bsz, -1, -1), local.reshape(bsz, -1, 12))
-    q = q.detach()
+        leaves = [x[:, i].requires_grad_(True) for i in idx]
+        qs = [_fused(masks, ref.to(xyz.dtype), leaves[0])]
+        qs += [_fragment_values(prims, k, leaf) for k, leaf in zip(_others(prims), leaves[1:], strict=True)]
+        local = torch.autograd.grad(sum(q.sum() for q in qs), leaves)
+    blocks = []
+    for i, g, c in zip(idx, local, [cols] + [None] * len(idx[1:]), strict=True):
+        if c is None:
+            c = (3 * i[:, :, None] + torch.arange(3, device=xyz.device)).flatten(1)
+        block = xyz.new_zeros(bsz, len(i), n3)
+        blocks.append(block.scatter_add_(2, c.expand(bsz, -1, -1), g.reshape(bsz, len(i), -1)))
+    q = [t.detach() for t in qs]
     if len(cart):
         one = torch.zeros(len(cart), n3, dtype=xyz.dtype, device=xyz.device)
         one[torch.arange(len(cart), device=xyz.device), cart] = 1.0
-        q, B = torch.cat([q, xyz.flatten(1)[:, cart]], 1), torch.cat([B, one.expand(bsz, -1, -1)], 1)
-    return q, B
+        q.append(xyz.flatten(1)[:, cart])
+        blocks.append(one.expand(bsz, -1, -1))
+    if len(q) == 1:
+        return q[0], blocks[0]
+    return torch.cat(q, 1), torch.cat(blocks, 1)
 
 
 def wilson_b(prims: Primitives, xyz: torch.Tensor) -> torch.Tensor:
@@ -230,8 +267,9 @@ def _radii(numbers: np.ndarray, table: np.ndarray, fallback: float) -> np.ndarra
     return np.where(np.isfinite(r), r, fallback)
 
 
-def _bonds(xyz: np.ndarray, numbers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Bond matrix (covalent, hydrogen and fragment-joining bonds) and the covalent-fragment matrix."""
+def _bonds(xyz: np.ndarray, numbers: np.ndarray, join: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Bond matrix (covalent, hydrogen and, if ``join``, fragment-joining bonds) and the covalent-fragment
+    matrix."""
     n = len(numbers)
     d = np.linalg.norm(xyz[:, :, None] - xyz[:, None], axis=-1)  # (B, N, N)
     rc = _radii(numbers, covalent_radii, 0.7)
@@ -254,7 +292,7 @@ def _bonds(xyz: np.ndarray, numbers: np.ndarray) -> tuple[np.ndarray, np.ndarray
     # join fragments: contacts within the sum of van der Waals radii, widened until connected (pyberny)
     rv = _radii(numbers, vdw_radii, 2.0)
     shift, dmin = 0.0, d.min(0)
-    while connected_components(bonds, directed=False)[0] > 1:
+    while join and connected_components(bonds, directed=False)[0] > 1:
         _, lab = connected_components(bonds, directed=False)
         apart = lab[:, None] != lab[None, :]
         bonds |= apart & (dmin < rv[:, None] + rv[None, :] + shift)
@@ -316,6 +354,7 @@ def build_primitives(
     frozen: tuple[int, ...] = (),
     out_of_plane: bool = True,
     linear: frozenset = frozenset(),
+    coords: str = "redundant",
 ) -> Primitives:
     """The primitive internal coordinates of a molecule (or cluster) at ``xyz``.
 
@@ -329,6 +368,9 @@ def build_primitives(
         out_of_plane: include out-of-plane angles of three-coordinate centres.
         linear: ``(i, j, k)`` triples that were linear before (a rebuild): they
             stay linear down to 170 degrees (hysteresis), new ones from 175.
+        coords: ``"redundant"`` (fragments joined by contact bonds) or
+            ``"tric"`` (each fragment's translation and rotation instead,
+            :mod:`.fragments`; the reference is ``xyz``).
 
     Returns:
         a :class:`Primitives` on the CPU (``.to(device)`` to move it).
@@ -337,7 +379,10 @@ def build_primitives(
     xyz = xyz[None] if xyz.ndim == 2 else xyz
     numbers = np.asarray(numbers, dtype=np.int64)
     n = len(numbers)
-    bonds, same = _bonds(xyz, numbers)
+    if coords not in ("redundant", "tric"):
+        raise ValueError(f"coords must be 'redundant' or 'tric', got {coords!r}")
+    tric = coords == "tric"
+    bonds, same = _bonds(xyz, numbers, join=not tric)
     weak_bond = {(i, j): int(not same[i, j]) for i, j in zip(*np.nonzero(np.triu(bonds)), strict=False)}
     angles, bends, refs = {}, [], []
     for j in range(n):
@@ -372,6 +417,11 @@ def build_primitives(
             table[key] = 1
     cart = [(a, c) for a in frozen for c in range(3)]
     weak = [*weak_bond.values(), *angles.values(), *[0] * len(bends), *dihedrals.values(), *oop.values()]
+    frag = {}
+    if tric:
+        t_idx, r_idx, rows = fragments.fragment_rows(xyz, same)
+        frag = {"translation": t_idx, "rotation": r_idx, "frag": rows}
+        weak += [0] * (len(t_idx) + len(r_idx))
 
     def idx(rows, k):
         return torch.tensor(list(rows), dtype=torch.long).reshape(-1, k)
@@ -386,4 +436,5 @@ def build_primitives(
         oop=idx(oop, 4),
         cartesian=idx(cart, 2),
         weak=torch.tensor(weak + [0] * len(cart), dtype=torch.long),
+        **frag,
     )

@@ -114,6 +114,7 @@ class InternalStepper:
         units: ``"eV/A"`` (ASE's), ``"hartree/bohr"`` or ``"kcal/mol/A"``.
         out_of_plane: include out-of-plane angles.
         back_iterations: most iterations of the back-transformation per step.
+        coords: ``"redundant"`` or ``"tric"`` (see :func:`minimize`).
 
     Call :meth:`step` with each evaluated geometry; it returns the largest
     per-atom force norm there and the next geometry.
@@ -128,6 +129,7 @@ class InternalStepper:
         units: str = "eV/A",
         out_of_plane: bool = True,
         back_iterations: int = 10,
+        coords: str = "redundant",
     ) -> None:
         if units not in _UNITS:
             raise ValueError(f"units must be one of {sorted(_UNITS)}, got {units!r}")
@@ -141,6 +143,7 @@ class InternalStepper:
         self.trust0 = trust
         self.out_of_plane = out_of_plane
         self.back_iterations = back_iterations
+        self.coords = coords
         self.radii = torch.as_tensor(covalent_radii[self.numbers] / BOHR, device=self.device)
         self.rows = period(self.numbers).to(self.device)
         x = self._internal(xyz)
@@ -179,6 +182,7 @@ class InternalStepper:
             frozen=self.frozen,
             out_of_plane=self.out_of_plane,
             linear=was,
+            coords=self.coords,
         ).to(self.device)
         idx = [self.prims.find(a) for a in self.fixed]
         idx += [self.prims.kind_slice("cartesian").start + k for k in range(3 * len(self.frozen))]
@@ -191,6 +195,7 @@ class InternalStepper:
         self.best_q, self.best_g, self.best_E = x.new_zeros(bsz, p), x.new_zeros(bsz, p), zeros
         self.pred_E, self.interp_E = zeros, zeros
         self.on_sphere = torch.zeros(bsz, dtype=torch.bool, device=self.device)
+        self.best_off = torch.zeros(bsz, dtype=torch.bool, device=self.device)  # best point off target
         self.step_norm = zeros
 
     def needs_rebuild(self, xyz: torch.Tensor) -> torch.Tensor:
@@ -284,9 +289,11 @@ class InternalStepper:
         d = wrap(self.best_q - q, self.periodic)
         t, Ei = cubic_search(E, self.best_E, (gq * d).sum(-1), (self.best_g * d).sum(-1))
         # while constraints are still on their way to their targets, energies of different points are
-        # not comparable: no line search, and the current point counts as the best
+        # not comparable: no line search, and the current point counts as the best; so does the first
+        # point on target (the best so far was off it: lower, but not a point of the constrained problem)
         moving = self._off_target(q)
-        t, Ei = torch.where(first | moving, 0.0, t), torch.where(first | moving, E, Ei)
+        fresh = first | moving | self.best_off
+        t, Ei = torch.where(fresh, 0.0, t), torch.where(fresh, E, Ei)
         iq = q + t[:, None] * d
         ig = gq + t[:, None] * (self.best_g - gq)
 
@@ -321,7 +328,8 @@ class InternalStepper:
         def keep_old(new, old):
             return torch.where(active.reshape(-1, *[1] * (new.ndim - 1)), new, old)
 
-        better = first | moving | (E < self.best_E)
+        better = fresh | (E < self.best_E)
+        self.best_off = keep_old(moving, self.best_off)
         self.H, self.trust = keep_old(H, self.H), trust
         self.best_q = keep_old(torch.where(better[:, None], q, self.best_q), self.best_q)
         self.best_g = keep_old(torch.where(better[:, None], gq, self.best_g), self.best_g)
@@ -370,6 +378,7 @@ def minimize(
     numbers=None,
     trust: float = 0.3,
     units: str = "eV/A",
+    coords: str = "redundant",
 ) -> Result:
     """Minimise ``energy`` over positions in redundant internal coordinates, for every conformer at once.
 
@@ -392,6 +401,10 @@ def minimize(
         trust: initial trust radius (bohr / radian).
         units: units of ``energy`` and ``xyz``: ``"eV/A"``, ``"hartree/bohr"``,
             ``"kcal/mol/A"`` (the model Hessian is in atomic units).
+        coords: ``"redundant"``: fragments (molecules of a cluster, a ligand
+            and its pocket) joined by contact bonds; ``"tric"``: each
+            fragment's translation and rotation instead (geomeTRIC's TRIC,
+            :mod:`zmat.optimize.fragments`).
 
     Returns:
         :class:`Result` (``xyz`` ``(B, N, 3)``, ``energy``, ``converged``,
@@ -414,7 +427,7 @@ def minimize(
     xyz = _check_xyz(xyz)
     bsz, n = xyz.shape[:2]
     numbers = np.full(n, 6) if numbers is None else np.asarray(numbers)
-    stepper = InternalStepper(xyz, numbers, constraints, trust=trust, units=units)
+    stepper = InternalStepper(xyz, numbers, constraints, trust=trust, units=units, coords=coords)
     x = xyz.detach().clone()
     active = torch.ones(bsz, dtype=torch.bool, device=xyz.device)
     steps = torch.zeros(bsz, dtype=torch.long, device=xyz.device)

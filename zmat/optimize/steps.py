@@ -103,6 +103,9 @@ def model_hessian(
         if len(dih):
             i, j, k, l = dih.unbind(1)
             parts.append(0.005 * lindh(i, j) * lindh(j, k) * lindh(k, l))
+    n_frag = len(prims.translation) + len(prims.rotation)
+    if n_frag:  # fragments' translations and rotations (bohr): geomeTRIC's 0.05
+        parts.append(xyz.new_full((xyz.shape[0], n_frag), 0.05))
     if len(prims.cartesian):
         parts.append(xyz.new_full((xyz.shape[0], len(prims.cartesian)), 0.5))
     return torch.diag_embed(torch.cat(parts, -1))
