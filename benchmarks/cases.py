@@ -59,6 +59,7 @@ class Problem:
     sequences: list[str] = field(default_factory=list)  # one per structure (proteins)
     residues: int = 0  # per structure, actual
     note: str = ""
+    atom_names: np.ndarray | None = None  # (atoms,) of one structure, in the table's order (proteins)
 
 
 # ------------------------------------------------------------------ chains
@@ -157,7 +158,7 @@ def _pdb_protein(name: str):
 def _tiled(p, n_res: int, start: int = 0):
     """Residues ``start, start+1, ...`` of ``p`` cyclically, ``n_res`` of them, as one chain.
 
-    Returns ``(table, xyz, sequence)``. Chain breaks of the file are kept; each
+    Returns ``(table, xyz, sequence, atom names)``. Chain breaks of the file are kept; each
     wrap-around shifts the copy by its extent + 10 A along x and joins it with
     a (long) peptide bond, which only changes values, not the work.
     """
@@ -187,7 +188,7 @@ def _tiled(p, n_res: int, start: int = 0):
         # an OXT added at the end of a tile that had none in the file: next to O
         out[a] = pos.get(key, pos.get((key[0], "O"), np.zeros(3)) + 1.2)
     seq = "".join(p.sequence[k] for k in order)
-    return lay.refs, torch.from_numpy(out), seq
+    return lay.refs, torch.from_numpy(out), seq, lay.atom_names
 
 
 def _source(n_res: int):
@@ -215,12 +216,12 @@ def _conformers(C: torch.Tensor, batch: int, seed: int) -> torch.Tensor:
 def protein(n_res: int, batch: int, seed: int = 0) -> Problem:
     name, p, how = _source(n_res)
     if how == "file":
-        refs, C, seq = p.table.refs, p.internal, p.sequence
+        refs, C, seq, names = p.table.refs, p.internal, p.sequence, p.atom_names
         note = f"{name}.pdb ({len(p)} res)"
     else:
         k = max(1, round(n_res / len(p)))
         n = n_res if how == "cut" else k * len(p)
-        refs, xyz, seq = _tiled(p, n)
+        refs, xyz, seq, names = _tiled(p, n)
         C = zmat.to_internal(xyz, refs)
         note = f"{name}.pdb, first {n} res" if how == "cut" else f"{name}.pdb ({len(p)} res) tiled x{k}"
     table = zmat.ConstructionTable(refs)
@@ -235,6 +236,7 @@ def protein(n_res: int, batch: int, seed: int = 0) -> Problem:
         sequences=[seq] * batch,
         residues=len(seq),
         note=note,
+        atom_names=np.asarray(names),
     )
 
 
@@ -245,7 +247,7 @@ def protein_mix(n_res: int, batch: int, seed: int = 0) -> Problem:
     starts = rng.choice(L, size=batch, replace=batch > L)
     refs_all, xyz_all, seqs, offset = [], [], [], 0
     for s in starts:
-        refs, xyz, seq = _tiled(p, n_res, int(s))
+        refs, xyz, seq, _ = _tiled(p, n_res, int(s))
         refs_all.append(np.where(refs >= 0, refs + offset, -1))
         xyz_all.append(xyz)
         seqs.append(seq)

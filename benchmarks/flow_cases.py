@@ -37,4 +37,4 @@ def protein(n_res: int, batch: int, seed: int = 0):
 
     p = make("protein", n_res, batch)
     gen = torch.Generator().manual_seed(seed)
-    return p.table, _rigid(zmat.to_xyz(p.C, p.table), gen), p.residues
+    return p.table, _rigid(zmat.to_xyz(p.C, p.table), gen), p.atom_names

@@ -174,7 +174,8 @@ def _cases(a) -> list[dict]:
     dtype = getattr(torch, a.dtype)
     table, xyz = alanine_dipeptide(a.batch)
     results = [run_case("alanine dipeptide", table, xyz, dtype, a.repeat)]
-    table, xyz, n_res = protein(a.residues, a.proteins)
+    table, xyz, names = protein(a.residues, a.proteins)
+    n_res = int((names == "CA").sum())
     results.append(run_case(f"protein of {n_res} residues", table, xyz, dtype, a.repeat))
     for r in results:
         r["dtype"], r["threads"] = a.dtype, a.threads

@@ -86,24 +86,16 @@ def cases(tiny: bool):
     yield "alanine dipeptide x 1", table, xyz[:1], ala_fixed
     yield f"alanine dipeptide x {len(xyz)}", table, xyz, ala_fixed
     n_res, batch = (12, 2) if tiny else (600, 16)
-    ptable, pxyz, n = protein(n_res, batch)
-    yield f"{batch} x protein ({pxyz.shape[1]} atoms)", ptable, pxyz, _protein_fixed(ptable, n)
+    ptable, pxyz, names = protein(n_res, batch)
+    yield f"{batch} x protein ({pxyz.shape[1]} atoms)", ptable, pxyz, _protein_fixed(ptable, names)
 
 
 def _first_atoms(table) -> np.ndarray:
     return np.nonzero(zmat.ConstructionTable(table).refs[:, 2] < 0)[0]
 
 
-def _protein_fixed(table, n_res: int) -> np.ndarray:
-    """The backbone N, CA, C (as the protein case lays out its atoms: 1igy's residues in order)
-    and the tree's first atoms."""
-    from .cases import DATA, _pdb_protein
-
-    p = _pdb_protein("1igy")
-    names = p.atom_names[p.layout.residue_index < n_res]
-    n = zmat.ConstructionTable(table).n_atoms
-    names = np.concatenate([names, ["OXT"] * (n - len(names))])[:n]  # a cut chain ends in OXT
-    assert DATA.exists()
+def _protein_fixed(table, names: np.ndarray) -> np.ndarray:
+    """The backbone N, CA, C (``names``: the table's atom names) and the tree's first atoms."""
     return np.union1d(_first_atoms(table), np.nonzero(np.isin(names, BACKBONE))[0])
 
 

@@ -2,13 +2,15 @@
 
 Two trainings of ``examples/torsion_diffusion.py``'s model, identical but for the loss (the
 same initial weights, seeds, batches, noise and steps; the steps interleaved, so that both
-see the same machine load and their times compare): FoldingDiff's own loss, and the same
-plus ``zmat.clash_loss`` and the peptide-bond terms of ``structural_violations`` on the
-decoded predicted ``x0`` (weight ``abar_t``). Each model is sampled twice from the same
-noise: plainly and with clash guidance (the ``clash_loss`` gradient of the decoded predicted
-``x0`` on the DDPM mean in the last steps, ``--guidance``). Samples are compared with held-out
-windows: clashes (AlphaFold's definition), violations, Ramachandran, radius of gyration,
-CA(i)-CA(i+2) distances; and the time per training step.
+see the same machine load and their times compare): FoldingDiff's own loss, and the same with
+the clash term (``zmat.clash_loss`` and the peptide-bond terms of ``structural_violations`` on
+the decoded predicted ``x0``, as a clash-guided noise target at low noise, on the batch and on
+sampler chains: ``examples/torsion_diffusion.py``'s ``losses``). Each model is sampled from the
+same noise plainly and with clash guidance at each ``--guidance`` scale (the ``clash_loss``
+gradient of the decoded predicted ``x0`` on the DDPM mean in the last steps). Samples are
+compared with held-out windows (``--validate``: with the training windows, other noise):
+clashes (AlphaFold's definition), violations, Ramachandran, radius of gyration, CA(i)-CA(i+2)
+distances; and the time per training step. ``--seed 0 1 2``: mean ± sd over training seeds.
 
     python -m benchmarks --suite train            # quick (a few minutes on 2 cores)
     python -m benchmarks --suite train --full     # longer windows, bigger model, more steps
@@ -36,23 +38,23 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "results" / "train"
 
 #: window length, window stride, model width / depth, training steps, batch, diffusion steps T,
-#: number of samples, clash weight, clash guidance scale at sampling time (examples' ``sample``)
+#: number of samples, clash weight (the guided target's scale), sampler chains the clash term sees,
+#: clash guidance scales at sampling time (examples' ``sample``)
 SIZES = {
     "tiny": dict(
-        length=12, stride=8, width=32, depth=1, steps=20, batch=16, T=10, samples=16, weight=0.2, guidance=1.0
+        length=12, stride=8, width=32, depth=1, steps=20, batch=16, T=10, samples=16, weight=3.0, chains=2,
+        guidance=(1.0,),
     ),
     "quick": dict(
-        length=24, stride=4, width=64, depth=3, steps=600, batch=32, T=100, samples=256, weight=0.2,
-        guidance=1.0,
+        length=24, stride=4, width=64, depth=3, steps=600, batch=32, T=100, samples=256, weight=3.0,
+        chains=8, guidance=(3.0,),
     ),
     "full": dict(
-        length=48, stride=2, width=128, depth=4, steps=4000, batch=64, T=400, samples=1024, weight=0.2,
-        guidance=1.0,
+        length=48, stride=2, width=128, depth=4, steps=4000, batch=64, T=400, samples=1024, weight=3.0,
+        chains=16, guidance=(3.0,),
     ),
 }  # fmt: skip
-#: the table's columns: set name, header
-COLUMNS = [("train", "train windows"), ("own", "own loss"), ("own+clash", "own + clash"),
-           ("own+guidance", "own + guidance"), ("own+clash+guidance", "own+clash + guidance")]  # fmt: skip
+MODELS = {"own": "own loss", "own+clash": "own + clash"}
 RAMA_BINS = 18  # 20-degree bins: a few thousand angles fill them (36 x 36 would be mostly sampling noise)
 
 
@@ -139,14 +141,29 @@ def compare(m: dict, ref: dict) -> dict:
 
 
 # ------------------------------------------------------------------ the two trainings
-def run(size: str = "quick", seed: int = 0, weight: float | None = None, log=print, guidance=None) -> dict:
+def columns(cfg: dict) -> list[tuple[str, str]]:
+    """The table's sets: (key, header): the training windows, both models, each model guided at each scale."""
+    cols = [("train", "train windows"), *MODELS.items()]
+    for g in cfg["guidance"]:
+        cols += [(f"{m}+guidance {g:g}", f"{h} + guidance {g:g}") for m, h in MODELS.items()]
+    return cols
+
+
+def run(
+    size: str = "quick", seed: int = 0, weight: float | None = None, log=print, guidance=None,
+    validate: bool = False,
+) -> dict:  # fmt: skip
     """Both trainings, each sampled without and with clash guidance, and their metrics; a dict
-    ready for JSON (plus ``_sets`` for the plots and ``_models``, ``_bb``, ``_sched``)."""
+    ready for JSON (plus ``_sets`` for the plots and ``_models``, ``_bb``, ``_sched``).
+
+    ``validate``: for choosing hyper-parameters without looking at the held-out windows: the
+    samples (drawn from other noise, seed ``1000 + seed``) are compared with the training windows.
+    """
     ex, cfg = example(), dict(SIZES[size])
     if weight is not None:
         cfg["weight"] = weight
     if guidance is not None:
-        cfg["guidance"] = guidance
+        cfg["guidance"] = tuple(guidance)
     L = cfg["length"]
     train_w = ex.load_windows(L, cfg["stride"], held_out=False)
     held_w = ex.load_windows(L, cfg["stride"], held_out=True)
@@ -159,7 +176,9 @@ def run(size: str = "quick", seed: int = 0, weight: float | None = None, log=pri
     kw = dict(steps=cfg["steps"], batch=cfg["batch"], seed=seed)
     steps = {
         "own": ex.trainer(models["own"], data, sched, bb, clash_weight=0.0, **kw),
-        "own+clash": ex.trainer(models["own+clash"], data, sched, bb, clash_weight=cfg["weight"], **kw),
+        "own+clash": ex.trainer(
+            models["own+clash"], data, sched, bb, clash_weight=cfg["weight"], chains=cfg["chains"], **kw
+        ),
     }
     times = {k: [] for k in steps}
     t0 = time.perf_counter()
@@ -172,18 +191,18 @@ def run(size: str = "quick", seed: int = 0, weight: float | None = None, log=pri
                 f"({time.perf_counter() - t0:.0f} s)")  # fmt: skip
     # as many training windows as samples: the same finite-sample floor under each JS
     pick = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed))[: cfg["samples"]]
-    sets = {"held-out": structure_metrics(ex, bb, ex.wrap(held_w - mean)),
+    sets = {"held-out": structure_metrics(ex, bb, data if validate else ex.wrap(held_w - mean)),
             "train": structure_metrics(ex, bb, data[pick])}  # fmt: skip
     sample_s = {}
-    for name, model in models.items():  # the same noise for all four
-        for g in (0.0, cfg["guidance"]):
-            key = name + ("+guidance" if g else "")
-            gen = torch.Generator().manual_seed(seed + 1)
+    for name, model in models.items():  # the same noise for all
+        for g in (0.0, *cfg["guidance"]):
+            key = name + (f"+guidance {g:g}" if g else "")
+            gen = torch.Generator().manual_seed(seed + (1000 if validate else 1))
             t1 = time.perf_counter()
             x = ex.sample(model, sched, cfg["samples"], L, gen, bb=bb, guidance=g)
             sample_s[key] = time.perf_counter() - t1
             sets[key] = structure_metrics(ex, bb, x)
-    rows = {name: compare(sets[name], sets["held-out"]) for name, _ in COLUMNS}
+    rows = {name: compare(sets[name], sets["held-out"]) for name, _ in columns(cfg)}
     for name, sec in sample_s.items():
         rows[name]["sample_s"] = sec
     warm = slice(min(5, cfg["steps"] - 1), None)  # the first steps warm up the allocator
@@ -191,11 +210,25 @@ def run(size: str = "quick", seed: int = 0, weight: float | None = None, log=pri
         rows[name]["ms_per_step"] = 1000 * float(np.median(times[name][warm]))
     n_chains = _data_counts()
     return {
-        "size": size, "seed": seed, "config": cfg, "threads": torch.get_num_threads(),
+        "size": size, "seed": seed, "validate": validate, "config": cfg, "threads": torch.get_num_threads(),
         "data": {**n_chains, "train_windows": len(train_w), "held_out_windows": len(held_w)},
         "rows": rows, "wall_s": round(time.perf_counter() - t0, 1), "_sets": sets,
         "_models": models, "_bb": bb, "_sched": sched,
     }  # fmt: skip
+
+
+def aggregate(results: list[dict]) -> dict:
+    """Mean and standard deviation over seeds of every row of ``results`` (runs of :func:`run`)."""
+    out = {k: v for k, v in results[0].items() if not k.startswith("_")}
+    out["seed"] = [r["seed"] for r in results]
+    out["per_seed"] = [r["rows"] for r in results]
+    rows = {}
+    for name, row in results[0]["rows"].items():
+        vals = {k: np.array([r["rows"][name][k] for r in results]) for k in row}
+        rows[name] = {k: float(v.mean()) for k, v in vals.items()}
+        rows[name].update({k + "_sd": float(v.std(ddof=1)) if len(v) > 1 else 0.0 for k, v in vals.items()})
+    out["rows"] = rows
+    return out
 
 
 def _data_counts() -> dict:
@@ -230,25 +263,34 @@ ROWS = [  # key, label, format
 
 def table(res: dict) -> str:
     """Markdown table: one column per set (train windows = the data's own floor) and the ratios
-    of each variant to the own loss."""
-    r, variants = res["rows"], [c for c, _ in COLUMNS[2:]]
-    head = [h for _, h in COLUMNS] + [f"{h} / own" for _, h in COLUMNS[2:]]
+    of each variant to the own loss; ``mean ± sd`` over seeds for an :func:`aggregate`."""
+    r, cols = res["rows"], columns(res["config"])
+    variants = [c for c, _ in cols[2:]]
+    many = isinstance(res["seed"], list) and len(res["seed"]) > 1
+    head = [h for _, h in cols] + [f"{h} / own" for _, h in cols[2:]]
     out = ["| metric | " + " | ".join(head) + " |", "|---" * (len(head) + 1) + "|"]
     for key, label, fmt in ROWS:
-        cells = [fmt.format(r[s][key]) if key in r[s] else "" for s, _ in COLUMNS]
+        cells = [
+            (fmt.format(r[s][key]) + (" ± " + fmt.format(r[s][key + "_sd"]) if many else ""))
+            if key in r[s] else ""
+            for s, _ in cols
+        ]  # fmt: skip
         for v in variants:
             a, b = r["own"].get(key), r[v].get(key)
             cells.append(f"{b / a:.2f}" if a and b is not None else ("0 / 0" if a == 0 and b == 0 else ""))
         out.append(f"| {label} | " + " | ".join(cells) + " |")
     a, b = r["own"]["ms_per_step"], r["own+clash"]["ms_per_step"]
     d, c = res["data"], res["config"]
+    seeds = ", ".join(str(x) for x in np.atleast_1d(res["seed"]))
+    ref = "the training windows (validation)" if res.get("validate") else "the held-out windows"
     out.append("")
-    out.append(f"Extra loss: {100 * (b - a) / b:.0f}% of a training step with it. Guidance: scale "
-               f"{c['guidance']} in the last 20% of the steps. Seed {res['seed']}; "
-               f"{d['entries']} entries ({len(d['held_out_entries'])} held out), {d['train_residues']} + "
-               f"{d['held_out_residues']} residues, {d['train_windows']} train / {d['held_out_windows']} "
-               f"held-out windows of {c['length']}; {c['steps']} steps of {c['batch']}, T = {c['T']}, "
-               f"{c['samples']} samples per model; {res['threads']} thread(s).")  # fmt: skip
+    out.append(f"Extra loss: {100 * (b - a) / b:.0f}% of a training step with it (weight {c['weight']:g}, "
+               f"{c['chains']} sampler chains). Guidance in the last 20% of the steps. Training seed(s) "
+               f"{seeds}; samples compared with {ref}; {d['entries']} entries ({len(d['held_out_entries'])} "
+               f"held out), {d['train_residues']} + {d['held_out_residues']} residues, {d['train_windows']} "
+               f"train / {d['held_out_windows']} held-out windows of {c['length']}; {c['steps']} steps of "
+               f"{c['batch']}, T = {c['T']}, {c['samples']} samples per model and seed; {res['threads']} "
+               "thread(s).")  # fmt: skip
     return "\n".join(out)
 
 
@@ -258,7 +300,8 @@ def plots(res: dict, out: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sets, names = res["_sets"], ("held-out", "own", "own+clash", "own+guidance", "own+clash+guidance")
+    sets = res["_sets"]
+    names = ["held-out", *[c for c, _ in columns(res["config"])[1:]]]
     fig, axes = plt.subplots(1, len(names), figsize=(4 * len(names), 4), sharey=True)
     for ax, name in zip(axes, names, strict=True):
         a = sets[name]["angles"]
@@ -271,6 +314,7 @@ def plots(res: dict, out: Path) -> list[Path]:
     paths = [out / "ramachandran.png"]
     fig.savefig(paths[0], dpi=100)
     fig, ax = plt.subplots(figsize=(6, 4))
+    names = names[2:]
     hi = max(float(sets[n]["clash"].max()) for n in names) + 1e-6
     for name in names:
         ax.hist(sets[name]["clash"], bins=np.linspace(0, hi, 30), histtype="step", label=name, density=True)
@@ -289,30 +333,28 @@ def main(argv=None) -> int:
     )
     p.add_argument("--size", choices=list(SIZES), default="quick")
     p.add_argument("--full", action="store_true", help="same as --size full")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--weight", type=float, help="clash + violation weight (default per size)")
-    p.add_argument("--guidance", type=float, help="clash guidance scale at sampling (default per size)")
+    p.add_argument("--seed", type=int, nargs="+", default=[0], help="training seeds (mean ± sd over several)")
+    p.add_argument("--weight", type=float, help="clash weight: the guided target's scale (default per size)")
+    p.add_argument("--guidance", type=float, nargs="+", help="guidance scales at sampling (default per size)")
+    p.add_argument("--validate", action="store_true", help="compare with the training windows, other noise")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: a shared machine)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--no-plot", action="store_true")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
-    res = run(
-        "full" if a.full else a.size,
-        a.seed,
-        a.weight,
-        log=lambda s: print(s, file=sys.stderr),
-        guidance=a.guidance,
-    )
+    runs = [
+        run("full" if a.full else a.size, s, a.weight, log=lambda x: print(x, file=sys.stderr),
+            guidance=a.guidance, validate=a.validate)
+        for s in a.seed
+    ]  # fmt: skip
+    res = aggregate(runs)
     a.out.mkdir(parents=True, exist_ok=True)
     text = table(res)
     (a.out / "table.md").write_text(text + "\n")
-    (a.out / "results.json").write_text(
-        json.dumps({k: v for k, v in res.items() if not k.startswith("_")}, indent=1)
-    )
+    (a.out / "results.json").write_text(json.dumps(res, indent=1))
     print(text)
-    if not a.no_plot:
-        print("wrote " + ", ".join(str(x) for x in plots(res, a.out)))
+    if not a.no_plot:  # the first seed's samples
+        print("wrote " + ", ".join(str(x) for x in plots({**res, **runs[0], "rows": runs[0]["rows"]}, a.out)))
     return 0
 
 

@@ -12,22 +12,22 @@ builds the backbone from them with fixed bond lengths (NeRF). Here:
   schedule, FoldingDiff's wrapped smooth-L1 loss on ``eps``);
 * decoding: ``zmat.protein.internal_from_six_angles`` + an ideal carbonyl O per residue
   + ``zmat.to_xyz`` give N, CA, C, O atoms, differentiably;
-* the extra loss (``--clash-weight``): on the predicted clean angles
-  ``x0 = (x_t - sqrt(1 - abar_t) eps_hat) / sqrt(abar_t)``, decoded to atoms,
-  ``zmat.clash_loss`` (AlphaFold's flat-bottom between-residue clash: radii C 1.7,
-  N 1.55, O 1.52, tolerance 1.5 A, pairs within a residue and the peptide C-N bond
-  excluded) per residue, plus the peptide-bond terms of
-  ``zmat.protein.structural_violations``, weighted so that its push on the network's
-  output ``eps_hat`` is ``abar_t`` times its gradient in ``x0`` (:func:`extra_weight`):
-  full near ``t = 0``, where ``x0`` is a sharp structure and sampling commits to it, none
-  at high noise, where ``x0`` is a blurred average whose clashes say nothing about a sample.
+* the clash term (``--clash-weight``): ``zmat.clash_loss`` (AlphaFold's flat-bottom
+  between-residue clash: radii C 1.7, N 1.55, O 1.52, tolerance 1.5 A, pairs within a residue
+  and the peptide C-N bond excluded) plus the peptide-bond terms of
+  ``zmat.protein.structural_violations``, on the decoded predicted clean angles
+  ``x0_hat = (x_t - sqrt(1 - abar_t) eps_hat) / sqrt(abar_t)`` in the last 20% of the noise
+  levels, moves the noise target to the clash-guided one (:func:`losses`), on the training
+  batch and on a few reverse-diffusion chains run alongside (:class:`Chains`: the states the
+  sampler visits, which clash far more often than noised training windows);
+* sampling-time clash guidance (``--guidance``): the same gradient on the DDPM mean.
 
 The default is tiny (seconds; CI runs it). ``python -m benchmarks --suite train`` trains
 two models that differ only in the extra loss and compares their samples.
 
     python examples/torsion_diffusion.py                       # tiny, with the clash term
     python examples/torsion_diffusion.py --clash-weight 0      # FoldingDiff's own loss only
-    python examples/torsion_diffusion.py --guidance 3          # stronger clash guidance at sampling
+    python examples/torsion_diffusion.py --guidance 0          # no clash guidance at sampling
     python examples/torsion_diffusion.py --steps 2000 --length 32 --diffusion-steps 200
 """
 
@@ -191,34 +191,71 @@ class Losses:
     extra: torch.Tensor
 
 
-def extra_weight(ab: torch.Tensor) -> torch.Tensor:
-    """Weight of the extra loss at noise level ``abar_t``: ``abar_t * sqrt(abar_t / (1 - abar_t))``.
+class Chains:
+    """``k`` reverse-diffusion chains advanced one DDPM step per training step: the states the
+    sampler visits in its last ``t0`` steps, for the clash term. Each starts from a training window
+    noised to ``t0 - 1`` and restarts there after ``t = 0``; staggered, so all low steps are present."""
 
-    The network outputs ``eps_hat``; ``d x0 / d eps_hat = -sqrt((1 - abar) / abar)``, so the term
-    pushes ``eps_hat`` with ``weight * sqrt((1 - abar) / abar) * d loss / d x0 = abar * d loss / d x0``:
-    the full push at low noise, where ``x0`` is a sharp structure near the data (real windows do
-    not clash, so there the term agrees with the own loss), none at high noise, where ``x0`` is a
-    blurred average whose clashes say nothing about a sample. (A weight ``abar`` alone pushes
-    ``eps_hat`` by ``sqrt(abar (1 - abar))``: most at mid noise and not at all near ``t = 0``; it
-    distorted the samples in our measurements, see docs/training.md.)
+    def __init__(self, data: torch.Tensor, sched: Schedule, k: int, t0: int, gen: torch.Generator) -> None:
+        self.data, self.sched, self.t0, self.gen = data, sched, t0, gen
+        self.t = (t0 - 1 - torch.arange(k) * t0 // k).long()
+        self.x = self._start(self.t)
+
+    def _start(self, t: torch.Tensor) -> torch.Tensor:
+        x0 = self.data[torch.randint(0, len(self.data), (len(t),), generator=self.gen)]
+        ab = self.sched.abar[t][:, None, None]
+        return wrap(ab.sqrt() * x0 + (1 - ab).sqrt() * torch.randn(x0.shape, generator=self.gen))
+
+    def advance(self, eps_hat: torch.Tensor) -> None:
+        ab, b = (v[self.t][:, None, None] for v in (self.sched.abar, self.sched.beta))
+        z = torch.randn(self.x.shape, generator=self.gen) * (self.t > 0)[:, None, None]
+        x = wrap((self.x - b / (1 - ab).sqrt() * eps_hat) / (1 - b).sqrt() + b.sqrt() * z)
+        done = self.t == 0
+        self.t = torch.where(done, self.t0 - 1, self.t - 1)
+        self.x = torch.where(done[:, None, None], self._start(self.t), x)
+
+
+def losses(
+    model, x0, sched: Schedule, bb: Backbone, clash_weight: float, gen: torch.Generator, *,
+    chains: Chains | None = None, guide_frac: float = 0.2,
+) -> Losses:  # fmt: skip
+    """FoldingDiff's loss on a batch of normalised windows ``x0`` (B, L, 6), with the clash term.
+
+    The clash term (``clash_weight > 0``) changes the noise target of every state at
+    ``t < guide_frac T`` (the batch's, and ``chains``' sampler states, whose own target is the
+    network's current output) to the clash-guided one, ``eps + clash_weight sqrt((1 - abar) / abar)
+    d penalty / d x0_hat``: the loss is still FoldingDiff's, so it cannot outweigh it.
     """
-    return ab * (ab / (1 - ab)).sqrt()
-
-
-def losses(model, x0, sched: Schedule, bb: Backbone, clash_weight: float, gen: torch.Generator) -> Losses:
-    """FoldingDiff's loss on a batch of normalised windows ``x0`` (B, L, 6), plus the extra term."""
     t = torch.randint(0, sched.T, (x0.shape[0],), generator=gen)
     eps = torch.randn(x0.shape, generator=gen)
     ab = sched.abar[t][:, None, None]
     xt = wrap(ab.sqrt() * x0 + (1 - ab).sqrt() * eps)
+    target, extra = eps, eps.new_zeros(())
+    if chains is not None:
+        xt, t = torch.cat([xt, chains.x]), torch.cat([t, chains.t])
+        ab = sched.abar[t][:, None, None]
     eps_hat = model(xt, t, sched.T)
-    own = F.smooth_l1_loss(wrap(eps_hat - eps), torch.zeros_like(eps), beta=0.1 * math.pi)
-    extra = own.new_zeros(())
+    if chains is not None:
+        target = torch.cat([eps, eps_hat[len(eps) :].detach()])
+        chains.advance(eps_hat[len(eps) :].detach())
     if clash_weight > 0:
-        xyz = bb.xyz((xt - (1 - ab).sqrt() * eps_hat) / ab.sqrt())  # decoded predicted x0
-        per = bb.clash(xyz) / bb.L + bb.violation_loss(xyz)
-        extra = (extra_weight(ab.flatten()) * per).mean()
-    return Losses(own + clash_weight * extra, own.detach(), extra.detach())
+        low = torch.nonzero(t < guide_frac * sched.T).squeeze(-1)
+        a = ab[low]
+        g, per = penalty_grad(bb, (xt[low] - (1 - a).sqrt() * eps_hat[low].detach()) / a.sqrt())
+        target = target.index_add(0, low, clash_weight * ((1 - a) / a).sqrt() * g)
+        extra = per.sum() / len(t)
+    own = F.smooth_l1_loss(wrap(eps_hat - target), torch.zeros_like(eps_hat), beta=0.1 * math.pi)
+    return Losses(own, own.detach(), extra)
+
+
+def penalty_grad(bb: Backbone, x0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(B, L, 6)`` gradient in ``x0`` of each window's penalty (clash amount in A + peptide-bond
+    loss), and the ``(B,)`` penalty."""
+    with torch.enable_grad():
+        x0 = x0.detach().requires_grad_()
+        xyz = bb.xyz(x0)
+        per = bb.clash(xyz) + bb.violation_loss(xyz)
+        return torch.autograd.grad(per.sum(), x0)[0], per.detach()
 
 
 def clash_grad(bb: Backbone, x0: torch.Tensor) -> torch.Tensor:
@@ -257,7 +294,7 @@ def sample(
     return x
 
 
-def trainer(model, data, sched, bb, *, steps, batch, clash_weight, seed, lr=1e-3):
+def trainer(model, data, sched, bb, *, steps, batch, clash_weight, seed, lr=1e-3, chains=0):
     """A closure making one training step of ``model`` on normalised windows ``data`` (n, L, 6)
     per call; returns its :class:`Losses` and its wall time (s). Batches, steps and noise come
     from its own generator: two trainers with the same seed see the same data."""
@@ -266,11 +303,14 @@ def trainer(model, data, sched, bb, *, steps, batch, clash_weight, seed, lr=1e-3
     warm = max(1, steps // 10)  # linear warm-up, then cosine decay
     decay = lambda k: min(1.0, (k + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(k, steps) / steps))  # noqa: E731
     sch = torch.optim.lr_scheduler.LambdaLR(opt, decay)
+    ch = None  # the clash term's sampler states, on their own generator: both trainings see the same data
+    if chains and clash_weight > 0:
+        ch = Chains(data, sched, chains, max(1, int(0.2 * sched.T)), torch.Generator().manual_seed(seed + 7))
 
     def step() -> tuple[Losses, float]:
         t0 = time.perf_counter()
         x0 = data[torch.randint(0, len(data), (batch,), generator=gen)]
-        ls = losses(model, x0, sched, bb, clash_weight, gen)
+        ls = losses(model, x0, sched, bb, clash_weight, gen, chains=ch)
         opt.zero_grad(set_to_none=True)
         ls.total.backward()
         opt.step()
@@ -297,8 +337,9 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--diffusion-steps", type=int, default=50, help="T (FoldingDiff: 1000)")
-    p.add_argument("--clash-weight", type=float, default=0.2, help="0: FoldingDiff's own loss only")
-    p.add_argument("--guidance", type=float, default=1.0, help="clash guidance at sampling; 0: none")
+    p.add_argument("--clash-weight", type=float, default=3.0, help="0: FoldingDiff's own loss only")
+    p.add_argument("--chains", type=int, default=4, help="sampler chains the clash term sees")
+    p.add_argument("--guidance", type=float, default=3.0, help="clash guidance at sampling; 0: none")
     p.add_argument("--samples", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
@@ -308,7 +349,7 @@ def main(argv=None) -> None:
     bb, sched = Backbone(a.length, mean), Schedule(a.diffusion_steps)
     model = Denoiser(a.length)
     print(f"{len(data)} training windows of {a.length} residues")
-    kw = dict(steps=a.steps, batch=a.batch, clash_weight=a.clash_weight, seed=a.seed)
+    kw = dict(steps=a.steps, batch=a.batch, clash_weight=a.clash_weight, chains=a.chains, seed=a.seed)
     sec = train(model, wrap(data - mean), sched, bb, log=max(1, a.steps // 5), **kw)
     print(f"{1000 * sec:.1f} ms per training step")
     for g in sorted({0.0, a.guidance}):  # the same noise with and without guidance

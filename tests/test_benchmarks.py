@@ -4,6 +4,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -215,3 +216,21 @@ def test_flows_suite_runs_tiny_and_agrees_with_bgflows_algorithm(tmp_path, capsy
         assert r["zmat round trip A (float64)"] < 1e-11
         assert r["bgflow-algorithm round trip A (float64)"] < 1e-10
     assert "fwd+logdet" in capsys.readouterr().out
+
+
+def test_flows_grid_fixes_the_proteins_backbone():
+    """The grid's fixed-atom protein rows keep N, CA, C Cartesian, named by the table's own
+    atoms (the file's atom order named other atoms: a "backbone" of side-chain atoms, whose
+    rows made long chains of positional placements)."""
+    from benchmarks.flow_cases import protein
+    from benchmarks.flows_grid import _protein_fixed
+
+    table, _, names = protein(12, 1)
+    refs = table.refs
+    ca = np.nonzero(names == "CA")[0]
+    o = np.nonzero(names == "O")[0]
+    assert len(ca) == 12 and (names[refs[ca, 0]] == "N").all()  # names follow the table
+    assert len(o) == 12 and (names[refs[o, 0]] == "C").all()
+    fixed = _protein_fixed(table, names)
+    assert np.isin(np.nonzero(np.isin(names, ("N", "CA", "C")))[0], fixed).all()
+    assert len(fixed) == 36

@@ -203,5 +203,5 @@ def test_torsion_diffusion():
     assert ms > 0
     frac, amount = floats(r"guidance 0: samples with a clash: ([\d.]+); clash per sample ([\d.]+) A", out)
     assert 0 <= frac <= 1 and math.isfinite(amount)
-    frac, amount = floats(r"guidance 1: samples with a clash: ([\d.]+); clash per sample ([\d.]+) A", out)
-    assert 0 <= frac <= 1 and math.isfinite(amount)  # guidance is on by default
+    frac, amount = floats(r"guidance 3: samples with a clash: ([\d.]+); clash per sample ([\d.]+) A", out)
+    assert 0 <= frac <= 1 and math.isfinite(amount)  # guidance (scale 3) is on by default

@@ -213,10 +213,11 @@ def test_batch_dims_dtypes_and_no_host_sync():
 
 
 #: dispatched ops per call at batch 1 beyond to_xyz's, alanine dipeptide (22 atoms): the per-call
-#: floor of a small batch is the dispatch of every op (the forward includes the 5 of the check of
-#: cos beta, _in_chart; main before the fused path, without that check: forward with
-#: log-det 68 / 254, inverse 246 / 246, global / fixed)
-OPS_PER_CALL = {"global": (54, 167), "fixed": (145, 64)}
+#: floor of a small batch is the dispatch of every op (the global forward includes the 5 of the
+#: check of cos beta, _in_chart; main before the fused path, without that check: forward with
+#: log-det 68 / 254, inverse 246 / 246, global / fixed; before the compiled rows and motions
+#: 54 / 145, 167 / 64)
+OPS_PER_CALL = {"global": (49, 103), "fixed": (60, 3)}
 
 
 @pytest.mark.parametrize("mode", ["global", "fixed"])
@@ -284,6 +285,69 @@ def test_degenerate_input_gives_finite_values_and_gradients():
     assert torch.isfinite(q).all() and torch.isfinite(g).all()
     # cos beta = +-1 exactly is a chart singularity of the angles, not of the positions
     torch.testing.assert_close(T(q[2:]), xyz[2:].detach(), atol=1e-13, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_compiled_rows_are_the_torch_rows(spy, dtype):
+    """The inverse's rows in the compiled kernel (zmat/csrc/internal.cpp) against their torch
+    reference (zmat.flows._rows_torch), values and gradients, on rows with coincident,
+    collinear and straight references and Cartesian (fixed) rows; the double backward
+    differentiates the reference."""
+    from zmat import flows
+
+    table = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0], [3, 2, 1], [2, 1, 3], [5, 2, 1], [6, 5, 2]]
+    T = InternalCoordinateTransform(table, fixed_atoms=[4])
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(6, 8, 3, generator=gen, dtype=torch.float64)
+    x[1, 3] = x[1, 2]  # coincident bonded atoms: r = 0, no angle, no dihedral
+    x[2, 3] = 2 * x[2, 2] - x[2, 1]  # straight angle: no dihedral
+    x[3, 1] = x[3, 0]  # coincident angle references
+    x[4, 6] = x[4, 5] + 0.5 * (x[4, 5] - x[4, 2])  # straight angle of the last rows
+    x = x.to(dtype).requires_grad_(True)
+    t = T._tensors(x.device, dtype)
+    g = torch.randn(6, 8, 3, generator=gen, dtype=torch.float64).to(dtype)
+    with torch.no_grad():  # the kernel's forward (a plain call) and its gradient (the Function)
+        fast = flows._rows(x, t, "")
+    (fast_g,) = torch.autograd.grad(flows._rows(x, t, ""), x, g)
+    ref = flows._rows_torch(x, t, "")
+    (ref_g,) = torch.autograd.grad(ref, x, g)
+    assert spy.calls["internal_forward"] == 2 and spy.calls["internal_backward"] == 1
+    tol = 1e-12 if dtype == torch.float64 else 2e-5
+    torch.testing.assert_close(fast, ref.detach(), atol=tol, rtol=0)
+    torch.testing.assert_close(fast_g, ref_g, atol=tol, rtol=tol)
+    if dtype == torch.float64:
+        x0 = x[:1].detach().requires_grad_(True)
+        assert torch.autograd.gradgradcheck(lambda v: flows._rows(v, t, ""), (x0,))
+
+
+@pytest.mark.parametrize("fixed", [None, [0, 1, 2, 5]])
+def test_compiled_rigid_motions_are_the_torch_ones(spy, fixed):
+    """The forward's rigid motions in the compiled kernel (zmat/csrc/move.cpp) against their
+    torch reference (zmat.flows._moved_torch): one frame, and one per anchored group with
+    Cartesian atoms; values and every input's gradient; the double backward differentiates
+    the reference."""
+    from zmat import flows
+
+    table = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0], [3, 2, 1], [2, 1, 3], [5, 2, 1], [6, 5, 2]]
+    T = InternalCoordinateTransform(table, fixed_atoms=fixed)
+    t = T._tensors(torch.device("cpu"), torch.float64)
+    gen = torch.Generator().manual_seed(6)
+    B, F, M = 3, T._plan.n_frames, T._plan.placement.n_atoms
+    R = torch.linalg.qr(torch.randn(B, F, 3, 3, generator=gen, dtype=torch.float64))[0]
+    args = [R, *(torch.randn(B, k, 3, generator=gen, dtype=torch.float64) for k in (F, M, 8))]
+    args = [a.requires_grad_(True) for a in args]
+    g = torch.randn(B, 8, 3, generator=gen, dtype=torch.float64)
+    with torch.no_grad():
+        fast = flows._moved(*args, t, fixed is not None)
+    fast_g = torch.autograd.grad(flows._moved(*args, t, fixed is not None), args, g)
+    ref = flows._moved_torch(*args, t, fixed is not None)
+    ref_g = torch.autograd.grad(ref, args, g, allow_unused=True, materialize_grads=True)
+    assert spy.calls["move_forward"] == 2 and spy.calls["move_backward"] == 1
+    torch.testing.assert_close(fast, ref.detach(), atol=1e-13, rtol=0)
+    for a, b in zip(fast_g, ref_g, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-13, rtol=0)
+    small = [a[:1].detach().requires_grad_(True) for a in args]
+    assert torch.autograd.gradgradcheck(lambda *v: flows._moved(*v, t, fixed is not None), small)
 
 
 def test_first_bond_along_z_round_trips_exactly():

@@ -109,16 +109,16 @@ def test_tiny_benchmark_runs(tmp_path, capsys):
     assert main(["--suite", "train", "--size", "tiny", "--out", str(tmp_path)]) == 0
     text = capsys.readouterr().out
     assert "own + clash" in text and "Ramachandran JS" in text and "% of a training step" in text
-    assert "own+clash + guidance" in text and "s to draw the samples" in text
+    assert "own + clash + guidance 1" in text and "s to draw the samples" in text
     res = json.loads((tmp_path / "results.json").read_text())
     rows = res["rows"]
-    for name in ("own", "own+clash", "own+guidance", "own+clash+guidance"):
+    for name in ("own", "own+clash", "own+guidance 1", "own+clash+guidance 1"):
         assert all(math.isfinite(v) for v in rows[name].values()), rows[name]
         assert rows[name]["sample_s"] > 0
     for name in ("own", "own+clash"):
         assert rows[name]["ms_per_step"] > 0
         # the same model and noise: guidance lowers the (heavy, untrained) clashes
-        assert rows[name + "+guidance"]["clash_per_sample"] < rows[name]["clash_per_sample"]
+        assert rows[name + "+guidance 1"]["clash_per_sample"] < rows[name]["clash_per_sample"]
     assert rows["train"]["clashing_fraction"] == 0.0  # real windows: the data's own floor
     assert res["data"]["train_windows"] > 0 and res["data"]["held_out_windows"] > 0
     for name in ("table.md", "ramachandran.png", "clashes.png"):
@@ -146,3 +146,83 @@ def test_clash_guidance_lowers_the_clash_at_one_step(held):
     assert g.shape == plain.shape and torch.isfinite(g).all()
     with pytest.raises(ValueError, match="needs the decoder"):
         ex.sample(zero, sched, 2, 16, torch.Generator(), guidance=1.0)
+
+
+def test_chains_step_like_the_sampler_and_restart(held):
+    """``Chains.advance`` is the sampler's DDPM step (noise-free at ``t = 0``) and restarts a
+    finished chain from a noised training window at ``t0 - 1``."""
+    x, _ = held
+    sched = ex.Schedule(10)
+    ch = ex.Chains(x, sched, 2, 4, torch.Generator().manual_seed(0))
+    assert ch.t.tolist() == [3, 1]
+    ch.advance(torch.zeros_like(ch.x))
+    assert ch.t.tolist() == [2, 0]
+    at0 = ch.x[1].clone()
+    eps = 0.1 * torch.ones_like(ch.x)
+    ch.advance(eps)  # chain 1 takes its last, noise-free step, then restarts
+    ab, b = sched.abar[0], sched.beta[0]
+    last = ex.wrap((at0 - b / (1 - ab).sqrt() * eps[1]) / (1 - b).sqrt())
+    assert ch.t.tolist() == [1, 3]
+    assert not torch.allclose(ch.x[1], last)  # restarted: a fresh noised window, not the end point
+    assert ex.wrap(ch.x[1] - last).abs().max() > 0.1
+
+
+def test_clash_term_moves_the_target_against_the_clash(held):
+    """The clash term moves the noise target of the low-noise states only, so that the predicted
+    ``x0`` it implies clashes less; at high noise the target is the own loss's."""
+    x, bb = held
+    bad = ex.wrap(x[:8] + 1.5 * torch.randn(x[:8].shape, generator=torch.Generator().manual_seed(1)))
+    assert (bb.clash(bb.xyz(bad)) > 0).all()
+    sched, gen = ex.Schedule(10), torch.Generator().manual_seed(0)
+    seen = {}
+
+    def net(xt, t, T):  # predicts the noise that leads back to ``bad``: x0_hat = bad
+        ab = sched.abar[t][:, None, None]
+        e = (xt - ab.sqrt() * bad) / (1 - ab).sqrt()
+        seen.update(xt=xt, t=t, eps_hat=e)
+        return e.requires_grad_()
+
+    ls = ex.losses(net, bad, sched, bb, 0.1, gen)
+    t, ab = seen["t"], sched.abar[seen["t"]][:, None, None]
+    gen = torch.Generator().manual_seed(0)  # the same draws again: the noise the own loss targets
+    t2 = torch.randint(0, 10, (8,), generator=gen)
+    eps = torch.randn(bad.shape, generator=gen)
+    assert (t2 == t).all() and (t < 2).any() and (t >= 2).any()
+    g, _ = ex.penalty_grad(bb, bad)
+    low = (t < 2)[:, None, None]
+    target = eps + low * 0.1 * ((1 - ab) / ab).sqrt() * g
+    eps_hat = seen["eps_hat"]
+    want = torch.nn.functional.smooth_l1_loss(
+        ex.wrap(eps_hat - target), torch.zeros_like(eps), beta=0.1 * math.pi
+    )
+    assert float(ls.total.detach()) == pytest.approx(float(want.detach()), rel=1e-5)
+    ls.total.backward()  # the clash term's part of the gradient: zero at high noise, and
+    grad = eps_hat.grad  # descending it moves x0_hat against the clash
+    ex.losses(net, bad, sched, bb, 0.0, torch.Generator().manual_seed(0)).total.backward()
+    grad = grad - seen["eps_hat"].grad
+    l = t < 2
+    assert grad[~l].abs().max() == 0 and grad[l].abs().max() > 0
+    x0_after = (
+        seen["xt"] - (1 - ab).sqrt() * (eps_hat.detach() - 5e-2 * grad / grad.abs().max())
+    ) / ab.sqrt()
+    before, after = bb.clash(bb.xyz(bad[l])), bb.clash(bb.xyz(x0_after[l]))
+    assert after.sum() < 0.99 * before.sum() and (after <= before + 1e-4).all()
+
+
+def test_aggregate_over_seeds():
+    """Several seeds: the mean and sample standard deviation of every number, ``mean ± sd`` in the table."""
+    cfg = dict(bench.SIZES["tiny"], guidance=(1.0,))
+    data = dict(entries=2, held_out_entries=["x"], train_residues=1, held_out_residues=1, train_windows=1,
+                held_out_windows=1)  # fmt: skip
+
+    def fake(seed, v):
+        rows = {name: {key: v for key, _, _ in bench.ROWS} for name, _ in bench.columns(cfg)}
+        return dict(seed=seed, config=cfg, data=data, threads=1, rows=rows, _sets=None)
+
+    res = bench.aggregate([fake(0, 1.0), fake(1, 2.0), fake(2, 6.0)])
+    assert res["seed"] == [0, 1, 2] and "_sets" not in res
+    row = res["rows"]["own+clash+guidance 1"]
+    assert row["rama_js"] == pytest.approx(3.0) and row["rama_js_sd"] == pytest.approx(
+        np.std([1, 2, 6], ddof=1)
+    )
+    assert "| 3.0000 ± 2.6458 |" in bench.table(res)

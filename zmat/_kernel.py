@@ -17,7 +17,10 @@ loops of C++ (``zmat/csrc/rigid_forest.cpp``):
   then enters no parallel region, which on a shared machine waits for a busy
   core;
 * torsion updates of molecules (:func:`torsions`, ``zmat/csrc/torsions.cpp``):
-  ``TorsionSpace.to_xyz``'s rigid route and its gradient.
+  ``TorsionSpace.to_xyz``'s rigid route and its gradient;
+* the normalizing flows' Cartesian -> internal rows (:func:`internal`,
+  ``zmat/csrc/internal.cpp``), their rigid motions (:func:`move`,
+  ``zmat/csrc/move.cpp``) and the gradients.
 
 Calls of at least :data:`PARALLEL_ATOMS` atoms in all split over
 ``torch.get_num_threads()`` threads (``zmat/csrc/parallel.h``: torch's own
@@ -79,7 +82,8 @@ from ._segments import take_shift
 from .table import ConstructionTable
 
 _CSRC = Path(__file__).with_name("csrc")
-_SOURCES = ("rigid_forest.cpp", "torsions.cpp", "stamp.cpp")  # compiled into one library; headers hashed too
+# compiled into one library; headers hashed too
+_SOURCES = ("rigid_forest.cpp", "torsions.cpp", "stamp.cpp", "internal.cpp", "move.cpp")
 _FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-pthread")
 _DTYPES = (torch.float32, torch.float64)
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -267,6 +271,12 @@ _SIGNATURES = {  # pointers and integers (sizes, element strides), see the C sou
     "fill_backward": [_P, _I, _I, _I, _P, _I, _I, _I, _I, _I, _I, _P, _P, _I],
     "torsions_forward": [_I, _I, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _P, _I],
     "torsions_backward": [_I, _I, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _P, _I, _I, _I, _P, _I],
+    "internal_forward": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _I],
+    "internal_backward": [_P, _I, _I, _I, _I, _I, _I, _P, _P, _P, _I, _I, _I, _P, _I],
+    "move_forward": [_P, _I, _I, _I, _I, _P, _I, _I, _I, _P, _I, _I, _I, _P, _I, _I, _I, _I, _I]
+    + [_P, _P, _P, _I],
+    "move_backward": [_P, _I, _I, _I, _I, _P, _I, _I, _I, _P, _I, _I, _I, _I, _I, _I, _I, _P, _P]
+    + [_P, _P, _P, _P, _I],
 }
 _NO_STRIDES = (0, 0, 0, 0)
 
@@ -388,6 +398,47 @@ class _Library:
             *g.stride(), grad.data_ptr(), threads,
         )  # fmt: skip
         return grad
+
+    def internal_forward(self, x: Tensor, path: Tensor, flags: Tensor) -> Tensor:
+        """Positions ``x`` ``(B, K, 3)`` -> rows ``(B, M, 3)`` (see :func:`internal`)."""
+        b, m = x.shape[0], flags.shape[0]
+        out = x.new_empty((b, m, 3))
+        self.fns["internal_forward", x.dtype](
+            x.data_ptr(), b, *x.stride(), m, path.data_ptr(), flags.data_ptr(), out.data_ptr(), threads(b, m)
+        )
+        return out
+
+    def internal_backward(self, x: Tensor, path: Tensor, flags: Tensor, g: Tensor) -> Tensor:
+        """``g`` ``(B, M, 3)`` -> ``(B, K, 3)``, the gradient of :meth:`internal_forward`."""
+        b, m = x.shape[0], flags.shape[0]
+        grad = x.new_empty(x.shape)
+        self.fns["internal_backward", x.dtype](
+            x.data_ptr(), b, *x.stride(), x.shape[1], m, path.data_ptr(), flags.data_ptr(),
+            g.data_ptr(), *g.stride(), grad.data_ptr(), threads(b, m),
+        )  # fmt: skip
+        return grad
+
+    def move_forward(self, R: Tensor, o: Tensor, y: Tensor, c: Tensor, frame_of: Tensor, cartesian: Tensor):
+        """``x`` ``(B, N, 3)`` (see :func:`move`)."""
+        b, n = c.shape[0], c.shape[1]
+        x = c.new_empty((b, n, 3))
+        self.fns["move_forward", c.dtype](
+            R.data_ptr(), *R.stride(), o.data_ptr(), *o.stride(), y.data_ptr(), *y.stride(), c.data_ptr(),
+            *c.stride(), b, n, frame_of.data_ptr(), cartesian.data_ptr(), x.data_ptr(), threads(b, n),
+        )  # fmt: skip
+        return x
+
+    def move_backward(self, R: Tensor, y: Tensor, g: Tensor, frame_of: Tensor, cartesian: Tensor):
+        """``g`` ``(B, N, 3)`` -> the gradients of ``R``, ``o``, ``y``, ``c`` of :meth:`move_forward`."""
+        b, n = g.shape[0], g.shape[1]
+        gR, go = R.new_empty(R.shape), R.new_empty(R.shape[:-1])
+        gy, gc = y.new_empty(y.shape), g.new_empty(g.shape)
+        self.fns["move_backward", g.dtype](
+            R.data_ptr(), *R.stride(), y.data_ptr(), *y.stride(), g.data_ptr(), *g.stride(), b, n,
+            R.shape[1], y.shape[1], frame_of.data_ptr(), cartesian.data_ptr(), gR.data_ptr(),
+            go.data_ptr(), gy.data_ptr(), gc.data_ptr(), threads(b, n),
+        )  # fmt: skip
+        return gR, go, gy, gc
 
 
 def stamp_plan(units: tuple, pieces: tuple, n: int, k: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -694,6 +745,83 @@ class _Torsions(torch.autograd.Function):
             return ctx.vjp(t, g), None, None
         n = ctx.plan[2].shape[0]
         return _state["module"].torsions_backward(g, t, *ctx.plan, threads(t.shape[0], n)), None, None
+
+
+# ------------------------------------------------------------ internal coordinates of rows
+def internal(x: torch.Tensor, path: torch.Tensor, flags: torch.Tensor, reference) -> torch.Tensor:
+    """Rows ``(r, theta, phi)`` ``(B, M, 3)`` from positions ``x`` ``(B, K, 3)``
+    (``zmat/csrc/internal.cpp``): the flows' inverse (``zmat.flows._internal``'s
+    formulas and degenerate values) in one loop, with its exact gradient. Eager
+    CPU float calls only (:func:`usable`, not while compiling: the caller takes
+    ``reference`` then).
+
+    Args:
+        x: ``(B, K, 3)`` float32/float64 CPU positions (any strides).
+        path: ``(4 M,)`` int64 contiguous, the atoms ``d, a, b, i`` of every row, block by block.
+        flags: ``(M,)`` uint8 contiguous: bit 0, 1, 2 the entries ``r, theta, phi`` the row
+            uses (the others are 0), bit 3 the row is the position of ``i`` itself.
+        reference: ``x -> (B, M, 3)`` in differentiable torch ops, for double backward.
+    """
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _Internal.apply(x, path, flags, reference)
+    return _state["module"].internal_forward(x, path, flags)
+
+
+class _Internal(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, path, flags, reference):
+        ctx.path, ctx.flags, ctx.reference = path, flags, reference
+        ctx.save_for_backward(x)
+        ctx.set_materialize_grads(False)
+        return _state["module"].internal_forward(x, path, flags)
+
+    @staticmethod
+    def backward(ctx, g):
+        if g is None:
+            return None, None, None, None
+        (x,) = ctx.saved_tensors
+        if _differentiable_backward(g):  # the reference's gradient, itself differentiable
+            return torch.autograd.grad(ctx.reference(x), x, g, create_graph=True)[0], None, None, None
+        return _state["module"].internal_backward(x, ctx.path, ctx.flags, g), None, None, None
+
+
+def move(R, o, y, c, frame_of: torch.Tensor, cartesian: torch.Tensor, reference) -> torch.Tensor:
+    """``x_i = o_f + R_f y_i`` (``f = frame_of[i]``), or ``c_i`` where ``cartesian[i]``
+    (``zmat/csrc/move.cpp``): the flows' rigid motions in one pass, with the exact gradient.
+    Eager CPU float calls only (as :func:`internal`).
+
+    Args:
+        R: ``(B, F, 3, 3)`` rotations; o: ``(B, F, 3)`` origins; y: ``(B, M, 3)``, ``M >= N``,
+            positions in the frames (the first ``N`` read); c: ``(B, N, 3)`` the Cartesian
+            atoms' positions (any strides; one float dtype).
+        frame_of: ``(N,)`` int64, cartesian: ``(N,)`` uint8, contiguous.
+        reference: ``(R, o, y, c) -> (B, N, 3)`` in differentiable torch ops, for double backward.
+    """
+    if torch.is_grad_enabled() and any(v.requires_grad for v in (R, o, y, c)):
+        return _Move.apply(R, o, y, c, frame_of, cartesian, reference)
+    return _state["module"].move_forward(R, o, y, c, frame_of, cartesian)
+
+
+class _Move(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, R, o, y, c, frame_of, cartesian, reference):
+        ctx.frame_of, ctx.cartesian, ctx.reference = frame_of, cartesian, reference
+        ctx.save_for_backward(R, o, y, c)
+        ctx.set_materialize_grads(False)
+        return _state["module"].move_forward(R, o, y, c, frame_of, cartesian)
+
+    @staticmethod
+    def backward(ctx, g):
+        if g is None:
+            return (None,) * 7
+        inputs = ctx.saved_tensors
+        if _differentiable_backward(g):  # the reference's gradient, itself differentiable
+            wanted = [v for v in inputs if v.requires_grad]
+            out = ctx.reference(*inputs)
+            grads = iter(torch.autograd.grad(out, wanted, g, create_graph=True, allow_unused=True))
+            return *(next(grads) if v.requires_grad else None for v in inputs), None, None, None
+        R, _, y, _ = inputs
+        return *_state["module"].move_backward(R, y, g, ctx.frame_of, ctx.cartesian), None, None, None
 
 
 class KernelPlan:

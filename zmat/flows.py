@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch.distributions import Transform, constraints
 
+from . import _kernel
 from ._geometry import safe_atan2, safe_norm, tiny
 from .table import ConstructionTable, as_table, index_tensor
 from .transform import to_xyz
@@ -243,20 +244,19 @@ class InternalCoordinateTransform(Transform):
             out = self._devices[device, dtype] = self._plan.tensors(device, dtype)
         return out
 
-    def _scale(self, q3: torch.Tensor, t: dict, inverse: bool) -> torch.Tensor:
-        """Normalised entries -> radians (``inverse=True``: radians -> normalised)."""
+    def _scale(self, q3: torch.Tensor, t: dict) -> torch.Tensor:
+        """Normalised entries -> radians."""
         if not self.normalize_angles:
             return q3
-        if inverse:  # component-major (3, N, B)
-            return (q3 - t["cm_shift"]) / t["cm_scale"]
         return torch.addcmul(t["shift"], q3, t["scale"])
 
     def _call(self, q: torch.Tensor) -> torch.Tensor:
         _check_tensor(q, "q")
         shape = self.forward_shape(q.shape)  # before the chart's select: a bad shape names itself
-        q = _in_chart(self, q)
+        if self._plan.n_trees:  # (no tree, no cos beta)
+            q = _in_chart(self, q)
         t = self._tensors(q.device, q.dtype)
-        c = self._scale(q.reshape(-1, self.n_atoms, 3), t, inverse=False)  # (B, N, 3)
+        c = self._scale(q.reshape(-1, self.n_atoms, 3), t)  # (B, N, 3)
         p = self._plan
         if p.n_frames == 0:  # every atom fixed
             return c.reshape(shape)
@@ -264,11 +264,7 @@ class InternalCoordinateTransform(Transform):
         C = c
         if p.n_copies or p.n_tree_copies:  # the fixed atoms groups and trees refer to, in their frames
             C = torch.cat([c, *self._copies(c, R, origin, t)], 1)
-        Y = to_xyz(C, p.placement)
-        X = _move(R, origin, Y if C is c else Y[:, : self.n_atoms], t.get("frame_of"))
-        if len(self.fixed_atoms):
-            X = torch.where(t["cartesian"], c, X)
-        return X.reshape(shape)
+        return _moved(R, origin, to_xyz(C, p.placement), c, t, len(self.fixed_atoms) > 0).reshape(shape)
 
     def _frames(self, c: torch.Tensor, t: dict):
         """Rotations ``(B, F, 3, 3)`` and origins ``(B, F, 3)`` of the free trees, then of the
@@ -281,7 +277,7 @@ class InternalCoordinateTransform(Transform):
             origins.append(pose[..., :3])
         if p.n_anchored:
             xo, xa, xb = _components(c.index_select(1, t["anchor_atoms"])).chunk(3, 1)
-            Rs.append(torch.stack(_frame(xo, xa, xb), 1).permute(3, 2, 0, 1))
+            Rs.append(torch.stack(_frame(xo, xa, xb, t["axes"]), 1).permute(3, 2, 0, 1))
             origins.append(xo.permute(2, 1, 0))
         if len(Rs) == 1:
             return Rs[0], origins[0]
@@ -292,8 +288,7 @@ class InternalCoordinateTransform(Transform):
         those groups refer to (against their copied anchors), then those free trees refer to."""
         p, out = self._plan, []
         if p.n_copies:
-            P = _components(c.index_select(1, t["copy_src"]))
-            out.append(torch.where(t["copy_present"], _internal(P, t["copy_path"]), 0.0).permute(2, 1, 0))
+            out.append(_rows(c.index_select(1, t["copy_src"]), t, "copy_"))
         if p.n_tree_copies:
             out.append(self._tree_copies(c, R, origin, t).permute(2, 1, 0))
         return out
@@ -319,21 +314,23 @@ class InternalCoordinateTransform(Transform):
         _check_tensor(xyz, "xyz")
         self.inverse_shape(xyz.shape)
         t = self._tensors(xyz.device, xyz.dtype)
-        P = _components(xyz)  # (3, N, B)
-        Q = torch.where(t["present"], _internal(P, t["path"]), 0.0)  # as zmat.to_internal
+        x = xyz.reshape(-1, self.n_atoms, 3)
+        q = _rows(x, t, "")  # (B, N, 3): as zmat.to_internal, positions where Cartesian
         if self._plan.n_trees:  # the trees' orientations, into the second and third atoms' rows
-            root, first, second = P.index_select(1, t["tree_atoms"]).chunk(3, 1)
-            euler = torch.stack(_matrix_to_euler(*_frame(root, first, second), first - root))  # (3, T, B)
-            orient = euler.flatten(0, 1).index_select(0, t["euler_index"]).view_as(Q)
-            Q = torch.where(t["orientation"], orient, Q)
-        Q = self._scale(torch.where(t["cm_cartesian"], P, Q), t, inverse=True)
-        return Q.permute(2, 1, 0).reshape(*xyz.shape[:-2], 3 * self.n_atoms)
+            root, first, second = _components(x.index_select(1, t["tree_atoms"])).chunk(3, 1)
+            u, v, w = _frame(root, first, second, t["axes"])
+            euler = torch.stack(_matrix_to_euler(u, v, w, first - root))  # (3, T, B)
+            orient = euler.flatten(0, 1).t().index_select(1, t["euler_index"]).view_as(q)
+            q = torch.where(t["orientation"], orient, q)
+        if self.normalize_angles:
+            q = (q - t["shift"]) / t["scale"]
+        return q.reshape(*xyz.shape[:-2], 3 * self.n_atoms)
 
     def log_abs_det_jacobian(self, q: torch.Tensor, xyz: torch.Tensor | None = None) -> torch.Tensor:
         """``log|det d xyz / d q|``, ``(...)``, from ``q`` (``xyz`` is not read)."""
         q3 = q.unflatten(-1, self.forward_shape(q.shape)[-2:])
         t = self._tensors(q.device, q.dtype)
-        out = _log_det(self._scale(q3, t, inverse=False), t["ld_weights"])
+        out = _log_det(self._scale(q3, t), t["ld_weights"])
         return out + self._constant if self._constant else out
 
     def call_and_ladj(self, q: torch.Tensor):
@@ -398,19 +395,37 @@ def _internal(P: torch.Tensor, path: torch.Tensor) -> torch.Tensor:
     return torch.cat([norm[1:2], safe_atan2(y, x)])
 
 
-def _frame(xo: torch.Tensor, xa: torch.Tensor, xb: torch.Tensor):
+def _rows(x: torch.Tensor, t: dict, key: str) -> torch.Tensor:
+    """Rows ``(B, M, 3)`` of internal coordinates (0 where the reference is missing; the
+    position itself where Cartesian) from positions ``x`` ``(B, K, 3)``: the plan's rows
+    ``key + "path"`` (``""``: the table's, ``"copy_"``: the copies'). On the CPU one call of
+    the compiled kernel (``zmat._kernel.internal``), else :func:`_internal` in torch ops."""
+    path, flags = t[key + "path"], t[key + "flags"]
+    if _kernel.usable(x) and not torch.compiler.is_compiling():
+        return _kernel.internal(x, path, flags, lambda v: _rows_torch(v, t, key))
+    return _rows_torch(x, t, key)
+
+
+def _rows_torch(x: torch.Tensor, t: dict, key: str) -> torch.Tensor:
+    """:func:`_rows` in torch ops (the kernel's reference)."""
+    P = _components(x)
+    Q = torch.where(t[key + "present"], _internal(P, t[key + "path"]), 0.0)
+    if key + "cm_cartesian" in t:
+        Q = torch.where(t[key + "cm_cartesian"], P, Q)
+    return Q.permute(2, 1, 0)
+
+
+def _frame(xo: torch.Tensor, xa: torch.Tensor, xb: torch.Tensor, axes: torch.Tensor):
     """The axes ``u, v, u x v`` of the placement frame of three points: ``u`` along ``xa - xo``,
     ``v`` the unit part of ``xb - xo`` normal to ``u`` (as ``to_xyz`` places a tree's first three
     atoms: root at the origin, the second on ``+x``, the third in the ``xy``-plane, ``y > 0``).
-    Degenerate points fall back to fixed axes: finite, differentiable."""
-    ex = torch.zeros_like(xo[:, :1, :1])
-    ex[0] = 1
+    Degenerate points fall back to fixed axes (``axes``: ``(2, 3, 1, 1)``, ``+x`` and ``+z``):
+    finite, differentiable."""
+    ex, ez = axes
     u = _unit(xa - xo, ex)
     w = xb - xo
     # fallback for v: u x e, e = +z unless u is nearly along z, then +x
-    along_z = u[2:].abs() > 0.9
-    e = torch.cat([along_z, torch.zeros_like(along_z), ~along_z]).to(u.dtype)
-    perp = _cross(u, e)
+    perp = _cross(u, torch.where(u[2:].abs() > 0.9, ex, ez))
     perp = perp * torch.rsqrt((perp * perp).sum(0, keepdim=True).clamp_min(tiny(u.dtype)))
     v = _unit(w - _dot(w, u) * u, perp)
     return u, v, _cross(u, v)
@@ -426,6 +441,25 @@ def _move(R: torch.Tensor, origin: torch.Tensor, Y: torch.Tensor, frame_of) -> t
     R = R.permute(2, 3, 1, 0).index_select(2, frame_of)  # (3, 3, N, B)
     origin = origin.permute(2, 1, 0).index_select(1, frame_of)  # (3, N, B)
     return (origin + (R * _components(Y)).sum(1)).permute(2, 1, 0)
+
+
+def _moved(R: torch.Tensor, origin: torch.Tensor, Y: torch.Tensor, c: torch.Tensor, t: dict, fixed: bool):
+    """Positions ``(B, N, 3)``: the atoms placed by ``to_xyz`` (``Y`` ``(B, M, 3)``, ``M >= N``)
+    moved by their frames (:func:`_move`), the Cartesian ones ``c`` ``(B, N, 3)`` as given
+    (``fixed``: there are fixed atoms). On the CPU one call of the compiled kernel
+    (``zmat._kernel.move``)."""
+    if _kernel.usable(c) and not torch.compiler.is_compiling():
+        reference = lambda *v: _moved_torch(*v, t, fixed)  # noqa: E731
+        cartesian = t["cartesian_atoms" if fixed else "no_cartesian_atoms"]
+        return _kernel.move(R, origin, Y, c, t["frame_all"], cartesian, reference)
+    return _moved_torch(R, origin, Y, c, t, fixed)
+
+
+def _moved_torch(R: torch.Tensor, origin: torch.Tensor, Y: torch.Tensor, c: torch.Tensor, t: dict, fixed):
+    """:func:`_moved` in torch ops (the kernel's reference). A free root needs no select:
+    ``o + R 0`` is ``o``, its position, exactly."""
+    X = _move(R, origin, Y[:, : c.shape[1]], t.get("frame_of"))
+    return torch.where(t["cartesian"], c, X) if fixed else X
 
 
 def _sin_from_cos(c: torch.Tensor) -> torch.Tensor:
@@ -578,7 +612,7 @@ class _Plan:
             "pose_index": np.concatenate([pose, 3 * own[None, :, 1] + 1]).T.ravel(),
             "anchor_atoms": anchor_atoms.T.ravel(),
             "copy_src": copy_src,
-            "euler_index": euler_index.T.ravel(),
+            "euler_index": euler_index.ravel(),
             "path": _path(refs),
             "tree_second_third": own[:, 1:].T.ravel(),
             "tree_copy_src": tree_copy_src,
@@ -589,24 +623,30 @@ class _Plan:
         }
         if self.n_frames > 1:
             self.arrays["frame_of"] = frame_of
+        self.arrays["frame_all"] = frame_of
         cartesian = np.repeat(~free | (nref == 0), 3).reshape(n, 3)
         third_on_second = refs[np.minimum(tree_atoms[:, 2], n - 1), 0] == tree_atoms[:, 1]
         self.masks = {
             "cartesian": cartesian,
+            "cartesian_atoms": cartesian[:, 0].astype(np.uint8),
+            "no_cartesian_atoms": np.zeros(n, np.uint8),
             "cm_cartesian": cm(cartesian),
-            "orientation": cm(orientation),
+            "orientation": orientation,
             "present": cm(refs >= 0),
             "copy_present": cm(copy_refs >= 0),
+            "flags": _row_flags(refs, cartesian[:, 0]),
+            "copy_flags": _row_flags(copy_refs, np.zeros(len(copy_refs), bool)),
             "third_on_second": third_on_second[:, None],  # row (second, root), else (root, second)
         }
         scale, shift = np.ones((n, 3)), np.zeros((n, 3))
         scale[kind == ANGLE] = math.pi
         scale[kind == PERIODIC] = 2 * math.pi
         shift[kind == PERIODIC] = -math.pi
-        self.floats = {"scale": scale, "shift": shift, "cm_scale": cm(scale), "cm_shift": cm(shift)}
+        self.floats = {"scale": scale, "shift": shift}
         weights = np.stack([2.0 * (free & (nref >= 1)), 1.0 * (free & (nref >= 2))], 1)
         self.floats["ld_weights"] = weights.ravel()  # the log-det's, (bond, angle) per atom
         self.floats["zero_one"] = np.array([0.0, 1.0])
+        self.floats["axes"] = np.array([[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])[..., None, None]
 
     def tensors(self, device, dtype) -> dict:
         """The arrays on ``device``, the floats in ``dtype``."""
@@ -615,6 +655,12 @@ class _Plan:
         floats = {k: np.ascontiguousarray(v) for k, v in self.floats.items()}
         out.update({k: torch.as_tensor(v, dtype=dtype, device=device) for k, v in floats.items()})
         return out
+
+
+def _row_flags(refs: np.ndarray, cartesian: np.ndarray) -> np.ndarray:
+    """``(M,)`` uint8 of ``zmat._kernel.internal``: bits 0-2 the references present, bit 3 Cartesian."""
+    bits = (refs >= 0) @ np.array([1, 2, 4]) + 8 * cartesian
+    return bits.astype(np.uint8)
 
 
 def _path(refs: np.ndarray) -> np.ndarray:
