@@ -25,6 +25,10 @@ benchmarks`` runs ``fresh`` and ``latency`` after its grid):
   path ``ConstructionTable.concatenate`` of per-molecule tables validated once
   by the data set), ``plan`` (the per-device index plan,
   ``zmat._analytic.prepare``), ``forward``, ``backward`` (first calls).
+* ``ratios``: fresh / cached of a 16 x 1,000-residue step and of
+  ``atom14_from_frames``, interleaved pairs, wall and CPU, at default threads
+  and at one (``benchmarks/fresh_ratios.py``; alone: ``python -m
+  benchmarks.fresh_ratios``).
 * ``latency``: batch-1 forward and forward+backward (float32, CPU) and
   dispatched aten ops per call (``ops fwd``/``ops bwd``, counted with
   ``zmat.testing.DispatchAudit``) on a 12-atom chain, 1ubi, 1aki and 1igy;
@@ -732,6 +736,10 @@ def run(sections, quick: bool, compile_: bool = False) -> list[dict]:
     records = []
     if "fresh" in sections:
         records += run_fresh(quick)
+    if "ratios" in sections:
+        from .fresh_ratios import run as run_ratios
+
+        records += run_ratios()
     if "latency" in sections:
         records += run_latency(compile_)
     if "busy" in sections:

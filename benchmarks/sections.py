@@ -10,7 +10,7 @@ __all__ = ["AMINO", "DATA", "ROOT", "SECTIONS", "markdown", "table"]
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
 AMINO = "ACDEFGHIKLMNPQRSTVWY"
-SECTIONS = ("fresh", "latency", "busy", "scaling", "limits")
+SECTIONS = ("fresh", "ratios", "latency", "busy", "scaling", "limits")
 
 
 def _fmt(v) -> str:

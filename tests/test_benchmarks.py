@@ -179,6 +179,20 @@ def test_ops_are_counted_for_batch_one_latency():
         assert 0 < fwd <= 10 and 0 < bwd <= 10, (fwd, bwd)
 
 
+def test_fresh_ratios_interleave_fresh_and_cached_calls():
+    from benchmarks import fresh_ratios
+    from benchmarks.fresh import table
+
+    records = fresh_ratios.run(reps=2, n_seq=2, length=12, threads=[1])
+    assert [r["case"] for r in records] == list(fresh_ratios.PAIRS)
+    for r in records:
+        assert r["pairs"] == 2 and r["threads"] == 1
+        for what in ("wall", "cpu"):
+            assert r[f"{what} ratio"] > 0 and "-" in r[f"{what} min-max"]
+            assert r[f"fresh {what}"] > 0 and r[f"cached {what}"] > 0
+    assert "ratios:" in table(records) and "step, DataLoader" in table(records)
+
+
 def test_limits_report_the_fraction_of_the_slowest_resource():
     from benchmarks import limits
     from benchmarks.fresh import table

@@ -8,6 +8,7 @@ properties (supplement Alg. 21), and zmat's full-chain builder for exactness.
 """
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -198,3 +199,40 @@ def test_frames_path_table_from_cached_pieces():
     assert table.constant_anchors and general.constant_anchors
     c = torch.rand(table.n_atoms, 3, dtype=F64) + 0.5
     torch.testing.assert_close(zmat.to_xyz(c, table), zmat.to_xyz(c, general, method="reference"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_new_sequence_plans_nothing_and_keeps_the_forest_bits(dtype, monkeypatch):
+    # issue 33: a new sequence planned its forest (ConstructionTable.concatenate, the
+    # kernel's plan taken); where the kernel serves, each type's residues are now a batch of
+    # its own cached table. Values and gradients equal the forest's (the other devices'
+    # route, as before) bit for bit, with prolines, unknowns and NaN torsions.
+    from zmat import _kernel
+    from zmat.protein import frames
+
+    if _kernel.load() is None:
+        pytest.skip("the compiled CPU kernel cannot be built here")
+    rng = np.random.default_rng(5)
+    shape = (2, 70)
+    aa = torch.from_numpy(rng.integers(0, 21, shape))  # 20: unknown
+    aa[0, :3] = torch.tensor([14, 14, 20])  # prolines, an unknown
+    R = torch.linalg.qr(torch.from_numpy(rng.normal(size=(*shape, 3, 3))))[0].to(dtype)
+    t = torch.from_numpy(rng.normal(size=(*shape, 3)) * 10).to(dtype)
+    c = torch.from_numpy(rng.uniform(-3, 3, (*shape, 7))).to(dtype)
+    c[torch.from_numpy(rng.random(c.shape) < 0.1)] = torch.nan
+
+    def run():
+        ins = [x.clone().requires_grad_(True) for x in (R, t, c)]
+        pos, mask = zp.atom14_from_frames(ins[0], ins[1], aa, ins[2])
+        w = torch.linspace(-1, 1, pos.numel(), dtype=dtype).view(pos.shape)
+        return pos, mask, *torch.autograd.grad((pos * w).sum(), ins)
+
+    monkeypatch.setattr(frames, "GROUPED_RESIDUES", 100)
+    with monkeypatch.context() as m:
+        m.setattr(zmat.ConstructionTable, "concatenate", None)  # planning a forest would fail
+        grouped = run()
+    with monkeypatch.context() as m:
+        m.setattr(frames, "_kernel", SimpleNamespace(usable=lambda x: False))  # the forest (kernel inside)
+        forest = run()
+    for a, b in zip(grouped, forest, strict=True):
+        assert torch.equal(a, b)

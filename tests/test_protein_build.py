@@ -192,6 +192,39 @@ def test_batch_table_makes_the_rest_on_first_use_and_pickles():
     assert "_make_plan" not in vars(table)
 
 
+def _step_bits(batch, seed: int = 0):
+    """``to_xyz`` of random torsions and its gradient (float64)."""
+    t = _random_torsions(batch.L_max, len(batch), seed=seed).requires_grad_(True)
+    xyz = batch.to_xyz(t)
+    return xyz, torch.autograd.grad((xyz * torch.linspace(-1, 1, xyz.numel()).view(xyz.shape)).sum(), t)[0]
+
+
+def test_a_batch_made_in_a_dataloader_worker_is_ready_and_the_same(monkeypatch):
+    # issue 33: a DataLoader worker makes the batch (ProteinBatch.collate: the stamp, the
+    # fill's arrays and the kernel's plan), which pickles with its arrays; the main
+    # process's step then plans nothing and gives the bits of a batch made there
+    import pickle
+
+    from torch.utils.data import DataLoader
+
+    from zmat.protein import pieces
+
+    rng = np.random.default_rng(4)
+    seqs = ["".join(rng.choice(list("ACDEFGHIKLMNPQRSTVWY"), n)) for n in (30, 7, 1, 22, 15, 40)]
+    made = list(DataLoader(seqs, batch_size=3, num_workers=1, collate_fn=zp.ProteinBatch.collate))
+    copy = pickle.loads(pickle.dumps(zp.ProteinBatch(seqs[:3]).prepare()))
+    with monkeypatch.context() as m:  # the batches made ahead stamp and chunk nothing more here
+        m.setattr(pieces, "kernel_arrays", None)
+        m.setattr(_kernel, "_chunks", None)
+        steps = [_step_bits(b) for b in made]
+        pickled = _step_bits(copy)
+    for b, got in zip(made, steps, strict=True):
+        assert b.sequences in (seqs[:3], seqs[3:])
+        want = _step_bits(zp.ProteinBatch(b.sequences))
+        assert all(torch.equal(x, y) for x, y in zip(got, want, strict=True))
+    assert all(torch.equal(x, y) for x, y in zip(pickled, steps[0], strict=True))
+
+
 def test_batch_with_an_empty_sequence_takes_the_general_path():
     batch = zp.ProteinBatch(["", "MK"])
     assert batch._stamp is None and batch.atom_mask[0].sum() == 0

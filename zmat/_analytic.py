@@ -623,8 +623,9 @@ def _kernel_plan(table: ConstructionTable, device: torch.device) -> _kernel.Kern
     table taken from another (``ConstructionTable.take``: a batch of a data
     set) takes its plan from the other's, planned once; one made by
     ``ConstructionTable.concatenate`` of large pieces, from its pieces' plans."""
-    if table.kernel_arrays is not None:  # stamped by its builder
-        return _kernel.KernelPlan(*table.kernel_arrays(), _kernel_vjp)
+    if table.kernel_arrays is not None:  # stamped by its builder: ints, flags (and chunks, if made)
+        ints, flags, *chunks = table.kernel_arrays()
+        return _kernel.KernelPlan(ints, flags, _kernel_vjp, *chunks)
     origin = table.origin
     if origin is not None:
         source, ptr, index = origin

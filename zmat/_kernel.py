@@ -839,9 +839,11 @@ class KernelPlan:
             differentiable torch ops (``_vjp`` of ``zmat/_analytic.py``), for
             double backward and batched gradients; it plans the torch path
             only when such a backward happens.
+        chunks: :func:`_chunks` of the parents, if made already (a batch
+            prepared in a ``DataLoader`` worker).
     """
 
-    def __init__(self, ints: np.ndarray, flags: np.ndarray, vjp) -> None:
+    def __init__(self, ints: np.ndarray, flags: np.ndarray, vjp, chunks: np.ndarray | None = None) -> None:
         self._ints, self._flags, self.vjp = ints, flags.view(np.uint8), vjp
         k = len(ints) - 2
         self.n = ints.shape[1]
@@ -851,7 +853,7 @@ class KernelPlan:
         # units of work for threads: runs of whole trees, for tables rooted at
         # the origin (positions): there a tree's gathers stay in the tree, while
         # an anchored segment (frames) may read a sibling's phi in another
-        self.chunks = torch.from_numpy(_chunks(ints[k]))
+        self.chunks = torch.from_numpy(_chunks(ints[k]) if chunks is None else chunks)
         self.whole = torch.tensor([0, self.n])  # one unit per structure
 
     @functools.cached_property

@@ -474,13 +474,17 @@ class ProteinBatch:
             self._stamp = None
             a = self._arrays
             self.L_max, self.N_max = self._general.L_max, self._general.N_max
-        st = self._stamp  # the fast path's mask: made if the torch fill needs it
-        mask = (
-            a["ideal_mask"] if "ideal_mask" in a else lambda: batch_arrays(st, ("ideal_mask",))["ideal_mask"]
-        )
-        self._flat = _Arrays(a["ideal"], mask, a["torsion_slot"], len(self) * self.L_max, self._padded_pro())
-        if "proline_rows" in a:  # stamped per residue: no pass over the atoms
-            self._flat.proline_rows = a["proline_rows"]
+        pro = self._padded_pro()
+        self._set_flat(a["ideal"], a.get("ideal_mask"), a["torsion_slot"], pro, a.get("proline_rows"))
+
+    def _set_flat(self, ideal, ideal_mask, torsion_slot, is_pro, proline_rows) -> None:
+        """The arrays the fill reads; ``ideal_mask`` None: made if the torch fill needs it."""
+        st = self._stamp
+        if ideal_mask is None:
+            ideal_mask = lambda: batch_arrays(st, ("ideal_mask",))["ideal_mask"]  # noqa: E731
+        self._flat = _Arrays(ideal, ideal_mask, torsion_slot, len(self) * self.L_max, is_pro)
+        if proline_rows is not None:  # stamped per residue: no pass over the atoms
+            self._flat.proline_rows = proline_rows
 
     def _padded_pro(self) -> np.ndarray:
         """``(B * L_max,)`` bool: the padded residue is a proline."""
@@ -575,11 +579,34 @@ class ProteinBatch:
         a["residue_mask"] = a["residue_mask"].reshape(B, Lm)
         return _General(layouts, refs, a, Lm, n)
 
+    def prepare(self) -> ProteinBatch:
+        """Make now what a CPU training step reads beyond the fill's arrays (made
+        by the constructor): the compiled kernel's plan, stamped from the pieces
+        (``zmat.protein.pieces.kernel_arrays``). A prepared batch pickles with
+        these arrays, so a ``DataLoader`` worker can make it and the step in the
+        main process plans nothing (:meth:`collate`). Returns ``self``."""
+        if self._stamp is not None:
+            self.table.kernel_arrays()  # (cached on the table)
+            self._prepared = True
+        return self
+
+    @classmethod
+    def collate(cls, sequences) -> ProteinBatch:
+        """``ProteinBatch(sequences).prepare()``: a ``DataLoader``'s ``collate_fn``,
+        so that its workers make the batches (``docs/proteins.md``)."""
+        return cls(list(sequences)).prepare()
+
     def __reduce__(self):
-        # a batch is its sequences: pickle those (DataLoader workers send batches to the parent),
-        # not the lazily made arrays and functions; from_proteins' tensors go as state
+        # a batch is its sequences: pickle those, not the lazily made arrays and functions,
+        # unless prepared (then what the step reads, as tensors: a DataLoader moves those
+        # through shared memory); from_proteins' tensors go as state
         state = {k: v for k, v in vars(self).items() if k in ("torsions", "torsion_mask")}
-        return (type(self), (self.sequences,), state or None)
+        if not self.__dict__.get("_prepared"):
+            return (type(self), (self.sequences,), state or None)
+        f, (ints, flags, *_) = self._flat, self.table.kernel_arrays()
+        arrays = (f.ideal, f.torsion_slot, f.is_pro, f.proline_rows, ints, flags, _kernel._chunks(ints[-2]))
+        made = (self._types, self._stamp, [torch.from_numpy(np.ascontiguousarray(a)) for a in arrays])
+        return (_prepared_batch, (self.sequences, made), state or None)
 
     @classmethod
     def from_proteins(cls, proteins) -> ProteinBatch:
@@ -677,6 +704,18 @@ class ProteinBatch:
         size = len(self) * self.N_max
         excluded = is_excluded(pairs[:, 0], pairs[:, 1], size, self._exclusion_keys.to(pairs.device))
         return pairs[~excluded]
+
+
+def _prepared_batch(sequences: list, made: tuple) -> ProteinBatch:
+    """A prepared :class:`ProteinBatch` from its pickled arrays (``ProteinBatch.__reduce__``)."""
+    batch = ProteinBatch.__new__(ProteinBatch)
+    batch.sequences, (batch._types, batch._stamp, tensors) = sequences, made
+    ideal, slot, is_pro, pro_rows, *kernel = (t.numpy() for t in tensors)
+    batch.L_max, batch.N_max = batch._stamp.L_max, batch._stamp.n_max
+    batch._set_flat(ideal, None, slot, is_pro, pro_rows)
+    batch.table = batch_table(batch._stamp, tuple(kernel))  # (the cached property's slot)
+    batch._prepared = True
+    return batch
 
 
 def _sequence_types(sequence: str) -> np.ndarray:

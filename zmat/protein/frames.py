@@ -21,8 +21,9 @@ Three ways in:
   lengths and angles (Engh & Huber, ``zmat.protein.topology.IDEAL``), through
   ``zmat.to_xyz`` on a backbone-only table: no side chain is built;
 * and back out: :func:`atom14_from_frames` builds each residue's heavy atoms
-  with ``zmat.to_xyz`` (a forest of one tree per residue, rooted ``N, CA, C``,
-  every row anchored on its parent's frame), ideal geometry, psi for O and
+  with ``zmat.to_xyz`` (one tree per residue, rooted ``N, CA, C``, every row
+  anchored on its parent's frame; each type's residues one batch of its
+  table, so a new sequence plans nothing), ideal geometry, psi for O and
   chi1..chi4 for the side chain, moves each residue into AlphaFold's frame
   (CA at the origin, C on ``+x``, N in the xy plane with ``y > 0``), then
   applies the frames.
@@ -35,7 +36,10 @@ import math
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
+from .. import _kernel
+from .._analytic import permute  # (a permutation's backward: a gather, not index_add)
 from .._geometry import rigid_from_three_points
 from ..table import ConstructionTable
 from ..transform import to_xyz
@@ -190,7 +194,7 @@ def _residue_rows():
 @functools.lru_cache(maxsize=1)
 def _residue_tables():
     """One validated table per residue type over its existing atom14 slots
-    (in slot order), for ``ConstructionTable.concatenate``."""
+    (in slot order); a batch of its residues is built with it (:func:`_local_atoms`)."""
     refs = _residue_rows()[0]
     # atom14 slots are filled from the first: a residue's atoms are its first n slots
     return [ConstructionTable(refs[r, : int(RESTYPE_ATOM14_MASK[r].sum())]) for r in range(UNK)]
@@ -226,6 +230,29 @@ def _default_torsions(dtype, device) -> torch.Tensor:
     return torch.as_tensor(out, dtype=dtype, device=device)
 
 
+#: residues from which :func:`_local_atoms` builds each type's residues as one
+#: batch (about where planning a forest costs more than ~20 calls)
+GROUPED_RESIDUES = 1024
+
+
+@functools.lru_cache(maxsize=16)
+def _groups(aatype_bytes: bytes, device: str):
+    """The residues grouped by type (types ascending, residues in order), so
+    that each type's residues are one batch of its cached table: a new
+    sequence costs a sort, no table of its own. Returns ``order`` (residue
+    of each grouped row) and ``inverse`` on ``device``, and ``(type, first
+    row, count)`` of each type present, UNK (no atoms, last) left out."""
+    aa = np.frombuffer(aatype_bytes, np.int64)
+    order = np.argsort(aa, kind="stable")
+    inverse = np.empty_like(order)
+    inverse[order] = np.arange(len(order))
+    count = np.bincount(aa, minlength=UNK + 1)
+    first = np.cumsum(count) - count
+    groups = tuple((r, int(first[r]), int(count[r])) for r in np.flatnonzero(count[:UNK]).tolist())
+    dev = torch.device(device)
+    return torch.as_tensor(order, device=dev), torch.as_tensor(inverse, device=dev), groups
+
+
 @functools.lru_cache(maxsize=16)
 def _forest(aatype_bytes: bytes, device: str):
     """Table over the existing atoms of the residues (one tree each; absent
@@ -244,6 +271,34 @@ def _forest(aatype_bytes: bytes, device: str):
         torch.as_tensor(cells, device=dev),
         torch.as_tensor(atom_of[:-1], device=dev),
     )
+
+
+def _local_atoms(internal: torch.Tensor, aatype_bytes: bytes) -> torch.Tensor:
+    """``(M, 14, 3)`` internal coordinates of the residues grouped by type
+    (:func:`_groups` of ``aatype_bytes``) -> ``(M, 14, 3)`` positions in each
+    residue's tree frame, in residue order (0 for absent slots and UNK).
+
+    From :data:`GROUPED_RESIDUES` residues on, where the compiled kernel
+    serves: one ``to_xyz`` per type present, its residues the batch of its
+    table, so nothing is planned per sequence. Else one ``to_xyz`` on the
+    sequence's forest (:func:`_forest`: cheap to plan when small, one call to
+    differentiate twice, fewer launches on an accelerator). The same bits
+    either way."""
+    order, inverse, groups = _groups(aatype_bytes, str(internal.device))
+    tables, M = _residue_tables(), len(internal)
+    if M < GROUPED_RESIDUES or not _kernel.usable(internal):
+        table, cells, atom_of = _forest(aatype_bytes, str(internal.device))
+        x = permute(internal, 0, inverse, order).reshape(-1, 3).index_select(0, cells)
+        local = to_xyz(x, table)
+        return torch.cat([local, local.new_zeros(1, 3)]).index_select(0, atom_of).view(M, 14, 3)
+    n = groups[-1][1] + groups[-1][2] if groups else 0
+    parts = internal.split([g[2] for g in groups] + [M - n])  # (one backward: a cat, not a sum of slices)
+    out = []
+    for (r, _, _), x in zip(groups, parts, strict=False):
+        k = tables[r].n_atoms  # a type's atoms are its first k slots
+        out.append(F.pad(to_xyz(x[:, :k], tables[r]), (0, 0, 0, 14 - k)))
+    out.append(internal.new_zeros(M - n, 14, 3))  # UNK: last
+    return permute(torch.cat(out), 0, inverse, order)
 
 
 def atom14_from_frames(R: torch.Tensor, t: torch.Tensor, aatype, torsions: torch.Tensor):
@@ -279,37 +334,39 @@ def atom14_from_frames(R: torch.Tensor, t: torch.Tensor, aatype, torsions: torch
     aa = torch.as_tensor(aatype).long().expand(shape)
     flat_aa = aa.reshape(-1).cpu().numpy().clip(0, UNK).astype(np.int64)
     dev, dt = t.device, t.dtype
-    table, cells, atom_of = _forest(flat_aa.tobytes(), str(dev))
     ideal, tors, has = _row_tensors(dt, dev)
+    order, inverse, groups = _groups(flat_aa.tobytes(), str(dev))  # residues grouped by type
     a = torch.as_tensor(flat_aa, device=dev)
-    base = ideal[a]  # (M, 14, 3)
-    col = tors[a]  # (M, 14)
-    tor = torch.gather(torsions.reshape(-1, 7), 1, col.clamp(min=0))
-    default = torch.gather(_default_torsions(dt, dev)[a], 1, col.clamp(min=0))
+    a_grouped = a.index_select(0, order)
+    base = ideal[a_grouped]  # (M, 14, 3)
+    col = tors[a_grouped]  # (M, 14)
+    tor = torch.gather(permute(torsions.reshape(-1, 7), 0, order, inverse), 1, col.clamp(min=0))
+    default = torch.gather(_default_torsions(dt, dev)[a_grouped], 1, col.clamp(min=0))
     tor = torch.where(torch.isnan(tor), default, tor)  # NaN: not given (no sync: a select)
     dihedral = torch.where(col >= 0, base[..., 2] + tor, base[..., 2])
-    internal = _close_prolines(base, dihedral, flat_aa).reshape(-1, 3).index_select(0, cells)
-    local = to_xyz(internal, table)
-    local = torch.cat([local, local.new_zeros(1, 3)]).index_select(0, atom_of).reshape(*shape, 14, 3)
+    internal = _close_prolines(base, dihedral, groups)
+    local = _local_atoms(internal, flat_aa.tobytes()).reshape(*shape, 14, 3)
     mask = has[a].reshape(*shape, 14)
     pos = apply_frames(*_with_tree_frames(R, t, local), local)
     return torch.where(mask[..., None], pos, torch.zeros((), dtype=dt, device=dev)), mask
 
 
-def _close_prolines(base: torch.Tensor, dihedral: torch.Tensor, aa: np.ndarray) -> torch.Tensor:
-    """``(M, 14, 3)`` internal coordinates with each proline's CB-CG-CD angle (atom14 slot 6)
-    closing its ring (``zmat.protein.build.proline_cd_angle``, ideal geometry) from chi1
-    (CG, slot 5) and chi2 (CD, slot 6)."""
+def _close_prolines(base: torch.Tensor, dihedral: torch.Tensor, groups: list) -> torch.Tensor:
+    """``(M, 14, 3)`` internal coordinates of grouped residues (:func:`_groups`) with each
+    proline's CB-CG-CD angle (atom14 slot 6) closing its ring
+    (``zmat.protein.build.proline_cd_angle``, ideal geometry) from chi1 (CG, slot 5) and
+    chi2 (CD, slot 6)."""
     internal = torch.cat([base[..., :2], dihedral[..., None]], -1)
-    pro = np.flatnonzero(aa == RESTYPE_3.index("PRO"))
-    if not len(pro):
+    pro = [(r0, n) for r, r0, n in groups if r == RESTYPE_3.index("PRO")]
+    if not pro:
         return internal
-    p = torch.as_tensor(pro, device=internal.device)
-    x = internal.index_select(0, p)
+    r0, n = pro[0]
+    r1 = r0 + n
+    x = internal[r0:r1]  # the prolines: one group
     cd = x[:, 6]
     angle = ideal_cd_angle(x[:, 5, 2], cd[:, 2])  # the rows hold proline's ideal geometry
     cd = torch.stack([cd[:, 0], angle, cd[:, 2]], -1)
-    return internal.index_copy(0, p, torch.cat([x[:, :6], cd[:, None], x[:, 7:]], 1))
+    return torch.cat([internal[:r0], torch.cat([x[:, :6], cd[:, None], x[:, 7:]], 1), internal[r1:]])
 
 
 def atom37_from_frames(R: torch.Tensor, t: torch.Tensor, aatype, torsions: torch.Tensor):

@@ -465,13 +465,15 @@ def _offset_of(chain: np.ndarray, n: int) -> np.ndarray:
     return np.where(chain[:, 1] < n, chain[:, 1], -1)
 
 
-def batch_table(st: Stamp) -> ConstructionTable:
+def batch_table(st: Stamp, kernel: tuple | None = None) -> ConstructionTable:
     """The table of ``ProteinBatch(sequences)`` from its :class:`Stamp`.
 
     Its plan is made on first use (:func:`batch_plan`), and the compiled
     kernel's is stamped without it (:func:`kernel_arrays`, the table's
-    ``kernel_arrays``): a fresh batch's training step on the CPU reads none."""
-    kernel = functools.cache(lambda: kernel_arrays(st))
+    ``kernel_arrays``; ``kernel``: those, made already, and the kernel's
+    chunks): a fresh batch's training step on the CPU reads none."""
+    made = kernel
+    kernel = functools.cache(lambda: kernel_arrays(st)) if made is None else (lambda: made)
     table = ConstructionTable.from_plan(lambda: batch_plan(st, kernel()), st.N, constant_anchors=True)
     table.kernel_arrays = kernel
     return table
