@@ -28,6 +28,9 @@ WATER_DIMER = Atoms(
 )
 
 
+STEP_OPS = 1700  # ops of one step on allene (CPU: the back-transformation stops once converged)
+
+
 def rattled(name, amount=0.05, seed=0):
     m = molecule(name) if isinstance(name, str) else name.copy()
     m.rattle(amount, seed=seed)
@@ -71,6 +74,36 @@ def test_wilson_b_matches_finite_differences(atoms):
     B = wilson_b(prims, x)
     assert B.shape == (2, len(prims), 3 * len(m)) and torch.isfinite(B).all()
     torch.testing.assert_close(B, fd_jacobian(prims, x), atol=1e-7, rtol=1e-6)
+
+
+def test_a_step_dispatches_a_bounded_number_of_ops():
+    """Batch-1 steps are dispatch-bound: every kind of primitive in one fused formula (a fixed
+    count whatever the kinds), q and B from one backward, a step within a budget (the per-kind
+    loops of before: 164, 485 and 3202 ops on allene)."""
+    from zmat.optimize.coordinates import values_and_b
+    from zmat.optimize.optimizer import InternalStepper, _evaluate
+    from zmat.testing import DispatchAudit
+
+    m = rattled("C3H4_D2d")  # allene: bonds, angles, linear bends, dihedrals, out-of-plane
+    prims = build_primitives(m.positions, m.numbers)
+    assert all(prims.counts[:5])
+    x = torch.tensor(m.positions)[None]
+    values_and_b(prims, x)  # the fused layout is built once
+    with DispatchAudit() as v:
+        values(prims, x)
+    with DispatchAudit() as b:
+        values_and_b(prims, x)
+    stepper, ff, steps = (
+        InternalStepper(x, m.numbers),
+        ToyForceField(m.numbers, molecule("C3H4_D2d").positions),
+        [],
+    )
+    for _ in range(4):
+        e, g = _evaluate(ff, x)
+        with DispatchAudit() as s:
+            x = stepper.step(x, e, g)[1]
+        steps.append(s.count)
+    assert v.count <= 60 and b.count <= 220 and max(steps) <= STEP_OPS, (v.count, b.count, steps)
 
 
 def test_primitives_cover_rings_linear_bends_fragments_and_hydrogen_bonds():
