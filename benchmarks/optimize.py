@@ -13,11 +13,20 @@
    symmetric), and each optimiser's own time per step (wall time minus the
    calculator's). The default runs a quick subset (the 12 smallest
    molecules); ``--full`` all 30.
-2. **Batched throughput** of :func:`zmat.optimize.minimize` with a torch
+2. **Drug-like molecules** (``--sets druglike``): ten molecules from SMILES
+   (:data:`DRUGLIKE`), hydrogens added, one RDKit ETKDGv3 conformer each
+   (``randomSeed=42``) as the start; flexible torsions. **Water clusters**
+   (``--sets water``): (H2O)6 and (H2O)12, geomeTRIC's test geometries
+   (``geometric/data/water6.pdb``, ``water12.xyz`` of the installed package);
+   twelve fragments. Same calculator, rule and table as the Baker set; zmat
+   runs with ``coords="redundant"`` (``zmat``) and ``coords="tric"``
+   (``zmat-TRIC``).
+3. **Batched throughput** of :func:`zmat.optimize.minimize` with a torch
    potential (:class:`zmat.optimize.ToyForceField` on histidine, 20 atoms,
    rattled conformers) at B = 1, 64, 1024: conformers per second and the
-   optimiser's overhead per conformer-step (wall time minus the potential's,
-   over iterations x B).
+   optimiser's overhead per conformer-step (time minus the potential's, over
+   iterations x B), in wall time and in process CPU time (the one to read on a
+   shared machine; with ``--threads 1`` it is the optimiser's own).
 
 Peers are bench dependencies (``pip install -e '.[bench]'``); a missing one is
 reported as skipped. Results go to ``--out`` (``optimize.json``, ``optimize.md``).
@@ -44,6 +53,18 @@ QUICK = (
     "acetone", "hydroxysulfane", "disilyl_ether", "neopentane",
 )  # fmt: skip
 OUT = Path(__file__).resolve().parent.parent / "results" / "benchmarks"
+DRUGLIKE = {
+    "aspirin": "CC(=O)Oc1ccccc1C(=O)O",
+    "ibuprofen": "CC(C)Cc1ccc(cc1)C(C)C(=O)O",
+    "caffeine": "Cn1cnc2c1c(=O)n(C)c(=O)n2C",
+    "paracetamol": "CC(=O)Nc1ccc(O)cc1",
+    "nicotine": "CN1CCCC1c1cccnc1",
+    "lidocaine": "CCN(CC)CC(=O)Nc1c(C)cccc1C",
+    "diphenhydramine": "CN(C)CCOC(c1ccccc1)c1ccccc1",
+    "naproxen": "COc1ccc2cc(ccc2c1)C(C)C(=O)O",
+    "salbutamol": "CC(C)(C)NCC(O)c1ccc(O)c(CO)c1",
+    "procaine": "CCN(CC)CCOC(=O)c1ccc(N)cc1",
+}
 
 
 class Converged(Exception):
@@ -107,10 +128,14 @@ def run_ase_optimizer(cls, counter, atoms, **kw):
     cls(a, logfile=None, **kw).run(fmax=1e-6, steps=10**6)
 
 
-def run_zmat(counter, atoms):
+def run_zmat(counter, atoms, coords="redundant"):
     import zmat.ase
 
-    run_ase_optimizer(zmat.ase.InternalOptimizer, counter, atoms)
+    run_ase_optimizer(zmat.ase.InternalOptimizer, counter, atoms, coords=coords)
+
+
+def run_zmat_tric(counter, atoms):
+    run_zmat(counter, atoms, coords="tric")
 
 
 def run_sella(counter, atoms):
@@ -169,6 +194,7 @@ def _ase(name):
 
 OPTIMIZERS = {
     "zmat": (run_zmat, None),
+    "zmat-TRIC": (run_zmat_tric, None),
     "pyberny": (run_pyberny, "berny"),
     "geomeTRIC": (run_geometric, "geometric"),
     "Sella": (run_sella, "sella"),
@@ -188,18 +214,51 @@ def _available(module):
     return None
 
 
+def druglike() -> dict:
+    """``{name: ase.Atoms}``: each of :data:`DRUGLIKE` with hydrogens, one ETKDGv3 conformer (seed 42)."""
+    from ase import Atoms
+    from rdkit import Chem
+    from rdkit.Chem import AllChem
+
+    out = {}
+    for name, smiles in DRUGLIKE.items():
+        mol = Chem.AddHs(Chem.MolFromSmiles(smiles))
+        params = AllChem.ETKDGv3()
+        params.randomSeed = 42
+        if AllChem.EmbedMolecule(mol, params) != 0:
+            raise RuntimeError(f"ETKDG found no conformer for {name}")
+        out[name] = Atoms([a.GetSymbol() for a in mol.GetAtoms()], mol.GetConformer().GetPositions())
+    return out
+
+
+def water_clusters() -> dict:
+    """``{name: ase.Atoms}``: geomeTRIC's (H2O)6 and (H2O)12 test geometries."""
+    import ase.io
+    import geometric
+
+    data = Path(geometric.__file__).parent / "data"
+    return {"water6": ase.io.read(data / "water6.pdb"), "water12": ase.io.read(data / "water12.xyz")}
+
+
 def baker(names, optimizers, max_calls: int) -> dict:
+    import ase.io
+
+    return run_set({n: ase.io.read(baker_dir() / f"{n}.xyz") for n in names}, optimizers, max_calls)
+
+
+def run_set(structures: dict, optimizers, max_calls: int) -> dict:
+    """Every optimiser on every ``{name: ase.Atoms}``: steps, convergence, final energy, own time."""
     import logging
 
-    import ase.io
     from tblite.ase import TBLite
 
     logging.getLogger("geometric").setLevel(logging.ERROR)
     logging.getLogger("geometric.nifty").setLevel(logging.ERROR)
     rows = {}
-    for name in names:  # pyberny prints its log on stdout: quiet it with a logging level
+    for name, atoms in structures.items():  # pyberny prints its log on stdout: quiet it with a logging level
         logging.getLogger("berny").setLevel(logging.ERROR)
-        atoms = ase.io.read(baker_dir() / f"{name}.xyz")
+        atoms = atoms.copy()
+        atoms.pbc = False
         rows[name] = {}
         for opt in optimizers:
             fn, module = OPTIMIZERS[opt]
@@ -291,16 +350,18 @@ def throughput(batches, max_steps: int = 60) -> list[dict]:
         x0 = torch.tensor(atoms.positions)[None] + 0.05 * torch.randn(bsz, len(atoms), 3, generator=gen)
         zo.minimize(ff, x0[:1], fmax=FTOL, max_steps=3, numbers=atoms.numbers)  # warm up
         calls[0] = 0
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         res = zo.minimize(energy, x0, fmax=FTOL, max_steps=max_steps, numbers=atoms.numbers)
-        wall = time.perf_counter() - t
+        wall, cpu = time.perf_counter() - t, time.process_time() - c
         # the potential's own cost (forward and backward at this batch), timed apart
         xg = x0.clone().requires_grad_(True)
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         for _ in range(5):
             torch.autograd.grad(ff(xg).sum(), xg)
         potential = calls[0] * (time.perf_counter() - t) / 5
+        potential_cpu = calls[0] * (time.process_time() - c) / 5
         overhead = (wall - potential) / (calls[0] * bsz)
+        overhead_cpu = (cpu - potential_cpu) / (calls[0] * bsz)
         out.append(
             {
                 "B": bsz,
@@ -310,6 +371,7 @@ def throughput(batches, max_steps: int = 60) -> list[dict]:
                 "wall_s": wall,
                 "conformers_per_s": bsz / wall,
                 "overhead_us_per_conformer_step": 1e6 * overhead,
+                "overhead_cpu_us_per_conformer_step": 1e6 * overhead_cpu,
             }
         )
         print(f"  B={bsz}: {out[-1]}", flush=True)
@@ -318,13 +380,16 @@ def throughput(batches, max_steps: int = 60) -> list[dict]:
 
 def throughput_table(rows) -> str:
     lines = [
-        "| B | iterations | converged | mean steps | wall (s) | conformers/s | overhead per conformer-step |",
-        "|---|---|---|---|---|---|---|",
+        "| B | iterations | converged | mean steps | wall (s) | conformers/s | overhead per conformer-step "
+        "(wall) | (process CPU) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['B']} | {r['iterations']} | {r['converged']}/{r['B']} | {r['mean_steps']:.1f} | "
-            f"{r['wall_s']:.2f} | {r['conformers_per_s']:.1f} | {r['overhead_us_per_conformer_step']:.0f} us |"  # noqa: E501
+            f"{r['wall_s']:.2f} | {r['conformers_per_s']:.1f} | "
+            f"{r['overhead_us_per_conformer_step']:.0f} us | "
+            f"{r['overhead_cpu_us_per_conformer_step']:.0f} us |"
         )
     return "\n".join(lines)
 
@@ -342,6 +407,10 @@ def main(argv=None) -> None:
     )
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--no-baker", action="store_true")
+    p.add_argument(
+        "--sets", nargs="*", choices=["druglike", "water"], default=[],
+        help="also these sets: ten drug-like molecules (RDKit conformers), water clusters (H2O)6, (H2O)12",
+    )  # fmt: skip
     p.add_argument("--out", type=Path, default=OUT)
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
@@ -356,6 +425,13 @@ def main(argv=None) -> None:
         rows = baker(names, a.optimizers, a.max_calls)
         result["baker"] = rows
         text.append("Baker set, GFN2-xTB, steps = energy+gradient calls to max |F_i| < 0.01 eV/A\n")
+        text.append(baker_table(rows, a.optimizers))
+    for name in a.sets:
+        structures = druglike() if name == "druglike" else water_clusters()
+        print(f"{name}: {len(structures)} structures, GFN2-xTB, stop at max |F_i| < {FTOL} eV/A", flush=True)
+        rows = run_set(structures, a.optimizers, a.max_calls)
+        result[name] = rows
+        text.append(f"\n{name}, GFN2-xTB, steps = energy+gradient calls to max |F_i| < 0.01 eV/A\n")
         text.append(baker_table(rows, a.optimizers))
     if a.batches:
         print("batched throughput, ToyForceField on histidine (20 atoms)", flush=True)

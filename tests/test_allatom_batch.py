@@ -3,6 +3,7 @@ with and without hydrogens) in one forest table, one to_xyz; torsions padded wit
 
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -105,6 +106,36 @@ def test_batch_kernel_plan_is_its_pieces_plans_offset(complexes):
         assert torch.equal(getattr(joined, name), getattr(direct, name)), name
     assert torch.equal(joined.gather[joined.keep], direct.gather[direct.keep])
     assert b.table.cached(_analytic._kernel_plan, "cpu").n == b.table.n_atoms
+
+
+def test_concatenated_kernel_plan_equals_the_packed_join(complexes):
+    """``KernelPlan.concatenate`` (one shifted copy of each plan) gives the arrays
+    of the packed route (``zmat._columns.joined`` then decoded), bit for bit, with
+    offset chains of different widths (a water's 1, a complex's 2) and an
+    all-atom batch's fwd+bwd the same as the complexes' one by one."""
+    from zmat import _analytic, _columns, _kernel
+
+    water = zmat.ConstructionTable([[-1, -1, -1], [0, -1, -1], [0, 1, -1]])
+    tables = [complexes[1].table, water, complexes[0].table, complexes[2].table, water]
+    plans = [t.cached(_analytic._kernel_plan, "cpu") for t in tables]
+    joined = _kernel.KernelPlan.concatenate(plans)
+    ints = _columns.decode(
+        _kernel.KernelArrays, _columns.joined(_kernel.KernelArrays, [p._packed for p in plans])
+    )
+    flags = _columns.joined(_kernel.KernelFlags, [p._flags for p in plans])
+    assert np.array_equal(joined._ints, ints) and np.array_equal(joined._flags, flags)
+    roots = np.flatnonzero(ints[-2] < 0)
+    assert np.array_equal(joined.roots, roots)
+    assert torch.equal(joined.chunks, torch.from_numpy(_kernel._chunks(ints[-2], roots)))
+    b = ComplexBatch([complexes[2], complexes[0], complexes[1]])
+    leaf = b.internal.clone().requires_grad_(True)
+    x = b.to_xyz(leaf, padded=False)
+    (x * torch.linspace(-1, 1, 3, dtype=x.dtype)).sum().backward()
+    for c, xk, gk in zip(b.complexes, b.unbatch(x), b.atoms.unbatch(leaf.grad, dim=-2), strict=True):
+        one = c.internal.clone().requires_grad_(True)
+        y = zmat.to_xyz(one, c.table)
+        (y * torch.linspace(-1, 1, 3, dtype=y.dtype)).sum().backward()
+        assert torch.equal(xk, y) and torch.equal(gk, one.grad)
 
 
 def test_concatenated_plan_with_offset_chains_of_different_widths(complexes, monkeypatch):

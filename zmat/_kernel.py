@@ -246,11 +246,12 @@ def split(structures: int, atoms: int):
     return n, 1 < n and structures < 2 * n
 
 
-def _chunks(parent: np.ndarray) -> np.ndarray:
+def _chunks(parent: np.ndarray, roots: np.ndarray | None = None) -> np.ndarray:
     """Dfs positions ``0 ... N`` where runs of whole trees of about
-    :data:`CHUNK_ATOMS` atoms start (a tree is contiguous in dfs order)."""
+    :data:`CHUNK_ATOMS` atoms start (a tree is contiguous in dfs order), from
+    the ``parent`` of every position (and the ``roots``, positions of parent -1, if known)."""
     n = len(parent)
-    roots = np.flatnonzero(parent < 0)
+    roots = np.flatnonzero(parent < 0) if roots is None else roots
     if n < 2 * CHUNK_ATOMS or len(roots) < 2:
         return np.array([0, n], np.int64)
     first = np.searchsorted(roots, np.arange(0, n, CHUNK_ATOMS))  # first root from every multiple on
@@ -841,11 +842,13 @@ class KernelPlan:
             only when such a backward happens.
         chunks: :func:`_chunks` of the parents, if made already (a batch
             prepared in a ``DataLoader`` worker).
+        roots: the dfs positions whose parent is -1, if known (:meth:`concatenate`: its pieces').
     """
 
-    def __init__(self, ints: np.ndarray, flags: np.ndarray, vjp, chunks: np.ndarray | None = None) -> None:
+    def __init__(self, ints: np.ndarray, flags: np.ndarray, vjp, chunks=None, roots=None) -> None:
         self._ints, self._flags, self.vjp = ints, flags.view(np.uint8), vjp
         k = len(ints) - 2
+        self.roots = np.flatnonzero(ints[k] < 0) if roots is None else roots
         self.n = ints.shape[1]
         self.gather, self.parent, self.order = (torch.from_numpy(a) for a in (ints[:k], ints[k], ints[k + 1]))
         self.keep, self.trig = torch.from_numpy(self._flags[:k]), torch.from_numpy(self._flags[k:])
@@ -853,7 +856,7 @@ class KernelPlan:
         # units of work for threads: runs of whole trees, for tables rooted at
         # the origin (positions): there a tree's gathers stay in the tree, while
         # an anchored segment (frames) may read a sibling's phi in another
-        self.chunks = torch.from_numpy(_chunks(ints[k]) if chunks is None else chunks)
+        self.chunks = torch.from_numpy(_chunks(ints[k], self.roots) if chunks is None else chunks)
         self.whole = torch.tensor([0, self.n])  # one unit per structure
 
     @functools.cached_property
@@ -879,11 +882,23 @@ class KernelPlan:
     def concatenate(plans: list[KernelPlan]) -> KernelPlan:
         """The plan of ``ConstructionTable.concatenate`` of the plans' tables:
         their columns side by side, indices shifted by each table's first atom
-        (:func:`zmat._columns.joined`; a narrower offset chain has unused entries)."""
-        ints = _columns.decode(KernelArrays, _columns.joined(KernelArrays, [p._packed for p in plans]))
-        return KernelPlan(
-            ints, _columns.joined(KernelFlags, [p._flags for p in plans]).view(bool), plans[0].vjp
-        )
+        (the arrays :func:`zmat._columns.joined` of their packed plans decodes to;
+        a narrower offset chain's rows: entry 0, unused). One write of each plan's
+        columns, shifted as it is copied: no packing, no pass over the result."""
+        k = max(len(p._ints) for p in plans) - 2
+        n = sum(p.n for p in plans)
+        ints, flags = np.zeros((k + 2, n), np.int64), np.zeros((k + 2, n), np.uint8)
+        at, roots = 0, []
+        for p in plans:
+            kp, end = len(p._ints) - 2, at + p.n
+            np.add(p._ints[:kp], 3 * at, out=ints[:kp, at:end])  # gather: flat into C, 3 per atom
+            np.add(p._ints[kp], at, out=ints[k, at:end])  # dfs positions; the roots' -1 again:
+            roots.append(p.roots + at)
+            ints[k, roots[-1]] = -1
+            np.add(p._ints[kp + 1], at, out=ints[k + 1, at:end])  # atom of every position
+            flags[:kp, at:end], flags[k:, at:end] = p._flags[:kp], p._flags[kp:]
+            at = end
+        return KernelPlan(ints, flags.view(bool), plans[0].vjp, roots=np.concatenate(roots))
 
 
 @dataclass(frozen=True)

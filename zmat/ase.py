@@ -166,6 +166,8 @@ class InternalOptimizer(_AseOptimizer):
             on the forces left after removing the constraint forces.
         trust: initial trust radius (bohr / radian).
         out_of_plane: include out-of-plane angles of three-coordinate centres.
+        coords: ``"redundant"`` (fragments joined by contact bonds) or
+            ``"tric"`` (each fragment's translation and rotation instead).
 
     Example:
         >>> from ase.build import molecule
@@ -187,6 +189,7 @@ class InternalOptimizer(_AseOptimizer):
         constraints=None,
         trust: float = 0.3,
         out_of_plane: bool = True,
+        coords: str = "redundant",
         **kwargs,
     ) -> None:
         from ase import Atoms
@@ -198,6 +201,7 @@ class InternalOptimizer(_AseOptimizer):
         self.zmat_constraints = dict(constraints or {})
         self.trust = trust
         self.out_of_plane = out_of_plane
+        self.coords = coords
         self.stepper = None
         super().__init__(
             atoms,
@@ -229,7 +233,12 @@ class InternalOptimizer(_AseOptimizer):
         g = -torch.as_tensor(self.atoms.get_forces(), dtype=torch.float64)[None]
         if self.stepper is None:
             self.stepper = InternalStepper(
-                x, self.atoms.numbers, self._constraints(), trust=self.trust, out_of_plane=self.out_of_plane
+                x,
+                self.atoms.numbers,
+                self._constraints(),
+                trust=self.trust,
+                out_of_plane=self.out_of_plane,
+                coords=self.coords,
             )
         return x, g
 

@@ -19,13 +19,16 @@ value vector ``q``):
   chains;
 * **out-of-plane** angles of three-coordinate centres: the angle between the
   bond ``j -> l`` and the plane ``(i, j, k)``;
+* **translation** and **rotation** of each fragment (``coords="tric"``,
+  :mod:`.fragments`), in place of the contact bonds between fragments;
 * **cartesian** components of frozen atoms (constant rows of B).
 
 Everything is built once on the host from the starting geometry (the union
 over conformers where a batch is given); values and B then run on the device
-for ``(B, N, 3)`` positions at once. B comes from autograd: each primitive's
-atoms are gathered into a leaf ``(B, n, k, 3)``, one backward of the summed
-values gives every primitive's local gradient, scattered into ``(B, P, 3N)``.
+for ``(B, N, 3)`` positions at once, every kind in one fused formula. B comes
+from autograd: each primitive's atoms are gathered into a leaf ``(B, G, 4, 3)``,
+one backward of the summed values gives every primitive's local gradient,
+scattered into ``(B, P, 3N)``.
 """
 
 from __future__ import annotations
@@ -39,12 +42,14 @@ import torch
 from ase.data import covalent_radii, vdw_radii
 from scipy.sparse.csgraph import connected_components
 
-from .._geometry import dihedral_from_bonds, safe_atan2, safe_norm
+from .._geometry import safe_atan2, safe_norm
+from . import fragments
 
-__all__ = ["KINDS", "Primitives", "build_primitives", "values", "wilson_b"]
+__all__ = ["KINDS", "Primitives", "build_primitives", "values", "values_and_b", "wilson_b"]
 
 #: the kinds, in the order of ``q``
-KINDS = ("bond", "angle", "linear", "dihedral", "oop", "cartesian")
+KINDS = ("bond", "angle", "linear", "dihedral", "oop", "translation", "rotation", "cartesian")
+GEOMETRIC = KINDS[:5]  # the kinds of the fused formula (:func:`_fused`); the fragments' have their own
 LINEAR = math.radians(175.0)  # an angle above this is treated as linear
 UNLINEAR = math.radians(170.0)  # a linear bend below this becomes an angle again (hysteresis)
 _SMALL_ANGLE = math.radians(45.0)  # angles below this are left out (pyberny)
@@ -62,7 +67,9 @@ class Primitives:
         dihedral: ``(nd, 4)``; oop: ``(no, 4)`` (``i, j, k, l``: bond
         ``j -> l`` against the plane ``i, j, k``); cartesian: ``(nc, 2)``
         (atom, axis). ``weak``: ``(P,)`` number of non-covalent links in each
-        primitive (0 for covalent ones).
+        primitive (0 for covalent ones). translation, rotation: ``(n, m)``
+        the atoms of each row's fragment (padded), ``frag`` their
+        :class:`.fragments.FragmentRows` (``coords="tric"``; else no rows).
     """
 
     n_atoms: int
@@ -74,6 +81,9 @@ class Primitives:
     oop: torch.Tensor
     cartesian: torch.Tensor
     weak: torch.Tensor = field(repr=False)
+    translation: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 1, dtype=torch.long))
+    rotation: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 1, dtype=torch.long))
+    frag: fragments.FragmentRows | None = field(default=None, repr=False)
 
     @property
     def counts(self) -> tuple[int, ...]:
@@ -104,7 +114,7 @@ class Primitives:
 
     def to(self, device) -> Primitives:
         moved = {k: getattr(self, k).to(device) for k in (*KINDS, "linear_ref", "weak")}
-        return replace(self, **moved)
+        return replace(self, **moved, frag=self.frag.to(device) if self.frag is not None else None)
 
     def linear_triples(self) -> frozenset:
         """The ``(i, j, k)`` triples held by linear bends."""
@@ -118,6 +128,8 @@ class Primitives:
         if len(self.linear):
             ends = self.linear[:, [0, 1, 2]]
             out = out | (_angle(xyz[..., ends, :]) < UNLINEAR).any()
+        if len(self.rotation):  # a fragment turned far from its reference: a new reference
+            out = out | fragments.turned_far(self.frag, xyz[..., self.rotation, :])
         return out
 
 
@@ -127,47 +139,72 @@ def _angle(p: torch.Tensor) -> torch.Tensor:
     return safe_atan2(safe_norm(torch.linalg.cross(u, v, dim=-1)), (u * v).sum(-1))
 
 
-def _linear(p: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    """Arm ``end - vertex`` against ``ref`` made perpendicular to the axis ``end -> other end``."""
-    axis = p[..., 2, :] - p[..., 0, :]
-    axis = axis / safe_norm(axis, keepdim=True).clamp_min(1e-12)
+def _layout(prims: Primitives, device) -> tuple:
+    """The fused layout of the geometric primitives, built once per :class:`Primitives` and device.
+
+    ``(atoms, masks, ref, cols, cart)``: ``atoms`` ``(G, 4)`` every bond, angle,
+    linear bend, dihedral and out-of-plane row padded to four atoms (the last
+    atom repeated); ``masks`` ``(5, G)`` bool, one row per kind; ``ref``
+    ``(G, 3)`` the linear bends' reference directions (0 elsewhere); ``cols``
+    ``(G, 12)`` the columns of B the four atoms fill; ``cart`` ``(C,)`` the
+    flat ``3 * atom + axis`` of the Cartesian rows.
+    """
+    cache = prims.__dict__.setdefault("_layouts", {})
+    if device not in cache:
+        kinds = GEOMETRIC
+        rows = [getattr(prims, k) for k in kinds]
+        atoms = torch.cat([torch.cat([r, r[:, -1:].expand(-1, 4 - r.shape[1])], 1) for r in rows])
+        code = torch.cat([torch.full((len(r),), k) for k, r in enumerate(rows)])
+        masks = code[None, :] == torch.arange(len(kinds))[:, None]
+        ref = torch.zeros(len(atoms), 3, dtype=torch.float64)
+        ref[masks[kinds.index("linear")]] = prims.linear_ref.to(torch.float64)
+        cols = (3 * atoms[:, :, None] + torch.arange(3)).reshape(len(atoms), 12)
+        cart = 3 * prims.cartesian[:, 0] + prims.cartesian[:, 1]
+        cache[device] = tuple(t.to(device) for t in (atoms, masks, ref, cols, cart))
+    return cache[device]
+
+
+def _fused(masks: torch.Tensor, ref: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """Values of every geometric primitive from its four gathered points ``p`` ``(B, G, 4, 3)``.
+
+    One formula for all kinds: ``atan2(S, C)`` of two vectors ``a, w`` per row
+    (angle: the two arms; linear bend: the arm and the reference made
+    perpendicular to the axis; out-of-plane: the plane's normal and the bond,
+    sine and cosine swapped; dihedral: the two planes' normals, the sine signed
+    by the middle bond's length times ``b1 . n2`` as in
+    :func:`~zmat._geometry.dihedral_from_bonds`), the bond's length where the
+    row is a bond. Selected with ``where`` (a row's other branches get zero
+    gradient), so an evaluation costs a few dozen ops, not a loop over kinds.
+    """
+    bond, _, linear, dihedral, oop = masks.unbind(0)
+    bond3, linear3, dihedral3, oop3 = (m[:, None] for m in (bond, linear, dihedral, oop))
+    norm = torch.linalg.vector_norm  # its gradient at 0 is 0: padded rows stay finite
+    b1, v, b3 = (p[..., 1:, :] - p[..., :-1, :]).unbind(-2)
+    uv = torch.linalg.cross(v, b1, dim=-1)  # (p0 - p1) x (p2 - p1)
+    axis = b1 + v  # p2 - p0
+    axis = axis / norm(axis, dim=-1, keepdim=True).clamp_min(1e-12)
     perp = ref - (ref * axis).sum(-1, keepdim=True) * axis
-    arm = p[..., 0, :] - p[..., 1, :]
-    return safe_atan2(safe_norm(torch.linalg.cross(arm, perp, dim=-1)), (arm * perp).sum(-1))
+    a = torch.where(oop3, uv, torch.where(dihedral3, -uv, -b1))
+    w = torch.where(dihedral3, torch.linalg.cross(v, b3, dim=-1), torch.where(oop3, v + b3, v))
+    w = torch.where(linear3, perp, w)
+    dot = (a * w).sum(-1)
+    cross = norm(torch.linalg.cross(a, w, dim=-1), dim=-1)
+    sine = torch.where(oop, dot, torch.where(dihedral, norm(v, dim=-1) * (b1 * w).sum(-1), cross))
+    ang = safe_atan2(sine, torch.where(oop, cross, dot))
+    return torch.where(bond, norm(b1, dim=-1), ang)
 
 
-def _dihedral(p: torch.Tensor) -> torch.Tensor:
-    return dihedral_from_bonds(
-        p[..., 1, :] - p[..., 0, :], p[..., 2, :] - p[..., 1, :], p[..., 3, :] - p[..., 2, :]
-    )
+def _fragment_values(prims: Primitives, kind: str, p: torch.Tensor) -> torch.Tensor:
+    """Translations or rotations of the fragments from their gathered atoms ``(B, n, m, 3)``."""
+    f = prims.frag
+    if kind == "translation":
+        return fragments.translation(p, f.t_mask, f.t_axis)
+    return fragments.rotation(p, f.r_mask, f.r_axis, f.r_ref, f.r_reg)
 
 
-def _oop(p: torch.Tensor) -> torch.Tensor:
-    """Angle between the bond ``j -> l`` and the plane ``(i, j, k)`` (Wilson's out-of-plane angle)."""
-    n = torch.linalg.cross(p[..., 0, :] - p[..., 1, :], p[..., 2, :] - p[..., 1, :], dim=-1)
-    b = p[..., 3, :] - p[..., 1, :]
-    s = (n * b).sum(-1)
-    c = safe_norm(torch.linalg.cross(n, b, dim=-1))
-    return safe_atan2(s, c)
-
-
-def _kind_values(prims: Primitives, kind: str, p: torch.Tensor) -> torch.Tensor:
-    """Values of one kind from gathered points ``(..., n, k, 3)``."""
-    if kind == "bond":
-        return safe_norm(p[..., 0, :] - p[..., 1, :])
-    if kind == "angle":
-        return _angle(p)
-    if kind == "linear":
-        return _linear(p, prims.linear_ref.to(p.dtype))
-    if kind == "dihedral":
-        return _dihedral(p)
-    if kind == "oop":
-        return _oop(p)
-    raise AssertionError(kind)
-
-
-def _gather(prims: Primitives, kind: str, xyz: torch.Tensor) -> torch.Tensor:
-    return xyz[..., getattr(prims, kind), :]
+def _others(prims: Primitives) -> tuple[str, ...]:
+    """The non-empty kinds outside the fused formula (fragments' translations and rotations), in order."""
+    return tuple(k for k in ("translation", "rotation") if len(getattr(prims, k)))
 
 
 def values(prims: Primitives, xyz: torch.Tensor) -> torch.Tensor:
@@ -175,42 +212,53 @@ def values(prims: Primitives, xyz: torch.Tensor) -> torch.Tensor:
 
     Lengths in the unit of ``xyz``, angles in radians (dihedrals in ``(-pi, pi]``).
     """
-    out = [_kind_values(prims, k, _gather(prims, k, xyz)) for k in KINDS[:-1] if len(getattr(prims, k))]
-    if len(prims.cartesian):
-        c = prims.cartesian
-        out.append(xyz[:, c[:, 0], c[:, 1]])
-    if not out:
-        return xyz.new_zeros(xyz.shape[0], 0)
-    return torch.cat(out, -1)
+    atoms, masks, ref, _, cart = _layout(prims, xyz.device)
+    out = [_fused(masks, ref.to(xyz.dtype), xyz[:, atoms])]
+    out += [_fragment_values(prims, k, xyz[:, getattr(prims, k)]) for k in _others(prims)]
+    if len(cart):
+        out.append(xyz.flatten(1)[:, cart])
+    return torch.cat(out, 1) if len(out) > 1 else out[0]
+
+
+def values_and_b(prims: Primitives, xyz: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``q`` ``(B, P)`` and the Wilson B matrix ``dq/dx`` ``(B, P, 3N)`` at ``xyz``, by autograd.
+
+    One backward pass for every primitive at once: each row's atoms are a
+    separate copy in a gathered leaf (``(B, G, 4, 3)`` for the fused kinds, one
+    more per fragment kind), so the gradient of the summed values is every
+    row's own derivative, scattered into its columns.
+    """
+    atoms, masks, ref, cols, cart = _layout(prims, xyz.device)
+    bsz, n3, x = xyz.shape[0], 3 * prims.n_atoms, xyz.detach()
+    idx = [atoms] + [getattr(prims, k) for k in _others(prims)]
+    with torch.enable_grad():
+        leaves = [x[:, i].requires_grad_(True) for i in idx]
+        qs = [_fused(masks, ref.to(xyz.dtype), leaves[0])]
+        qs += [_fragment_values(prims, k, leaf) for k, leaf in zip(_others(prims), leaves[1:], strict=True)]
+        local = torch.autograd.grad(sum(q.sum() for q in qs), leaves)
+    blocks = []
+    for i, g, c in zip(idx, local, [cols] + [None] * len(idx[1:]), strict=True):
+        if c is None:
+            c = (3 * i[:, :, None] + torch.arange(3, device=xyz.device)).flatten(1)
+        block = xyz.new_zeros(bsz, len(i), n3)
+        blocks.append(block.scatter_add_(2, c.expand(bsz, -1, -1), g.reshape(bsz, len(i), -1)))
+    q = [t.detach() for t in qs]
+    if len(cart):
+        one = torch.zeros(len(cart), n3, dtype=xyz.dtype, device=xyz.device)
+        one[torch.arange(len(cart), device=xyz.device), cart] = 1.0
+        q.append(xyz.flatten(1)[:, cart])
+        blocks.append(one.expand(bsz, -1, -1))
+    if len(q) == 1:
+        return q[0], blocks[0]
+    return torch.cat(q, 1), torch.cat(blocks, 1)
 
 
 def wilson_b(prims: Primitives, xyz: torch.Tensor) -> torch.Tensor:
-    """The Wilson B matrix ``dq/dx``, ``(B, P, 3N)``, by autograd.
+    """The Wilson B matrix ``dq/dx``, ``(B, P, 3N)``, by autograd (see :func:`values_and_b`).
 
-    One backward pass per kind of primitive: each primitive's atoms are a
-    separate copy in the gathered leaf, so the gradient of the summed values
-    is every primitive's own derivative. Lengths and ``xyz`` in one unit.
+    Lengths and ``xyz`` in one unit.
     """
-    bsz, n = xyz.shape[0], prims.n_atoms
-    rows = []
-    with torch.enable_grad():
-        for kind in KINDS[:-1]:
-            idx = getattr(prims, kind)
-            if not len(idx):
-                continue
-            leaf = _gather(prims, kind, xyz.detach()).requires_grad_(True)
-            (local,) = torch.autograd.grad(_kind_values(prims, kind, leaf).sum(), leaf)
-            cols = (3 * idx[:, :, None] + torch.arange(3, device=xyz.device)).reshape(len(idx), -1)
-            block = xyz.new_zeros(bsz, len(idx), 3 * n)
-            rows.append(block.scatter_add_(2, cols.expand(bsz, -1, -1), local.reshape(bsz, len(idx), -1)))
-    if len(prims.cartesian):
-        c = prims.cartesian
-        block = xyz.new_zeros(len(c), 3 * n)
-        block[torch.arange(len(c), device=xyz.device), 3 * c[:, 0] + c[:, 1]] = 1.0
-        rows.append(block.expand(bsz, -1, -1))
-    if not rows:
-        return xyz.new_zeros(bsz, 0, 3 * n)
-    return torch.cat(rows, 1)
+    return values_and_b(prims, xyz)[1]
 
 
 # ---------------------------------------------------------------- topology (host, once)
@@ -219,8 +267,9 @@ def _radii(numbers: np.ndarray, table: np.ndarray, fallback: float) -> np.ndarra
     return np.where(np.isfinite(r), r, fallback)
 
 
-def _bonds(xyz: np.ndarray, numbers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Bond matrix (covalent, hydrogen and fragment-joining bonds) and the covalent-fragment matrix."""
+def _bonds(xyz: np.ndarray, numbers: np.ndarray, join: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Bond matrix (covalent, hydrogen and, if ``join``, fragment-joining bonds) and the covalent-fragment
+    matrix."""
     n = len(numbers)
     d = np.linalg.norm(xyz[:, :, None] - xyz[:, None], axis=-1)  # (B, N, N)
     rc = _radii(numbers, covalent_radii, 0.7)
@@ -243,7 +292,7 @@ def _bonds(xyz: np.ndarray, numbers: np.ndarray) -> tuple[np.ndarray, np.ndarray
     # join fragments: contacts within the sum of van der Waals radii, widened until connected (pyberny)
     rv = _radii(numbers, vdw_radii, 2.0)
     shift, dmin = 0.0, d.min(0)
-    while connected_components(bonds, directed=False)[0] > 1:
+    while join and connected_components(bonds, directed=False)[0] > 1:
         _, lab = connected_components(bonds, directed=False)
         apart = lab[:, None] != lab[None, :]
         bonds |= apart & (dmin < rv[:, None] + rv[None, :] + shift)
@@ -305,6 +354,7 @@ def build_primitives(
     frozen: tuple[int, ...] = (),
     out_of_plane: bool = True,
     linear: frozenset = frozenset(),
+    coords: str = "redundant",
 ) -> Primitives:
     """The primitive internal coordinates of a molecule (or cluster) at ``xyz``.
 
@@ -318,6 +368,9 @@ def build_primitives(
         out_of_plane: include out-of-plane angles of three-coordinate centres.
         linear: ``(i, j, k)`` triples that were linear before (a rebuild): they
             stay linear down to 170 degrees (hysteresis), new ones from 175.
+        coords: ``"redundant"`` (fragments joined by contact bonds) or
+            ``"tric"`` (each fragment's translation and rotation instead,
+            :mod:`.fragments`; the reference is ``xyz``).
 
     Returns:
         a :class:`Primitives` on the CPU (``.to(device)`` to move it).
@@ -326,7 +379,10 @@ def build_primitives(
     xyz = xyz[None] if xyz.ndim == 2 else xyz
     numbers = np.asarray(numbers, dtype=np.int64)
     n = len(numbers)
-    bonds, same = _bonds(xyz, numbers)
+    if coords not in ("redundant", "tric"):
+        raise ValueError(f"coords must be 'redundant' or 'tric', got {coords!r}")
+    tric = coords == "tric"
+    bonds, same = _bonds(xyz, numbers, join=not tric)
     weak_bond = {(i, j): int(not same[i, j]) for i, j in zip(*np.nonzero(np.triu(bonds)), strict=False)}
     angles, bends, refs = {}, [], []
     for j in range(n):
@@ -361,6 +417,11 @@ def build_primitives(
             table[key] = 1
     cart = [(a, c) for a in frozen for c in range(3)]
     weak = [*weak_bond.values(), *angles.values(), *[0] * len(bends), *dihedrals.values(), *oop.values()]
+    frag = {}
+    if tric:
+        t_idx, r_idx, rows = fragments.fragment_rows(xyz, same)
+        frag = {"translation": t_idx, "rotation": r_idx, "frag": rows}
+        weak += [0] * (len(t_idx) + len(r_idx))
 
     def idx(rows, k):
         return torch.tensor(list(rows), dtype=torch.long).reshape(-1, k)
@@ -375,4 +436,5 @@ def build_primitives(
         oop=idx(oop, 4),
         cartesian=idx(cart, 2),
         weak=torch.tensor(weak + [0] * len(cart), dtype=torch.long),
+        **frag,
     )

@@ -7,7 +7,8 @@ geometry (energy, gradient) into the next one. Each step, per conformer
 
 1. Wilson B at the new geometry; the internal gradient ``g_q = (B^+)^T g_x``.
 2. BFGS update of the primitive Hessian with the change since the best point.
-3. Trust radius from the ratio of actual to predicted energy change
+3. Trust radius from the ratio of actual to predicted energy change, both
+   measured from the interpolated point the last step started from
    (Fletcher: below 1/4 shrink to a quarter of the last step, above 3/4 on
    the sphere double).
 4. A cubic line search between the new point and the best one.
@@ -18,7 +19,9 @@ geometry (energy, gradient) into the next one. Each step, per conformer
 6. Back-transformation to Cartesians.
 
 Everything is a tensor operation over the batch: no host synchronisation
-inside a step. :func:`minimize` adds one per iteration (are all conformers
+inside a step on a GPU (on the CPU, where reading a tensor is free, the
+back-transformation and the trust-sphere iterations stop once every conformer
+has converged). :func:`minimize` adds one per iteration (are all conformers
 done; did an angle become linear, which rebuilds the coordinates).
 """
 
@@ -30,7 +33,7 @@ import numpy as np
 import torch
 from ase.data import covalent_radii
 
-from .coordinates import build_primitives, values, wilson_b
+from .coordinates import build_primitives, values, values_and_b
 from .steps import (
     BOHR,
     HARTREE,
@@ -38,6 +41,7 @@ from .steps import (
     bfgs,
     cubic_search,
     model_hessian,
+    period,
     reduced_space,
     trust_step,
     wrap,
@@ -109,7 +113,8 @@ class InternalStepper:
         trust: initial trust radius (bohr / radian, pyberny's 0.3).
         units: ``"eV/A"`` (ASE's), ``"hartree/bohr"`` or ``"kcal/mol/A"``.
         out_of_plane: include out-of-plane angles.
-        back_iterations: iterations of the back-transformation per step.
+        back_iterations: most iterations of the back-transformation per step.
+        coords: ``"redundant"`` or ``"tric"`` (see :func:`minimize`).
 
     Call :meth:`step` with each evaluated geometry; it returns the largest
     per-atom force norm there and the next geometry.
@@ -124,6 +129,7 @@ class InternalStepper:
         units: str = "eV/A",
         out_of_plane: bool = True,
         back_iterations: int = 10,
+        coords: str = "redundant",
     ) -> None:
         if units not in _UNITS:
             raise ValueError(f"units must be one of {sorted(_UNITS)}, got {units!r}")
@@ -137,7 +143,9 @@ class InternalStepper:
         self.trust0 = trust
         self.out_of_plane = out_of_plane
         self.back_iterations = back_iterations
+        self.coords = coords
         self.radii = torch.as_tensor(covalent_radii[self.numbers] / BOHR, device=self.device)
+        self.rows = period(self.numbers).to(self.device)
         x = self._internal(xyz)
         self.x0 = x
         self.rebuild(x)
@@ -174,18 +182,20 @@ class InternalStepper:
             frozen=self.frozen,
             out_of_plane=self.out_of_plane,
             linear=was,
+            coords=self.coords,
         ).to(self.device)
         idx = [self.prims.find(a) for a in self.fixed]
         idx += [self.prims.kind_slice("cartesian").start + k for k in range(3 * len(self.frozen))]
         self.cidx = torch.tensor(idx, dtype=torch.long, device=self.device)
         self.periodic = self.prims.periodic(self.device)
-        self.H = model_hessian(self.prims, x, self.radii)
+        self.H = model_hessian(self.prims, x, self.radii, self.rows)
         bsz, p = x.shape[0], len(self.prims)
         zeros = x.new_zeros(bsz)
         self.first = torch.ones(bsz, dtype=torch.bool, device=self.device)
         self.best_q, self.best_g, self.best_E = x.new_zeros(bsz, p), x.new_zeros(bsz, p), zeros
-        self.prev_E, self.pred_E, self.interp_E = zeros, zeros, zeros
+        self.pred_E, self.interp_E = zeros, zeros
         self.on_sphere = torch.zeros(bsz, dtype=torch.bool, device=self.device)
+        self.best_off = torch.zeros(bsz, dtype=torch.bool, device=self.device)  # best point off target
         self.step_norm = zeros
 
     def needs_rebuild(self, xyz: torch.Tensor) -> torch.Tensor:
@@ -234,10 +244,10 @@ class InternalStepper:
         if not self.constrained:
             return grad.detach().norm(dim=-1).amax(-1)
         x, gx = self._cartesian(xyz, grad)
-        Bm = wilson_b(self.prims, x)
+        q, Bm = values_and_b(self.prims, x)
         U, Binv, _ = reduced_space(Bm)
         gq = (Binv.transpose(1, 2) @ gx[..., None])[..., 0]
-        return self._fmax(Bm, U, self._free_projector(U), gq, gx, values(self.prims, x)).to(grad.dtype)
+        return self._fmax(Bm, U, self._free_projector(U), gq, gx, q).to(grad.dtype)
 
     def step(
         self, xyz: torch.Tensor, energy: torch.Tensor, grad: torch.Tensor, active: torch.Tensor | None = None
@@ -259,15 +269,18 @@ class InternalStepper:
         active = torch.ones(bsz, dtype=torch.bool, device=xyz.device) if active is None else active
         x, gx = self._cartesian(xyz, grad)
         E = energy.detach().to(torch.float64) / self.energy_unit
-        Bm = wilson_b(self.prims, x)
+        q, Bm = values_and_b(self.prims, x)
         U, Binv, keep = reduced_space(Bm)
-        q = values(self.prims, x)
         gq = (Binv.transpose(1, 2) @ gx[..., None])[..., 0]
         first, upd = self.first, active & ~self.first
 
         H = bfgs(self.H, wrap(q - self.best_q, self.periodic), gq - self.best_g, upd)
-        r = torch.where(self.pred_E != self.interp_E, (E - self.prev_E) / (self.pred_E - self.interp_E), 1.0)
-        noise = (self.pred_E - self.interp_E).abs() < 2e-7
+        # the actual change is measured from the interpolated point the prediction started from (pyberny
+        # measures it from the previous point: after a line search back towards the best point the ratio
+        # then mixes two starts, and the trust radius collapses; 4 fewer Baker steps)
+        predicted = self.pred_E - self.interp_E
+        r = torch.where(predicted != 0, (E - self.interp_E) / predicted, 1.0)
+        noise = predicted.abs() < 2e-7
         grow = torch.where(self.on_sphere, 2 * self.trust, self.trust)
         trust = torch.where(r < 0.25, self.step_norm / 4, torch.where(r > 0.75, grow, self.trust))
         trust = torch.where(noise, grow, trust)
@@ -276,9 +289,11 @@ class InternalStepper:
         d = wrap(self.best_q - q, self.periodic)
         t, Ei = cubic_search(E, self.best_E, (gq * d).sum(-1), (self.best_g * d).sum(-1))
         # while constraints are still on their way to their targets, energies of different points are
-        # not comparable: no line search, and the current point counts as the best
+        # not comparable: no line search, and the current point counts as the best; so does the first
+        # point on target (the best so far was off it: lower, but not a point of the constrained problem)
         moving = self._off_target(q)
-        t, Ei = torch.where(first | moving, 0.0, t), torch.where(first | moving, E, Ei)
+        fresh = first | moving | self.best_off
+        t, Ei = torch.where(fresh, 0.0, t), torch.where(fresh, E, Ei)
         iq = q + t[:, None] * d
         ig = gq + t[:, None] * (self.best_g - gq)
 
@@ -313,12 +328,12 @@ class InternalStepper:
         def keep_old(new, old):
             return torch.where(active.reshape(-1, *[1] * (new.ndim - 1)), new, old)
 
-        better = first | moving | (E < self.best_E)
+        better = fresh | (E < self.best_E)
+        self.best_off = keep_old(moving, self.best_off)
         self.H, self.trust = keep_old(H, self.H), trust
         self.best_q = keep_old(torch.where(better[:, None], q, self.best_q), self.best_q)
         self.best_g = keep_old(torch.where(better[:, None], gq, self.best_g), self.best_g)
         self.best_E = keep_old(torch.where(better, E, self.best_E), self.best_E)
-        self.prev_E = keep_old(E, self.prev_E)
         self.pred_E, self.interp_E = keep_old(Ei + dE, self.pred_E), keep_old(Ei, self.interp_E)
         self.on_sphere = keep_old(on_sphere, self.on_sphere)
         self.step_norm = keep_old(y.norm(dim=-1), self.step_norm)
@@ -363,6 +378,7 @@ def minimize(
     numbers=None,
     trust: float = 0.3,
     units: str = "eV/A",
+    coords: str = "redundant",
 ) -> Result:
     """Minimise ``energy`` over positions in redundant internal coordinates, for every conformer at once.
 
@@ -385,6 +401,10 @@ def minimize(
         trust: initial trust radius (bohr / radian).
         units: units of ``energy`` and ``xyz``: ``"eV/A"``, ``"hartree/bohr"``,
             ``"kcal/mol/A"`` (the model Hessian is in atomic units).
+        coords: ``"redundant"``: fragments (molecules of a cluster, a ligand
+            and its pocket) joined by contact bonds; ``"tric"``: each
+            fragment's translation and rotation instead (geomeTRIC's TRIC,
+            :mod:`zmat.optimize.fragments`).
 
     Returns:
         :class:`Result` (``xyz`` ``(B, N, 3)``, ``energy``, ``converged``,
@@ -407,7 +427,7 @@ def minimize(
     xyz = _check_xyz(xyz)
     bsz, n = xyz.shape[:2]
     numbers = np.full(n, 6) if numbers is None else np.asarray(numbers)
-    stepper = InternalStepper(xyz, numbers, constraints, trust=trust, units=units)
+    stepper = InternalStepper(xyz, numbers, constraints, trust=trust, units=units, coords=coords)
     x = xyz.detach().clone()
     active = torch.ones(bsz, dtype=torch.bool, device=xyz.device)
     steps = torch.zeros(bsz, dtype=torch.long, device=xyz.device)

@@ -1,0 +1,103 @@
+"""zmat.optimize, coords="tric": fragments' translation and rotation coordinates (B, geomeTRIC, a minimum)."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from ase import Atoms
+from ase.optimize import BFGS
+from scipy.spatial.transform import Rotation
+from test_optimize import WATER_DIMER, TorchCalculator, fd_jacobian, rattled
+
+from zmat.optimize import build_primitives, minimize, values, wilson_b
+from zmat.optimize.coordinates import KINDS
+
+BOHR = 0.52917721092
+
+
+def with_argon(name):
+    m = rattled(name, 0.03)
+    return m + Atoms("Ar", [[4.0, 3.0, 2.0]])  # a one-atom fragment: translations only
+
+
+@pytest.mark.parametrize(
+    "atoms",
+    [WATER_DIMER, with_argon("CH4"), with_argon("CO2"), with_argon("C6H6")],
+    ids=["water-dimer", "CH4+Ar", "CO2+Ar", "C6H6+Ar"],
+)  # CH4 and benzene: symmetric tops (degenerate quaternion eigenvalues); CO2: a linear fragment
+def test_tric_wilson_b_matches_finite_differences(atoms):
+    prims = build_primitives(atoms.positions, atoms.numbers, coords="tric")
+    counts = dict(zip(KINDS, prims.counts, strict=True))
+    assert counts["translation"] == 6 and counts["rotation"] == (6 if atoms is WATER_DIMER else 3)
+    x = torch.tensor(atoms.positions, dtype=torch.float64)[None].expand(2, -1, -1).contiguous()
+    x[1] += 0.05 * torch.randn(x.shape[1:], generator=torch.Generator().manual_seed(1), dtype=x.dtype)
+    B = wilson_b(prims, x)
+    assert torch.isfinite(B).all()
+    torch.testing.assert_close(B, fd_jacobian(prims, x), atol=1e-7, rtol=1e-6)
+
+
+def test_tric_values_and_b_agree_with_geometric():
+    gi = pytest.importorskip("geometric.internal")
+    gm = pytest.importorskip("geometric.molecule")
+    x0 = WATER_DIMER.positions
+    mol = gm.Molecule()
+    mol.elem, mol.xyzs = WATER_DIMER.get_chemical_symbols(), [x0.copy()]
+    mol.build_topology()
+    theirs = gi.PrimitiveInternalCoordinates(mol, connect=False, addcart=False)
+    rows = {}  # (first atom of the fragment, component) -> geomeTRIC's coordinate
+    for ic in theirs.Internals:
+        kind = type(ic).__name__
+        if kind[:-1] in ("Translation", "Rotation"):
+            rows[(kind[:-1], min(ic.a), "XYZABC".index(kind[-1]) % 3)] = ic
+    prims = build_primitives(x0, WATER_DIMER.numbers, coords="tric")
+    order = [("Translation", f, c) for f in (0, 3) for c in range(3)]
+    order += [("Rotation", f, c) for f in (0, 3) for c in range(3)]
+    ours = slice(prims.kind_slice("translation").start, prims.kind_slice("rotation").stop)
+    x1 = x0.copy()  # each water moved rigidly: turned (0.5 and 0.8 rad) and shifted
+    for atoms, vec, shift in (([0, 1, 2], [-0.2, 0.1, 0.45], 0.0), ([3, 4, 5], [0.3, -0.5, 0.6], 0.3)):
+        c = x1[atoms].mean(0)
+        x1[atoms] = (x1[atoms] - c) @ Rotation.from_rotvec(vec).as_matrix().T + c + shift
+    for x in (x0, x1):
+        bohr = x / BOHR
+        q = values(prims, torch.tensor(bohr)[None])[0, ours].numpy()
+        ref = np.array([rows[k].value(bohr.ravel()) for k in order])
+        np.testing.assert_allclose(q, ref, atol=1e-9)
+    assert np.abs(ref[6:]).max() > 0.3  # the rotations are large
+    B = wilson_b(prims, torch.tensor(x0 / BOHR)[None])[0, ours].numpy()
+    ref_b = np.array([rows[k].derivative(x0.ravel() / BOHR).ravel() for k in order])
+    np.testing.assert_allclose(B, ref_b, atol=1e-9)
+
+
+def water_dimer_energy(x):
+    """A flexible three-site water model (TIP3P charges and O-O Lennard-Jones, harmonic O-H and H-O-H, a
+    short-range repulsion between the molecules' atoms), eV and Angstrom, atoms O H H O H H; ``(B, 6, 3)
+    -> (B,)``."""
+    w = x.unflatten(1, (2, 3))  # (B, 2 molecules, O H H, 3)
+    u, v = w[:, :, 1] - w[:, :, 0], w[:, :, 2] - w[:, :, 0]
+    r1, r2 = u.norm(dim=-1), v.norm(dim=-1)
+    cos = (u * v).sum(-1) / (r1 * r2)
+    intra = 20.0 * ((r1 - 0.9572) ** 2 + (r2 - 0.9572) ** 2) + 2.0 * (cos - math.cos(1.8242)) ** 2
+    q = x.new_tensor([-0.834, 0.417, 0.417])
+    r = (w[:, 0, :, None] - w[:, 1, None, :]).norm(dim=-1)  # (B, 3, 3) between the molecules
+    inter = 14.3996 * q[:, None] * q[None, :] / r + 0.01 * (1.5 / r) ** 12  # repulsion: H stays off O
+    lj = 4 * 0.006596 * ((3.1507 / r[:, 0, 0]) ** 12 - (3.1507 / r[:, 0, 0]) ** 6)
+    return intra.sum(-1) + inter.sum((-1, -2)) + lj
+
+
+def test_tric_water_dimer_reaches_the_minimum_of_ase_bfgs():
+    start = WATER_DIMER.copy()
+    start.positions[3:] += [0.3, 0.0, 0.0]  # pulled apart: the fragments must move as wholes
+    start.rattle(0.02, seed=3)
+    ref = start.copy()
+    ref.calc = TorchCalculator(water_dimer_energy)
+    BFGS(ref, logfile=None).run(fmax=1e-5, steps=2000)
+    x = torch.tensor(start.positions)
+    res = minimize(water_dimer_energy, x, fmax=1e-5, max_steps=300, numbers=start.numbers, coords="tric")
+    assert bool(res.converged[0])
+    e_ref = float(water_dimer_energy(torch.tensor(ref.positions)[None])[0])
+    assert abs(float(res.energy[0]) - e_ref) < 1e-8
+    d = lambda p: torch.cdist(p, p)  # noqa: E731 - distances: the minimum up to a rigid motion
+    torch.testing.assert_close(d(res.xyz[0]), d(torch.tensor(ref.positions)), atol=1e-3, rtol=0)
+    with pytest.raises(ValueError, match="coords"):
+        minimize(water_dimer_energy, x, numbers=start.numbers, coords="delocalised")
