@@ -113,7 +113,28 @@ def _own_or(n: torch.Tensor, defined: torch.Tensor, rows: torch.Tensor, fallback
     return n.index_copy(-2, rows, torch.where(own, _rows(n, rows), fallback))
 
 
-def carried_dihedral(b1, b2, n, defined, norm_b2, plan: CarriedPlan, axes_of=None) -> torch.Tensor:
+def end_axes(b1_of, b2_of, like: torch.Tensor, plan: CarriedPlan, axes_of=None) -> tuple:
+    """The fixed axes that end the chains, ``(z, planar, nerf)``, each ``(..., len(rows), 3)``
+    (None where the plan has no such rows): ``+z`` of the ROOT/BOND rows' frame, the planar and
+    nerf anchors' axes of those rows (used where their own normal is undefined, and the nerf
+    rows' reference axis). ``b1_of``/``b2_of``: a row index tensor -> ``x_a - x_d`` / ``x_b - x_a``
+    of those rows; ``like``: ``(..., N, 3)``, for the batch shape; ``axes_of`` as for
+    :func:`carried_dihedral`."""
+
+    def frame(rows):
+        return None if axes_of is None else axes_of(rows)
+
+    z = planar = nerf = None
+    if len(p := plan.z_rows):
+        z = _axis(2, like, frame(p)).expand(*like.shape[:-2], len(p), 3)
+    if len(p := plan.planar_rows):
+        planar = _planar_axis(b2_of(p), frame(p))
+    if len(p := plan.nerf_rows):
+        nerf = _nerf_axis(b1_of(p), b2_of(p), frame(p))
+    return z, planar, nerf
+
+
+def carried_dihedral(b1, b2, n, defined, norm_b2, plan: CarriedPlan, axes_of=None, ends=None) -> torch.Tensor:
     """Every row's dihedral ``(..., N)`` against the reference axis ``to_xyz`` carries.
 
     Args:
@@ -125,24 +146,23 @@ def carried_dihedral(b1, b2, n, defined, norm_b2, plan: CarriedPlan, axes_of=Non
         axes_of: ``None`` (``to_xyz``'s frame is the world's), or a function of a row index
             tensor giving the axes (columns, ``(..., len(rows), 3, 3)``) of the frame those
             rows were placed in (a flow's tree, placed by ``to_xyz`` and then rotated).
+        ends: :func:`end_axes`, when given (then ``axes_of`` is not read).
 
     Returns 0 where the row's own normal is undefined (the axis then carries on unturned).
     """
-
-    def frame(rows):
-        return None if axes_of is None else axes_of(rows)
-
-    axes, nerf = n, None  # each atom's axis where it ends a chain
-    if len(p := plan.planar_rows):
-        axes = _own_or(axes, defined, p, _planar_axis(_rows(b2, p), frame(p)))
-    if len(p := plan.nerf_rows):
-        nerf = _nerf_axis(_rows(b1, p), _rows(b2, p), frame(p))
-        axes = _own_or(axes, defined, p, nerf)
-    if len(p := plan.z_rows):
-        axes = axes.index_copy(-2, p, _axis(2, n, frame(p)).expand(*n.shape[:-2], len(p), 3))
+    if ends is None:
+        ends = end_axes(lambda p: _rows(b1, p), lambda p: _rows(b2, p), n, plan, axes_of)
+    z, planar, nerf = ends
+    axes = n  # each atom's axis where it ends a chain
+    if planar is not None:
+        axes = _own_or(axes, defined, plan.planar_rows, planar)
+    if nerf is not None:
+        axes = _own_or(axes, defined, plan.nerf_rows, nerf)
+    if z is not None:
+        axes = axes.index_copy(-2, plan.z_rows, z)
     # pointer jumping over signed axes: an atom whose own normal is undefined takes its reference's
-    ends = torch.cat([defined, defined], -1) | plan.fixed
-    ptr = torch.where(ends, plan.slots, plan.jump)
+    ends_ = torch.cat([defined, defined], -1) | plan.fixed
+    ptr = torch.where(ends_, plan.slots, plan.jump)
     for _ in range(plan.rounds):
         ptr = ptr.gather(-1, ptr)
     ptr = ptr.index_select(-1, plan.ref)
@@ -153,9 +173,11 @@ def carried_dihedral(b1, b2, n, defined, norm_b2, plan: CarriedPlan, axes_of=Non
     return torch.where(defined, phi, 0.0)
 
 
-def internal_coordinates(xyz: torch.Tensor, table: ConstructionTable, axes_of=None) -> torch.Tensor:
+def internal_coordinates(
+    xyz: torch.Tensor, table: ConstructionTable, axes_of=None, ends=None
+) -> torch.Tensor:
     """``zmat.to_internal`` (``(..., N, 3)`` positions -> ``(r, theta, phi)``, 0 where a
-    reference is missing); ``axes_of`` as for :func:`carried_dihedral`."""
+    reference is missing); ``axes_of`` and ``ends`` as for :func:`carried_dihedral`."""
     plan = table.plan(xyz.device)
     padded = torch.cat([xyz, torch.zeros_like(xyz[..., :1, :])], -2)
     ref = padded.index_select(-2, plan.refs_or_origin.reshape(-1)).unflatten(-2, (table.n_atoms, 3))
@@ -166,6 +188,81 @@ def internal_coordinates(xyz: torch.Tensor, table: ConstructionTable, axes_of=No
     theta = safe_atan2(sin, -dot(b2, b3))
     defined = sin > math.sqrt(_COLLINEAR.get(xyz.dtype, 1e-10)) * norm_b2 * r  # not straight at b
     n = n / torch.where(defined, sin, 1.0)[..., None]  # unit: atan2's zero test is absolute
-    phi = carried_dihedral(xa - xd, b2, n, defined, norm_b2, table.cached(carried_plan, xyz.device), axes_of)
+    phi = carried_dihedral(
+        xa - xd, b2, n, defined, norm_b2, table.cached(carried_plan, xyz.device), axes_of, ends
+    )
     out = torch.stack([r, theta, phi], -1)
     return torch.where(plan.present, out, torch.zeros((), dtype=xyz.dtype, device=xyz.device))
+
+
+@dataclass(frozen=True)
+class CarriedKernel:
+    """The arrays of ``zmat._kernel.carried`` (``zmat/csrc/internal.cpp``), CPU, contiguous:
+    ``ab`` ``(2 N,)`` the references ``a``, ``b`` (-1 missing), ``ref`` ``(N,)`` signed slots,
+    ``eslot`` ``(N,)`` each row's place in the ends ``cat(end_axes)`` (-1 none), ``mode`` ``(N,)``
+    uint8: bit 0 the axis is an end, 1 an end where the own normal is undefined, 2 the row's
+    reference axis is its end (nerf rows), 3 the atom ends every chain; ``order`` ``(N,)`` the
+    table's placement order (every reference first)."""
+
+    ab: torch.Tensor
+    ref: torch.Tensor
+    eslot: torch.Tensor
+    mode: torch.Tensor
+    order: torch.Tensor
+
+
+def carried_kernel(table: ConstructionTable, device: torch.device) -> CarriedKernel | None:
+    """:class:`CarriedKernel` of the table, or None where a reference axis would follow its row
+    in the placement order (the kernel resolves the axes in one walk in that order)."""
+    plan, n, order = table.cached(carried_plan, device), table.n_atoms, table.topo_order
+    pos = np.empty(n, np.int64)
+    pos[order] = np.arange(n)
+    if (pos[plan.ref.cpu().numpy() % n] > pos).any():
+        return None
+    mode, eslot, start = np.zeros(n, np.uint8), np.full(n, -1, np.int64), 0
+    for rows, bits in ((plan.z_rows, 1), (plan.planar_rows, 2), (plan.nerf_rows, 6)):
+        rows = rows.cpu().numpy()
+        mode[rows] |= bits
+        eslot[rows] = np.arange(start, start + len(rows))
+        start += len(rows)
+    mode |= 8 * plan.fixed[:n].cpu().numpy().astype(np.uint8)
+    refs = table.refs
+    return CarriedKernel(
+        ab=index_tensor(np.concatenate([refs[:, 1], refs[:, 0]]), device),
+        ref=plan.ref,
+        eslot=index_tensor(eslot, device),
+        mode=torch.as_tensor(mode, device=device),
+        order=index_tensor(order, device),
+    )
+
+
+def kernel_rows(x: torch.Tensor, table: ConstructionTable, flags: torch.Tensor, axes_of=None):
+    """:func:`internal_coordinates` of ``x`` ``(B, N, 3)`` (the position itself on the rows
+    whose ``flags`` have bit 3, zeros where bits 0-2 say an entry is missing) in one call of the
+    compiled kernel; None where it does not apply (:func:`carried_kernel`). The ends
+    (:func:`end_axes`) in torch ops, so their gradient (through ``axes_of``) is autograd's."""
+    from . import _kernel
+
+    kernel = table.cached(carried_kernel, x.device)
+    if kernel is None:
+        return None
+    plan = table.cached(carried_plan, x.device)
+    refs = None
+    if len(plan.planar_rows) or len(plan.nerf_rows):
+        padded = torch.cat([x, torch.zeros_like(x[..., :1, :])], -2)
+        refs = table.plan(x.device).refs_or_origin
+
+        def bond(p, k):  # x_{refs[k - 1]} - x_{refs[k]} of the rows p
+            r = refs.index_select(0, p)
+            return padded.index_select(-2, r[:, k - 1]) - padded.index_select(-2, r[:, k])
+
+    ends = end_axes(lambda p: bond(p, 2), lambda p: bond(p, 1), x, plan, axes_of)
+    given = [e for e in ends if e is not None]
+    E = given[0] if len(given) == 1 else torch.cat(given, -2) if given else x.new_zeros(x.shape[0], 0, 3)
+
+    def reference(x, E):  # the same in differentiable torch ops (double backward)
+        parts = iter(E.split([e.shape[-2] for e in ends if e is not None], -2))
+        q = internal_coordinates(x, table, ends=tuple(None if e is None else next(parts) for e in ends))
+        return torch.where((flags & 8).bool()[:, None], x, q)
+
+    return _kernel.carried(x, E, kernel, flags, reference)

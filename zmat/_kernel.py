@@ -274,6 +274,9 @@ _SIGNATURES = {  # pointers and integers (sizes, element strides), see the C sou
     "torsions_backward": [_I, _I, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _P, _I, _I, _I, _P, _I],
     "internal_forward": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _I],
     "internal_backward": [_P, _I, _I, _I, _I, _I, _I, _P, _P, _P, _I, _I, _I, _P, _I],
+    "carried_forward": [_P, _I, _I, _I, _I, _P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _P, _I],
+    "carried_backward": [_P, _I, _I, _I, _I, _P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I]
+    + [_P, _P, _I],
     "move_forward": [_P, _I, _I, _I, _I, _P, _I, _I, _I, _P, _I, _I, _I, _P, _I, _I, _I, _I, _I]
     + [_P, _P, _P, _I],
     "move_backward": [_P, _I, _I, _I, _I, _P, _I, _I, _I, _P, _I, _I, _I, _I, _I, _I, _I, _P, _P]
@@ -418,6 +421,33 @@ class _Library:
             g.data_ptr(), *g.stride(), grad.data_ptr(), threads(b, m),
         )  # fmt: skip
         return grad
+
+    def _carried_args(self, x: Tensor, E: Tensor, k, flags: Tensor) -> tuple:
+        n = x.shape[1]
+        ptrs = (
+            k.ab.data_ptr(),
+            k.ref.data_ptr(),
+            k.eslot.data_ptr(),
+            k.mode.data_ptr(),
+            flags.data_ptr(),
+            k.order.data_ptr(),
+        )
+        return (x.data_ptr(), x.shape[0], *x.stride(), E.data_ptr(), *E.stride(), n, E.shape[1], *ptrs)
+
+    def carried_forward(self, x: Tensor, E: Tensor, k, flags: Tensor) -> Tensor:
+        """Rows ``(B, N, 3)`` against the carried axes (see :func:`carried`)."""
+        out = x.new_empty(x.shape)
+        fn = self.fns["carried_forward", x.dtype]
+        fn(*self._carried_args(x, E, k, flags), out.data_ptr(), threads(x.shape[0], x.shape[1]))
+        return out
+
+    def carried_backward(self, x: Tensor, E: Tensor, k, flags: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
+        """``g`` ``(B, N, 3)`` -> the gradients of ``x`` and ``E`` of :meth:`carried_forward`."""
+        gx, gE = x.new_empty(x.shape), E.new_empty(E.shape)
+        fn = self.fns["carried_backward", x.dtype]
+        args = (*g.stride(), gx.data_ptr(), gE.data_ptr(), threads(x.shape[0], x.shape[1]))
+        fn(*self._carried_args(x, E, k, flags), g.data_ptr(), *args)
+        return gx, gE
 
     def move_forward(self, R: Tensor, o: Tensor, y: Tensor, c: Tensor, frame_of: Tensor, cartesian: Tensor):
         """``x`` ``(B, N, 3)`` (see :func:`move`)."""
@@ -784,6 +814,45 @@ class _Internal(torch.autograd.Function):
         if _differentiable_backward(g):  # the reference's gradient, itself differentiable
             return torch.autograd.grad(ctx.reference(x), x, g, create_graph=True)[0], None, None, None
         return _state["module"].internal_backward(x, ctx.path, ctx.flags, g), None, None, None
+
+
+def carried(x: torch.Tensor, E: torch.Tensor, k, flags: torch.Tensor, reference) -> torch.Tensor:
+    """A table's rows ``(B, N, 3)`` from positions ``x`` ``(B, N, 3)``, every dihedral against the
+    axis ``to_xyz`` carries through straight angles (``zmat/csrc/internal.cpp``;
+    ``zmat._carried.internal_coordinates`` is the reference), with the exact gradient.
+    Eager CPU float calls only (as :func:`internal`).
+
+    Args:
+        x: positions (any strides); E: ``(B, L, 3)`` the fixed axes that end the chains
+            (``zmat._carried.end_axes``, any strides, the dtype of ``x``).
+        k: ``zmat._carried.CarriedKernel``; flags: ``(N,)`` uint8 as for :func:`internal`.
+        reference: ``(x, E) -> (B, N, 3)`` in differentiable torch ops, for double backward.
+    """
+    if torch.is_grad_enabled() and (x.requires_grad or E.requires_grad):
+        return _Carried.apply(x, E, k, flags, reference)
+    return _state["module"].carried_forward(x, E, k, flags)
+
+
+class _Carried(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, E, k, flags, reference):
+        ctx.k, ctx.flags, ctx.reference = k, flags, reference
+        ctx.save_for_backward(x, E)
+        ctx.set_materialize_grads(False)
+        return _state["module"].carried_forward(x, E, k, flags)
+
+    @staticmethod
+    def backward(ctx, g):
+        if g is None:
+            return (None,) * 5
+        x, E = ctx.saved_tensors
+        if _differentiable_backward(g):  # the reference's gradient, itself differentiable
+            wanted = [v for v in (x, E) if v.requires_grad]
+            grads = iter(
+                torch.autograd.grad(ctx.reference(x, E), wanted, g, create_graph=True, allow_unused=True)
+            )
+            return *(next(grads) if v.requires_grad else None for v in (x, E)), None, None, None
+        return *_state["module"].carried_backward(x, E, ctx.k, ctx.flags, g), None, None, None
 
 
 def move(R, o, y, c, frame_of: torch.Tensor, cartesian: torch.Tensor, reference) -> torch.Tensor:

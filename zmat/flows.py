@@ -30,7 +30,7 @@ import torch
 from torch.distributions import Transform, constraints
 
 from . import _kernel
-from ._carried import internal_coordinates
+from ._carried import internal_coordinates, kernel_rows
 from ._geometry import safe_atan2, safe_norm, tiny
 from .table import ConstructionTable, as_table, index_tensor
 from .transform import to_xyz
@@ -328,7 +328,11 @@ class InternalCoordinateTransform(Transform):
                     return R.expand(-1, len(rows), 3, 3)
                 return R.index_select(1, frame_of.index_select(0, rows))
 
-            q = torch.where(t["cartesian"], x, internal_coordinates(x, self.table, axes_of))
+            q = None
+            if _kernel.usable(x) and not torch.compiler.is_compiling():
+                q = kernel_rows(x, self.table, t["flags"], axes_of)
+            if q is None:
+                q = torch.where(t["cartesian"], x, internal_coordinates(x, self.table, axes_of))
         else:
             q = _rows(x, t, "")  # (B, N, 3): as zmat.to_internal, positions where Cartesian
         if self._plan.n_trees:  # the trees' orientations, into the second and third atoms' rows

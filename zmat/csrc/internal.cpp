@@ -13,6 +13,8 @@
 // row order per structure (the same bits on any number of threads).
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
+#include <vector>
 
 #include "parallel.h"
 
@@ -190,3 +192,231 @@ void backward(const T* p, int64_t bn, const int64_t* ps, const Rows& q, const T*
 
 ZMAT_INTERNAL(float, f32, 1e-12f)
 ZMAT_INTERNAL(double, f64, 1e-24)
+
+// ---------------------------------------------------------------------------
+// Every row of a table against the axes to_xyz carries through straight angles
+// (zmat/_carried.py, internal_coordinates: the same formulas, thresholds and
+// degenerate values). Atom i's row (b, a, d) gives b2 = b - a, b3 = i - b (a
+// missing reference is the origin), n = b2 x b3, its own normal nh = n / |n|
+// where defined (|n| > c |b2| |b3|, c = sqrt(_COLLINEAR)), else n itself.
+// Atom i's axis: an end E (the fallback axes the caller computes, differentiably,
+// for ROOT/BOND rows always and for planar/nerf rows where nh is undefined), nh
+// where defined or the row is a chain end, else its reference's axis (signed
+// slot ref[i] in [0, 2N): N + j is -axis_j). References precede their rows, so
+// one walk in placement order (``order``) resolves every axis to a signed source (an own normal
+// or an end). The dihedral phi = atan2((b2 x m) . nh, |b2| m . nh) against m,
+// the axis of slot ref[i] (nerf rows: their end), 0 where nh is undefined.
+// Backward: the chain rule into b2, b3 of every row, the gradient of an axis
+// summed into its source (own normals: through nh = n / |n|; ends: returned).
+namespace {
+
+struct Carried {
+  int64_t n, l;            // atoms, ends
+  const int64_t *a, *b;    // (N,) each, -1: the origin
+  const int64_t* ref;      // (N,) signed slots
+  const int64_t* eslot;    // (N,) row of E, or -1
+  const uint8_t* mode;     // bit 0: axis is E; 1: E where nh undefined; 2: m is E; 3: chain end
+  const uint8_t* flags;    // bits 0-2 r, theta, phi present, 3 Cartesian (the position itself)
+  const int64_t* order;    // (N,) atoms, every reference (and reference axis) before its row
+};
+
+// Per structure: geometry and resolved axes of every atom.
+template <typename A>
+struct Walk {
+  std::vector<A> b2, b3, n, nh, s, nb;  // 3 N, 3 N, 3 N, 3 N, N, N
+  std::vector<int64_t> src;            // (N,) source of atom i's axis: j < N own normal, N + e an end
+  std::vector<int8_t> sgn;             // (N,) its sign
+  std::vector<uint8_t> def;            // (N,)
+  template <typename T>
+  Walk(const Carried& q, const T* p, int64_t s1, int64_t s2, A c)
+      : b2(3 * q.n), b3(3 * q.n), n(3 * q.n), nh(3 * q.n), s(q.n), nb(q.n), src(q.n), sgn(q.n), def(q.n) {
+    auto at = [&](int64_t j, int k) { return j < 0 ? A(0) : A(p[j * s1 + k * s2]); };
+    for (int64_t o = 0; o < q.n; ++o) {
+      const int64_t i = q.order[o];
+      A* B2 = &b2[3 * i];
+      A* B3 = &b3[3 * i];
+      for (int k = 0; k < 3; ++k) {
+        const A xb = at(q.b[i], k);
+        B2[k] = xb - at(q.a[i], k);
+        B3[k] = at(i, k) - xb;
+      }
+      cross(B2, B3, &n[3 * i]);
+      const A tiny_ = std::is_same<A, float>::value ? A(1e-12f) : A(1e-24);
+      s[i] = safe_sqrt(dot(&n[3 * i], &n[3 * i]), tiny_);
+      nb[i] = safe_sqrt(dot(B2, B2), tiny_);
+      const A r = safe_sqrt(dot(B3, B3), tiny_);
+      def[i] = s[i] > c * nb[i] * r;
+      for (int k = 0; k < 3; ++k) nh[3 * i + k] = def[i] ? n[3 * i + k] / s[i] : n[3 * i + k];
+      const uint8_t md = q.mode[i];
+      if (def[i] || (md & 8)) {
+        const bool end = (md & 1) || ((md & 2) && !def[i]);
+        src[i] = end ? q.n + q.eslot[i] : i;
+        sgn[i] = 1;
+      } else {
+        const int64_t k = q.ref[i] % q.n;
+        src[i] = src[k];
+        sgn[i] = static_cast<int8_t>(q.ref[i] >= q.n ? -sgn[k] : sgn[k]);
+      }
+    }
+  }
+  // The axis m of row i (signed), into m.
+  template <typename T>
+  void axis_of_row(const Carried& q, int64_t i, const T* e, int64_t e1, int64_t e2, A* m, int64_t* where,
+                   A* sign) const {
+    int64_t so;
+    A sg;
+    if (q.mode[i] & 4) {
+      so = q.n + q.eslot[i], sg = 1;
+    } else {
+      const int64_t k = q.ref[i] % q.n;
+      so = src[k], sg = (q.ref[i] >= q.n ? -1 : 1) * sgn[k];
+    }
+    for (int c = 0; c < 3; ++c)
+      m[c] = sg * (so < q.n ? nh[3 * so + c] : A(e[(so - q.n) * e1 + c * e2]));
+    *where = so, *sign = sg;
+  }
+};
+
+template <typename T, typename A = T>
+void carried_forward(const T* p, int64_t bn, const int64_t* ps, const T* e, const int64_t* es, const Carried& q,
+                     T* out, A tiny, A c, int64_t threads) {
+  zmat::parallel_for(bn, threads, [&](int64_t s) {
+    const T* p_ = p + s * ps[0];
+    const T* e_ = e + s * es[0];
+    const Walk<A> w(q, p_, ps[1], ps[2], c);
+    T* o = out + s * 3 * q.n;
+    for (int64_t i = 0; i < q.n; ++i, o += 3) {
+      const uint8_t f = q.flags[i];
+      if (f & 8) {
+        for (int k = 0; k < 3; ++k) o[k] = p_[i * ps[1] + k * ps[2]];
+        continue;
+      }
+      o[0] = o[1] = o[2] = T(0);
+      const A *b2 = &w.b2[3 * i], *b3 = &w.b3[3 * i], *nh = &w.nh[3 * i];
+      if (f & 1) o[0] = static_cast<T>(safe_sqrt(dot(b3, b3), tiny));
+      if (f & 2) {
+        const A y = w.s[i], x = -dot(b2, b3);
+        o[1] = static_cast<T>(x * x + y * y <= tiny ? A(0) : std::atan2(y, x));
+      }
+      if ((f & 4) && w.def[i]) {
+        A m[3], t[3], sg;
+        int64_t so;
+        w.axis_of_row(q, i, e_, es[1], es[2], m, &so, &sg);
+        cross(b2, m, t);
+        const A y = dot(t, nh), x = w.nb[i] * dot(m, nh);
+        o[2] = static_cast<T>(x * x + y * y <= tiny ? A(0) : std::atan2(y, x));
+      }
+    }
+  });
+}
+
+// gx (B, N, 3), ge (B, L, 3) contiguous: the gradients of sum g . out.
+template <typename T, typename A = T>
+void carried_backward(const T* p, int64_t bn, const int64_t* ps, const T* e, const int64_t* es, const Carried& q,
+                      const T* g, const int64_t* gs, T* gx, T* ge, A tiny, A c, int64_t threads) {
+  const int64_t n = q.n;
+  zmat::parallel_for(bn, threads, [&](int64_t s) {
+    const T* p_ = p + s * ps[0];
+    const T* e_ = e + s * es[0];
+    const T* gp = g + s * gs[0];
+    const Walk<A> w(q, p_, ps[1], ps[2], c);
+    std::vector<A> G2(3 * n, A(0)), G3(3 * n, A(0)), gV(3 * (n + q.l), A(0));
+    T* ox = gx + s * 3 * n;
+    for (int64_t j = 0; j < 3 * n; ++j) ox[j] = T(0);
+    for (int64_t i = 0; i < n; ++i) {
+      const uint8_t f = q.flags[i];
+      const A gr = gp[i * gs[1]], gt = gp[i * gs[1] + gs[2]], gf = gp[i * gs[1] + 2 * gs[2]];
+      if (f & 8) {
+        ox[3 * i] += static_cast<T>(gr), ox[3 * i + 1] += static_cast<T>(gt), ox[3 * i + 2] += static_cast<T>(gf);
+        continue;
+      }
+      const A *b2 = &w.b2[3 * i], *b3 = &w.b3[3 * i], *nh = &w.nh[3 * i], *nn = &w.n[3 * i];
+      A *g2 = &G2[3 * i], *g3 = &G3[3 * i], t[3], u[3];
+      if (f & 1) {  // r = |b3|
+        const A sq = dot(b3, b3);
+        if (!(sq <= tiny))
+          for (int k = 0; k < 3; ++k) g3[k] += gr / std::sqrt(sq) * b3[k];
+      }
+      if (f & 2) {  // theta = atan2(y = |n|, x = -b2 . b3)
+        const A y = w.s[i], x = -dot(b2, b3), h = x * x + y * y;
+        if (!(h <= tiny)) {
+          const A gy = gt * x / h, gx_ = -gt * y / h;
+          if (!(dot(nn, nn) <= tiny)) {  // dy = n^ . (db2 x b3 + b2 x db3)
+            const A v = gy / y;
+            cross(b3, nn, t);
+            cross(nn, b2, u);
+            for (int k = 0; k < 3; ++k) g2[k] += v * t[k], g3[k] += v * u[k];
+          }
+          for (int k = 0; k < 3; ++k) g2[k] -= gx_ * b3[k], g3[k] -= gx_ * b2[k];
+        }
+      }
+      if ((f & 4) && w.def[i]) {  // phi = atan2(Y = (b2 x m) . nh, X = |b2| m . nh)
+        A m[3], sg;
+        int64_t so;
+        w.axis_of_row(q, i, e_, es[1], es[2], m, &so, &sg);
+        cross(b2, m, t);
+        const A nb = w.nb[i], mn = dot(m, nh), y = dot(t, nh), x = nb * mn, h = x * x + y * y;
+        if (!(h <= tiny)) {
+          const A gy = gf * x / h, gx_ = -gf * y / h;
+          A* gm = &gV[3 * so];
+          A* gn = &gV[3 * i];
+          cross(m, nh, u);  // dY = db2 . (m x nh) + dm . (nh x b2) + dnh . (b2 x m)
+          for (int k = 0; k < 3; ++k) g2[k] += gy * u[k], gn[k] += gy * t[k];
+          cross(nh, b2, u);
+          for (int k = 0; k < 3; ++k) gm[k] += sg * (gy * u[k] + gx_ * nb * nh[k]);
+          if (nb > A(0))  // dX = d|b2| m . nh + |b2| (dm . nh + m . dnh)
+            for (int k = 0; k < 3; ++k) g2[k] += gx_ * mn / nb * b2[k];
+          for (int k = 0; k < 3; ++k) gn[k] += gx_ * nb * m[k];
+        }
+      }
+    }
+    for (int64_t i = 0; i < n; ++i) {  // own normals: nh = n / |n| (defined), else n
+      const A* gv = &gV[3 * i];
+      if (gv[0] == A(0) && gv[1] == A(0) && gv[2] == A(0)) continue;
+      const A *nh = &w.nh[3 * i], *b2 = &w.b2[3 * i], *b3 = &w.b3[3 * i];
+      A gn[3], t[3];
+      const A pr = w.def[i] ? dot(nh, gv) : A(0), sc = w.def[i] ? w.s[i] : A(1);
+      for (int k = 0; k < 3; ++k) gn[k] = (gv[k] - pr * nh[k]) / sc;
+      cross(b3, gn, t);  // dn = db2 x b3 + b2 x db3
+      for (int k = 0; k < 3; ++k) G2[3 * i + k] += t[k];
+      cross(gn, b2, t);
+      for (int k = 0; k < 3; ++k) G3[3 * i + k] += t[k];
+    }
+    for (int64_t i = 0; i < n; ++i) {  // b2 = b - a, b3 = i - b
+      const A *g2 = &G2[3 * i], *g3 = &G3[3 * i];
+      for (int k = 0; k < 3; ++k) {
+        if (q.a[i] >= 0) ox[3 * q.a[i] + k] -= static_cast<T>(g2[k]);
+        if (q.b[i] >= 0) ox[3 * q.b[i] + k] += static_cast<T>(g2[k] - g3[k]);
+        ox[3 * i + k] += static_cast<T>(g3[k]);
+      }
+    }
+    T* oe = ge + s * 3 * q.l;
+    for (int64_t j = 0; j < 3 * q.l; ++j) oe[j] = static_cast<T>(gV[3 * n + j]);
+  });
+}
+
+}  // namespace
+
+// x (B, N, 3) and ends e (B, L, 3) with element strides; plan arrays (N,) each
+// (a, b, ref, eslot, order int64; mode, flags uint8); out, gx (B, N, 3), ge (B, L, 3) contiguous.
+#define ZMAT_CARRIED(T, SUFFIX, TINY, C)                                                                      \
+  extern "C" void zmat_carried_forward_##SUFFIX(                                                             \
+      const T* p, int64_t b, int64_t p0, int64_t p1, int64_t p2, const T* e, int64_t e0, int64_t e1,         \
+      int64_t e2, int64_t n, int64_t l, const int64_t* ab, const int64_t* ref, const int64_t* eslot,          \
+      const uint8_t* mode, const uint8_t* flags, const int64_t* order, T* out, int64_t threads) {                                  \
+    const int64_t ps[3] = {p0, p1, p2}, es[3] = {e0, e1, e2};                                                \
+    carried_forward<T>(p, b, ps, e, es, Carried{n, l, ab, ab + n, ref, eslot, mode, flags, order}, out, TINY, C,    \
+                       threads);                                                                             \
+  }                                                                                                          \
+  extern "C" void zmat_carried_backward_##SUFFIX(                                                            \
+      const T* p, int64_t b, int64_t p0, int64_t p1, int64_t p2, const T* e, int64_t e0, int64_t e1,         \
+      int64_t e2, int64_t n, int64_t l, const int64_t* ab, const int64_t* ref, const int64_t* eslot,          \
+      const uint8_t* mode, const uint8_t* flags, const int64_t* order, const T* g, int64_t g0, int64_t g1, int64_t g2, T* gx,      \
+      T* ge, int64_t threads) {                                                                              \
+    const int64_t ps[3] = {p0, p1, p2}, es[3] = {e0, e1, e2}, gs[3] = {g0, g1, g2};                          \
+    carried_backward<T>(p, b, ps, e, es, Carried{n, l, ab, ab + n, ref, eslot, mode, flags, order}, g, gs, gx, ge,  \
+                        TINY, C, threads);                                                                   \
+  }
+
+ZMAT_CARRIED(float, f32, 1e-12f, 1e-5f)
+ZMAT_CARRIED(double, f64, 1e-24, 1e-10)
