@@ -59,6 +59,22 @@ inline A safe_sqrt(A sq, A tiny) {
   return sq <= tiny ? A(0) : std::sqrt(sq);
 }
 
+// theta = atan2(y = |n|, x = -b2 . b3), n = b2 x b3: g times its gradient, into g2 (b2), g3 (b3).
+template <typename A>
+inline void theta_backward(A g, const A* b2, const A* b3, const A* n, A tiny, A* g2, A* g3) {
+  const A sq = dot(n, n), y = safe_sqrt(sq, tiny), x = -dot(b2, b3), h = x * x + y * y;
+  if (h <= tiny) return;
+  const A gy = g * x / h, gx = -g * y / h;
+  A t[3], u[3];
+  if (!(sq <= tiny)) {  // dy = n^ . (db2 x b3 + b2 x db3)
+    const A w = gy / y;
+    cross(b3, n, t);
+    cross(n, b2, u);
+    for (int c = 0; c < 3; ++c) g2[c] += w * t[c], g3[c] += w * u[c];
+  }
+  for (int c = 0; c < 3; ++c) g2[c] -= gx * b3[c], g3[c] -= gx * b2[c];  // dx = -(db2 . b3 + b2 . db3)
+}
+
 template <typename T, typename A = T>
 void forward(const T* p, int64_t bn, const int64_t* ps, const Rows& q, T* out, A tiny, int64_t threads) {
   const int64_t m = q.m;
@@ -117,25 +133,7 @@ void backward(const T* p, int64_t bn, const int64_t* ps, const Rows& q, const T*
           for (int c = 0; c < 3; ++c) G3[c] += w * r.b3[c];
         }
       }
-      if (f & 2) {  // theta = atan2(y = |n2|, x = -b2 . b3)
-        const A sq = dot(r.n2, r.n2), y = safe_sqrt(sq, tiny), x = -dot(r.b2, r.b3), h = x * x + y * y;
-        if (!(h <= tiny)) {
-          const A gy = gt * x / h, gx = -gt * y / h;
-          if (!(sq <= tiny)) {  // dy = n2^ . (db2 x b3 + b2 x db3)
-            const A w = gy / y;
-            cross(r.b3, r.n2, t);
-            cross(r.n2, r.b2, u);
-            for (int c = 0; c < 3; ++c) {
-              G2[c] += w * t[c];
-              G3[c] += w * u[c];
-            }
-          }
-          for (int c = 0; c < 3; ++c) {  // dx = -(db2 . b3 + b2 . db3)
-            G2[c] -= gx * r.b3[c];
-            G3[c] -= gx * r.b2[c];
-          }
-        }
-      }
+      if (f & 2) theta_backward(gt, r.b2, r.b3, r.n2, tiny, G2, G3);
       if (f & 4) {  // phi = atan2(Y = |b2| b1 . n2, X = n1 . n2)
         const A sq = dot(r.b2, r.b2), nb = safe_sqrt(sq, tiny), e = dot(r.b1, r.n2);
         const A y = nb * e, x = dot(r.n1, r.n2), h = x * x + y * y;
@@ -228,8 +226,9 @@ struct Walk {
   std::vector<int8_t> sgn;             // (N,) its sign
   std::vector<uint8_t> def;            // (N,)
   template <typename T>
-  Walk(const Carried& q, const T* p, int64_t s1, int64_t s2, A c)
-      : b2(3 * q.n), b3(3 * q.n), n(3 * q.n), nh(3 * q.n), s(q.n), nb(q.n), src(q.n), sgn(q.n), def(q.n) {
+  void fill(const Carried& q, const T* p, int64_t s1, int64_t s2, A c) {  // kept per thread: no allocation
+    for (auto* v : {&b2, &b3, &n, &nh}) v->resize(3 * q.n);
+    s.resize(q.n), nb.resize(q.n), src.resize(q.n), sgn.resize(q.n), def.resize(q.n);
     auto at = [&](int64_t j, int k) { return j < 0 ? A(0) : A(p[j * s1 + k * s2]); };
     for (int64_t o = 0; o < q.n; ++o) {
       const int64_t i = q.order[o];
@@ -283,7 +282,8 @@ void carried_forward(const T* p, int64_t bn, const int64_t* ps, const T* e, cons
   zmat::parallel_for(bn, threads, [&](int64_t s) {
     const T* p_ = p + s * ps[0];
     const T* e_ = e + s * es[0];
-    const Walk<A> w(q, p_, ps[1], ps[2], c);
+    thread_local Walk<A> w;
+    w.fill(q, p_, ps[1], ps[2], c);
     T* o = out + s * 3 * q.n;
     for (int64_t i = 0; i < q.n; ++i, o += 3) {
       const uint8_t f = q.flags[i];
@@ -319,8 +319,10 @@ void carried_backward(const T* p, int64_t bn, const int64_t* ps, const T* e, con
     const T* p_ = p + s * ps[0];
     const T* e_ = e + s * es[0];
     const T* gp = g + s * gs[0];
-    const Walk<A> w(q, p_, ps[1], ps[2], c);
-    std::vector<A> G2(3 * n, A(0)), G3(3 * n, A(0)), gV(3 * (n + q.l), A(0));
+    thread_local Walk<A> w;
+    thread_local std::vector<A> G2, G3, gV;
+    w.fill(q, p_, ps[1], ps[2], c);
+    G2.assign(3 * n, A(0)), G3.assign(3 * n, A(0)), gV.assign(3 * (n + q.l), A(0));
     T* ox = gx + s * 3 * n;
     for (int64_t j = 0; j < 3 * n; ++j) ox[j] = T(0);
     for (int64_t i = 0; i < n; ++i) {
@@ -337,19 +339,7 @@ void carried_backward(const T* p, int64_t bn, const int64_t* ps, const T* e, con
         if (!(sq <= tiny))
           for (int k = 0; k < 3; ++k) g3[k] += gr / std::sqrt(sq) * b3[k];
       }
-      if (f & 2) {  // theta = atan2(y = |n|, x = -b2 . b3)
-        const A y = w.s[i], x = -dot(b2, b3), h = x * x + y * y;
-        if (!(h <= tiny)) {
-          const A gy = gt * x / h, gx_ = -gt * y / h;
-          if (!(dot(nn, nn) <= tiny)) {  // dy = n^ . (db2 x b3 + b2 x db3)
-            const A v = gy / y;
-            cross(b3, nn, t);
-            cross(nn, b2, u);
-            for (int k = 0; k < 3; ++k) g2[k] += v * t[k], g3[k] += v * u[k];
-          }
-          for (int k = 0; k < 3; ++k) g2[k] -= gx_ * b3[k], g3[k] -= gx_ * b2[k];
-        }
-      }
+      if (f & 2) theta_backward(gt, b2, b3, nn, tiny, g2, g3);
       if ((f & 4) && w.def[i]) {  // phi = atan2(Y = (b2 x m) . nh, X = |b2| m . nh)
         A m[3], sg;
         int64_t so;
