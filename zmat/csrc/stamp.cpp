@@ -30,7 +30,7 @@ void runs_of_trees(int64_t u_n, const int64_t* last, int64_t threads, const F& f
     while (last != nullptr && u > 0 && u < u_n && last[u - 1] != u - 1) ++u;  // to the next tree's start
     cut[r] = u;
   }
-  zmat::parallel_for(n_runs, threads, [&](int64_t r) { f(cut[r], cut[r + 1]); });
+  zmat::parallel_for(n_runs, threads, [&](int64_t r) { f(cut[r], cut[r + 1]); }, false);
 }
 
 struct Pieces {  // per piece: head size, first piece atom, rank of the hanging atom
