@@ -152,6 +152,30 @@ def test_wilson_b_agrees_with_pyberny():
         assert matched >= 0.9 * len(list(theirs))
 
 
+def test_model_hessian_bonds_are_schlegels_as_geometric():
+    gi = pytest.importorskip("geometric.internal")
+    gm = pytest.importorskip("geometric.molecule")
+    from ase.data import covalent_radii
+
+    from zmat.optimize.steps import BOHR, model_hessian, period
+
+    for name in ("C2H2", "CH3OH", "Si2H6", "CH3SiH3"):  # periods 1-2, 2-2, 1-3, 3-3, 2-3; a triple bond
+        m = rattled(name, 0.05)
+        mol = gm.Molecule()
+        mol.elem, mol.xyzs = m.get_chemical_symbols(), [m.positions.copy()]
+        mol.build_topology()
+        theirs = gi.PrimitiveInternalCoordinates(mol, connect=False, addcart=False)
+        h = theirs.guess_hessian(m.positions.ravel() / BOHR).diagonal()
+        prims = build_primitives(m.positions, m.numbers)
+        radii = torch.as_tensor(covalent_radii[m.numbers] / BOHR)
+        ours = model_hessian(prims, torch.tensor(m.positions / BOHR)[None], radii, period(m.numbers))[0]
+        bonds = [(k, ic) for k, ic in enumerate(theirs.Internals) if type(ic).__name__ == "Distance"]
+        assert len(bonds) == len(prims.bond)
+        for k, ic in bonds:
+            mine = prims.find((ic.a, ic.b))
+            assert float(ours[mine, mine]) == pytest.approx(h[k], rel=1e-6), (name, ic.a, ic.b)
+
+
 def test_minimize_matches_ase_bfgs_at_a_tight_threshold():
     for name in ("CH3CH2OH", "C6H6", "CH3CN"):
         start = rattled(name, 0.1)

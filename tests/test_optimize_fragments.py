@@ -85,7 +85,8 @@ def water_dimer_energy(x):
     return intra.sum(-1) + inter.sum((-1, -2)) + lj
 
 
-def test_tric_water_dimer_reaches_the_minimum_of_ase_bfgs():
+@pytest.mark.parametrize("coords", ["tric", "redundant"])  # redundant: one O-H...O contact, a soft direction
+def test_water_dimer_reaches_the_minimum_of_ase_bfgs(coords):
     start = WATER_DIMER.copy()
     start.positions[3:] += [0.3, 0.0, 0.0]  # pulled apart: the fragments must move as wholes
     start.rattle(0.02, seed=3)
@@ -93,7 +94,7 @@ def test_tric_water_dimer_reaches_the_minimum_of_ase_bfgs():
     ref.calc = TorchCalculator(water_dimer_energy)
     BFGS(ref, logfile=None).run(fmax=1e-5, steps=2000)
     x = torch.tensor(start.positions)
-    res = minimize(water_dimer_energy, x, fmax=1e-5, max_steps=300, numbers=start.numbers, coords="tric")
+    res = minimize(water_dimer_energy, x, fmax=1e-5, max_steps=300, numbers=start.numbers, coords=coords)
     assert bool(res.converged[0])
     e_ref = float(water_dimer_energy(torch.tensor(ref.positions)[None])[0])
     assert abs(float(res.energy[0]) - e_ref) < 1e-8

@@ -155,9 +155,10 @@ def test_batch_from_pieces_equals_the_general_path(seed):
     for compiled in (True, False) if _kernel.load() is not None else (False,):
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("ZMAT_NO_KERNEL", "" if compiled else "1")
-            stamped = _kernel.KernelPlan(*zp.pieces.kernel_arrays(batch._stamp), None)
+            ints, flags, *chunks = zp.pieces.kernel_arrays(batch._stamp)
+            stamped = _kernel.KernelPlan(ints, flags, None, *chunks)
             filled = zp.pieces.batch_arrays(batch._stamp, ("ideal", "torsion_slot"))
-        for name in ("gather", "keep", "trig", "parent", "order"):
+        for name in ("gather", "keep", "trig", "parent", "order", "chunks"):
             assert torch.equal(getattr(stamped, name), getattr(planned, name)), (compiled, name)
         for name, value in filled.items():
             assert _same(value, arrays[name]), (compiled, name)
@@ -190,6 +191,34 @@ def test_batch_table_makes_the_rest_on_first_use_and_pickles():
         assert _same(getattr(ref, name), getattr(copy, name)), name
         assert _same(getattr(ref, name), getattr(table, name)), name
     assert "_make_plan" not in vars(table)
+
+
+@pytest.mark.skipif(_kernel.load() is None, reason="needs the compiled kernel")
+def test_the_c_stamps_split_over_trees_give_the_same_bits(monkeypatch):
+    # issue 33: a fresh batch's stamps run over runs of whole trees on threads (any
+    # count: the same bits as one thread and as numpy), and the kernel's chunks and
+    # roots come from the stamp's trees, as the pass over the parents finds them
+    from zmat.protein import pieces
+
+    monkeypatch.setattr(_kernel, "CHUNK_ATOMS", 16)  # many chunks on a small batch
+    rng = np.random.default_rng(5)
+    seqs = ["".join(rng.choice(list(ALL20), int(n))) for n in (40, 1, 23, 40, 7, 31)]
+    st = zp.ProteinBatch(seqs)._stamp
+    one = pieces.kernel_arrays(st, 1), pieces._fill_arrays(st, 1)
+    ints, _, chunks, roots = one[0]
+    assert len(chunks) > 10 and np.array_equal(roots, np.flatnonzero(ints[-2] < 0))
+    assert np.array_equal(chunks, _kernel._chunks(ints[-2]))
+    with monkeypatch.context() as m:
+        m.setenv("ZMAT_NO_KERNEL", "1")
+        ref = pieces.kernel_arrays(st), pieces._fill_arrays(st)
+    for n in (2, 3, 8, 64):
+        got = pieces.kernel_arrays(st, n), pieces._fill_arrays(st, n)
+        for want in (one, ref):
+            for a, b in zip((*got[0], *got[1]), (*want[0], *want[1]), strict=True):
+                assert a.dtype == b.dtype and np.array_equal(a, b, equal_nan=a.dtype.kind == "f"), n
+    want = _step_bits(zp.ProteinBatch(seqs))
+    monkeypatch.setattr(_kernel, "_chunks", None)  # a fresh step's chunks: the stamp's
+    assert all(torch.equal(x, y) for x, y in zip(_step_bits(zp.ProteinBatch(seqs)), want, strict=True))
 
 
 def _step_bits(batch, seed: int = 0):

@@ -387,11 +387,18 @@ def test_bad_input_raises(mols):
     AllChem.EmbedMolecule(dummy, randomSeed=1)
     with pytest.raises(ValueError, match=r"dummy atoms .* indices \[0\]"):
         TorsionSpace.from_mol(dummy)
-    overlapping = embed("O.O.O", seed=3)  # ETKDG puts the three waters on top of each other
-    with pytest.raises(ValueError, match="cannot be rebuilt"):
-        TorsionSpace.from_mol(overlapping)
-    with pytest.raises(ValueError, match="cannot be rebuilt"):
-        zmat.ZMatrix.from_rdkit(overlapping)
+    # ETKDG puts the three waters on top of each other: the frames carried through coincident
+    # reference atoms rebuild them exactly now (it was an error), and the check still guards
+    overlapping = embed("O.O.O", seed=3)
+    pos = torch.tensor(overlapping.GetConformer().GetPositions())
+    ts = TorsionSpace.from_mol(overlapping)
+    assert float((ts.to_xyz(ts.from_xyz(pos[None]))[0] - pos).norm(dim=-1).max()) < 1e-6
+    z = zmat.ZMatrix.from_rdkit(overlapping)
+    assert float((zmat.superpose(z.to_xyz(), pos) - pos).norm(dim=-1).max()) < 1e-6
+    from zmat.rdkit import _check_rebuilt
+
+    with pytest.raises(ValueError, match=r"cannot be rebuilt .*atom 2 off by 0.5"):
+        _check_rebuilt(pos + torch.tensor([0.0, 0.0, 0.5]) * (torch.arange(9) == 2)[:, None], pos)
     ts = TorsionSpace.from_mol(mols["ibuprofen"])
     with pytest.raises(ValueError, match=r"shape \(\.\.\., 4\)"):
         ts.to_xyz(torch.zeros(3, dtype=torch.float64))

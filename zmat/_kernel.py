@@ -252,14 +252,23 @@ def _chunks(parent: np.ndarray, roots: np.ndarray | None = None) -> np.ndarray:
     the ``parent`` of every position (and the ``roots``, positions of parent -1, if known)."""
     n = len(parent)
     roots = np.flatnonzero(parent < 0) if roots is None else roots
-    if n < 2 * CHUNK_ATOMS or len(roots) < 2:
-        return np.array([0, n], np.int64)
-    first = np.searchsorted(roots, np.arange(0, n, CHUNK_ATOMS))  # first root from every multiple on
-    bounds = np.unique(np.concatenate([roots[np.minimum(first, len(roots) - 1)], [0, n]]))
+    bounds = tree_chunks(roots, n)
+    if len(bounds) == 2:
+        return bounds
     lowest = np.minimum.reduceat(np.where(parent < 0, n, parent), bounds[:-1])  # lowest parent per run
     if (lowest < bounds[:-1]).any():  # a tree across a boundary: no split
         return np.array([0, n], np.int64)
-    return bounds.astype(np.int64)
+    return bounds
+
+
+def tree_chunks(roots: np.ndarray, n: int) -> np.ndarray:
+    """:func:`_chunks` of ``n`` positions whose trees are known to start at
+    the sorted positions ``roots`` and to be contiguous (a builder's stamp):
+    no pass over the parents."""
+    if n < 2 * CHUNK_ATOMS or len(roots) < 2:
+        return np.array([0, n], np.int64)
+    first = np.searchsorted(roots, np.arange(0, n, CHUNK_ATOMS))  # first root from every multiple on
+    return np.unique(np.concatenate([roots[np.minimum(first, len(roots) - 1)], [0, n]])).astype(np.int64)
 
 
 # ------------------------------------------------------------------ the library
@@ -319,10 +328,10 @@ class _Library:
                 fn.restype = None
                 self.fns[name, dtype] = fn
         self.stamp = lib.zmat_stamp_plan
-        self.stamp.argtypes = [_I, *[_P] * 11, _I, _I, _P, _P]
+        self.stamp.argtypes = [_I, *[_P] * 11, _I, _I, _I, _P, _P]
         self.stamp.restype = None
         self.stamp_atoms = lib.zmat_stamp_atoms
-        self.stamp_atoms.argtypes = [_I, *[_P] * 9]
+        self.stamp_atoms.argtypes = [_I, *[_P] * 7, _I, _P, _P]
         self.stamp_atoms.restype = None
 
     def forward(self, c: Tensor, arrays: _Arrays, like=None, threads: int = 1, frames=True, chunked=False):
@@ -472,7 +481,9 @@ class _Library:
         return gR, go, gy, gc
 
 
-def stamp_plan(units: tuple, pieces: tuple, n: int, k: int) -> tuple[np.ndarray, np.ndarray] | None:
+def stamp_plan(
+    units: tuple, pieces: tuple, n: int, k: int, n_threads: int | None = None
+) -> tuple[np.ndarray, np.ndarray] | None:
     """A protein batch's :class:`KernelPlan` ``(ints, flags)``, stamped in C
     (``zmat/csrc/stamp.cpp``; ``zmat.protein.pieces.kernel_arrays`` is the
     reference), or None unless the library is loaded (a kernel call loads
@@ -483,14 +494,18 @@ def stamp_plan(units: tuple, pieces: tuple, n: int, k: int) -> tuple[np.ndarray,
         pieces: per piece ``head``, ``start``, ``prev_rank``; per piece atom
             ``seq``, ``parent_where``, ``link`` (int64) and ``flags`` (uint64).
         n: atoms; k: gather rows (3 or 4).
+        n_threads: threads, runs of whole trees each (default :func:`threads`
+            of the atoms); the same bits on any count.
     """
     out = (np.empty((k + 2, n), np.int64), np.empty((k + 2, n), np.uint8))
-    if not _stamp("stamp", (*units, *pieces), (n, k), out):
+    if not _stamp("stamp", (*units, *pieces), (n, k, _stamp_threads(n, n_threads)), out):
         return None
     return out[0], out[1].view(bool)
 
 
-def stamp_atoms(units: tuple, pieces: tuple, n: int) -> tuple[np.ndarray, np.ndarray] | None:
+def stamp_atoms(
+    units: tuple, pieces: tuple, n: int, n_threads: int | None = None
+) -> tuple[np.ndarray, np.ndarray] | None:
     """A protein batch's ``ideal`` ``(N, 3)`` and ``torsion_slot`` ``(N,)``
     stamped in C (``zmat.protein.pieces.batch_arrays`` is the reference), or
     None unless the library is loaded (as :func:`stamp_plan`).
@@ -499,9 +514,14 @@ def stamp_atoms(units: tuple, pieces: tuple, n: int) -> tuple[np.ndarray, np.nda
         units: ``(piece, size, atom0, pad7)`` int64, one value per unit.
         pieces: ``start`` per piece; ``ideal`` float64 ``(atoms, 3)`` and the
             torsion ``code`` int64 per piece atom.
+        n_threads: as :func:`stamp_plan`'s.
     """
     out = (np.empty((n, 3)), np.empty(n, np.int64))
-    return out if _stamp("stamp_atoms", (*units, *pieces), (), out) else None
+    return out if _stamp("stamp_atoms", (*units, *pieces), (_stamp_threads(n, n_threads),), out) else None
+
+
+def _stamp_threads(n: int, n_threads: int | None) -> int:
+    return threads(1, n) if n_threads is None else n_threads
 
 
 def _stamp(name: str, inputs: tuple, sizes: tuple, out: tuple) -> bool:

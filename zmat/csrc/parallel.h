@@ -31,14 +31,16 @@ namespace zmat {
 // the caller waits only for the units begun: a helper that starts late (its
 // core busy) finds none left and leaves, touching only the shared counters,
 // instead of the caller waiting a time slice for it to start.
+// `team` false: always the detached helpers (work of a few ms, where a team
+// member whose core is busy would hold the caller up longer than the work).
 template <typename F>
-void parallel_for(int64_t count, int64_t threads, const F& f) {
+void parallel_for(int64_t count, int64_t threads, const F& f, bool team = true) {
   if (threads > count) threads = count;
   if (threads <= 1) {
     for (int64_t i = 0; i < count; ++i) f(i);
     return;
   }
-  if (const zmat_gomp_parallel gomp = zmat_gomp()) {  // torch's own OpenMP threads: idle ones spin a while, ready at once
+  if (const zmat_gomp_parallel gomp = team ? zmat_gomp() : nullptr) {  // torch's own OpenMP threads: idle ones spin a while, ready at once
     struct Work {
       const F* fn;
       int64_t count;

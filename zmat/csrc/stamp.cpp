@@ -7,13 +7,31 @@
 // in depth-first order, every unit's head atoms in unit order, then every
 // unit's tail atoms in reverse unit order; each run lists piece atoms in the
 // piece's own order (`seq`). Trees follow each other, so a tree's first
-// position is its first atom.
+// position is its first atom. Trees are independent, so runs of whole trees
+// go to threads (parallel.h): the same bits on any thread count.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
+#include "parallel.h"
+
 namespace {
+
+// Runs of units for `threads`: a few per thread (a busy core takes fewer),
+// each starting at a tree's first unit (`last` of the unit before it is
+// itself; nullptr: any unit starts one). f(u0, u1) per run.
+template <typename F>
+void runs_of_trees(int64_t u_n, const int64_t* last, int64_t threads, const F& f) {
+  const int64_t n_runs = threads <= 1 ? 1 : std::min<int64_t>(8 * threads, u_n);
+  std::vector<int64_t> cut(n_runs + 1, u_n);
+  for (int64_t r = 0; r < n_runs; ++r) {
+    int64_t u = std::max(u_n * r / n_runs, r > 0 ? cut[r - 1] : int64_t(0));
+    while (last != nullptr && u > 0 && u < u_n && last[u - 1] != u - 1) ++u;  // to the next tree's start
+    cut[r] = u;
+  }
+  zmat::parallel_for(n_runs, threads, [&](int64_t r) { f(cut[r], cut[r + 1]); }, false);
+}
 
 struct Pieces {  // per piece: head size, first piece atom, rank of the hanging atom
   const int64_t *head, *start, *prev_rank;
@@ -52,47 +70,51 @@ void run(const Pieces& P, const Out& o, int64_t u, int64_t atom_off, int64_t fir
 }  // namespace
 
 // Units: piece, size, atom0 (first atom), last (last unit of its tree), u_n of
-// them; writes ints and flags of zmat._kernel.KernelPlan.
+// them; writes ints and flags of zmat._kernel.KernelPlan on up to `threads`.
 extern "C" void zmat_stamp_plan(int64_t u_n, const int64_t* piece, const int64_t* size, const int64_t* atom0,
                                 const int64_t* last, const int64_t* head, const int64_t* start,
                                 const int64_t* prev_rank, const int64_t* seq, const int64_t* parent_where,
                                 const int64_t* link, const uint8_t* flags, int64_t n, int64_t k,
-                                int64_t* ints, uint8_t* flags_out) {
+                                int64_t threads, int64_t* ints, uint8_t* flags_out) {
   const Pieces P{head, start, prev_rank, seq, parent_where, link, flags};
   const Out o{n, k, ints, flags_out};
   // per unit, where its atoms' parents are: its head, its tail, the previous
   // unit's hanging atom, none (-1)
-  std::vector<int64_t> base(4 * u_n);
-  for (int64_t t0 = 0; t0 < u_n; t0 = last[t0] + 1) {
-    int64_t p = atom0[t0];
-    const int64_t t1 = last[t0];
-    for (int64_t u = t0; u <= t1; ++u) {
-      const int64_t q = piece[u];
-      base[4 * u] = p;
-      base[4 * u + 2] = u > t0 ? base[4 * (u - 1)] + prev_rank[piece[u - 1]] : -1;
-      base[4 * u + 3] = -1;
-      run(P, o, u, atom0[u] - start[q], start[q], head[q], p, base.data());
-      p += head[q];
+  std::vector<int64_t> base(4 * u_n);  // a unit's entries: written and read in its tree only
+  runs_of_trees(u_n, last, threads, [&](int64_t r0, int64_t r1) {
+    for (int64_t t0 = r0; t0 < r1; t0 = last[t0] + 1) {
+      int64_t p = atom0[t0];
+      const int64_t t1 = last[t0];
+      for (int64_t u = t0; u <= t1; ++u) {
+        const int64_t q = piece[u];
+        base[4 * u] = p;
+        base[4 * u + 2] = u > t0 ? base[4 * (u - 1)] + prev_rank[piece[u - 1]] : -1;
+        base[4 * u + 3] = -1;
+        run(P, o, u, atom0[u] - start[q], start[q], head[q], p, base.data());
+        p += head[q];
+      }
+      for (int64_t u = t1; u >= t0; --u) {
+        const int64_t q = piece[u];
+        base[4 * u + 1] = p;
+        run(P, o, u, atom0[u] - start[q], start[q] + head[q], size[u] - head[q], p, base.data());
+        p += size[u] - head[q];
+      }
     }
-    for (int64_t u = t1; u >= t0; --u) {
-      const int64_t q = piece[u];
-      base[4 * u + 1] = p;
-      run(P, o, u, atom0[u] - start[q], start[q] + head[q], size[u] - head[q], p, base.data());
-      p += size[u] - head[q];
-    }
-  }
+  });
 }
 
 // The per-atom arrays the protein fill reads, stamped in one pass: for atom
 // a = atom0[u] + i of unit u (piece atom pa = start[piece[u]] + i), ideal[a]
 // = p_ideal[pa] (3 doubles) and its torsion slot max(pad7[u] + code[pa], -1)
-// (code: far below -1 for an atom without a torsion).
+// (code: far below -1 for an atom without a torsion); units on up to `threads`.
 extern "C" void zmat_stamp_atoms(int64_t u_n, const int64_t* piece, const int64_t* size, const int64_t* atom0,
                                  const int64_t* pad7, const int64_t* start, const double* p_ideal,
-                                 const int64_t* code, double* ideal, int64_t* slot) {
-  for (int64_t u = 0; u < u_n; ++u) {
-    const int64_t a0 = atom0[u], p0 = start[piece[u]], m = size[u];
-    std::memcpy(ideal + 3 * a0, p_ideal + 3 * p0, sizeof(double) * 3 * m);
-    for (int64_t i = 0; i < m; ++i) slot[a0 + i] = std::max(pad7[u] + code[p0 + i], int64_t(-1));
-  }
+                                 const int64_t* code, int64_t threads, double* ideal, int64_t* slot) {
+  runs_of_trees(u_n, nullptr, threads, [&](int64_t r0, int64_t r1) {
+    for (int64_t u = r0; u < r1; ++u) {
+      const int64_t a0 = atom0[u], p0 = start[piece[u]], m = size[u];
+      std::memcpy(ideal + 3 * a0, p_ideal + 3 * p0, sizeof(double) * 3 * m);
+      for (int64_t i = 0; i < m; ++i) slot[a0 + i] = std::max(pad7[u] + code[p0 + i], int64_t(-1));
+    }
+  });
 }

@@ -7,10 +7,11 @@ conformer are ``torch.where`` selections, iterations have a fixed count (on
 the CPU, where reading a tensor costs no device sync, the back-transformation
 stops once converged and the trust-sphere iterations run only when needed).
 
-* :func:`model_hessian`: a diagonal model Hessian, ``0.45 rho_ij`` for bonds,
-  ``0.15 rho_ij rho_jk`` for angles with Swart and Bickelhaupt's
-  ``rho_ij = exp(1 - r_ij / (r_i^cov + r_j^cov))`` (pyberny's), and
-  ``0.005 rho_ij rho_jk rho_kl`` for dihedrals with Lindh's ``rho``.
+* :func:`model_hessian`: a diagonal model Hessian, Schlegel's
+  ``1.734 / (r - b)^3`` for covalent bonds, ``0.15 rho_ij rho_jk`` for
+  angles with Swart and Bickelhaupt's ``rho_ij = exp(1 - r_ij / (r_i^cov +
+  r_j^cov))`` (pyberny's), and ``0.005 rho_ij rho_jk rho_kl`` for dihedrals
+  with Lindh's ``rho``.
 * :func:`bfgs`: the BFGS update of the Hessian in primitive space.
 * :func:`reduced_space`: the non-redundant (delocalised) space: eigenvectors
   of ``B^T B``, the pseudo-inverse ``B^+`` and ``U`` with ``B = U S V^T``.
@@ -56,6 +57,9 @@ def wrap(dq: torch.Tensor, periodic: torch.Tensor) -> torch.Tensor:
 #: by the periods of the two atoms (1: H-He, 2: Li-Ne, 3: Na and beyond)
 _LINDH_ALPHA = ((1.0, 0.3949, 0.3949), (0.3949, 0.28, 0.28), (0.3949, 0.28, 0.28))
 _LINDH_R = ((1.35, 2.10, 2.53), (2.10, 2.87, 3.40), (2.53, 3.40, 3.40))
+#: Schlegel's bond stretch ``1.734 / (r - b)^3`` (Theor. Chim. Acta 66, 333 (1984); geomeTRIC's):
+#: ``b`` (bohr) by the periods of the two atoms
+_SCHLEGEL_B = ((-0.244, 0.352, 0.660), (0.352, 1.085, 1.522), (0.660, 1.522, 2.068))
 
 
 def period(numbers) -> torch.Tensor:
@@ -69,8 +73,12 @@ def model_hessian(
 ) -> torch.Tensor:
     """Diagonal model Hessian ``(B, P, P)`` (hartree / bohr^2, / rad^2) at ``xyz`` (bohr).
 
-    Bonds ``0.45 rho_ij`` and angles ``0.15 rho_ij rho_jk`` with Swart and
-    Bickelhaupt's ``rho_ij = exp(1 - r_ij / (r_i + r_j))`` (pyberny's;
+    Covalent bonds ``1.734 / (r - b)^3`` (Schlegel's, geomeTRIC's: ``b`` by
+    the periods; it follows the bond order, which Swart's ``0.45 rho_ij``
+    misses: half the curvature of acetylene's C-C, whose second step then
+    overshot uphill); non-covalent bonds ``0.45 rho_ij`` and angles
+    ``0.15 rho_ij rho_jk`` with Swart and Bickelhaupt's
+    ``rho_ij = exp(1 - r_ij / (r_i + r_j))`` (pyberny's;
     ``radii`` ``(N,)`` covalent radii in bohr); dihedrals and out-of-plane
     angles ``0.005 rho_ij rho_jk rho_kl`` with Lindh's
     ``rho_ij = exp(alpha_ij (r_ref,ij^2 - r_ij^2))`` (``rows`` ``(N,)``:
@@ -81,6 +89,7 @@ def model_hessian(
     """
     alpha = torch.tensor(_LINDH_ALPHA, dtype=xyz.dtype, device=xyz.device)
     r_ref = torch.tensor(_LINDH_R, dtype=xyz.dtype, device=xyz.device)
+    b_ref = torch.tensor(_SCHLEGEL_B, dtype=xyz.dtype, device=xyz.device)
 
     def rho(i, j):
         d = (xyz[:, i] - xyz[:, j]).norm(dim=-1)
@@ -92,7 +101,11 @@ def model_hessian(
 
     parts = []
     if len(prims.bond):
-        parts.append(0.45 * rho(prims.bond[:, 0], prims.bond[:, 1]))
+        i, j = prims.bond.unbind(1)
+        r = (xyz[:, i] - xyz[:, j]).norm(dim=-1)
+        schlegel = 1.734 * (r - b_ref[rows[i], rows[j]]).clamp_min(0.5) ** -3
+        weak = prims.weak[: len(prims.bond)].to(xyz.device) > 0
+        parts.append(torch.where(weak, 0.45 * rho(i, j), schlegel))
     if len(prims.angle):
         a = prims.angle
         parts.append(0.15 * rho(a[:, 0], a[:, 1]) * rho(a[:, 1], a[:, 2]))
@@ -127,14 +140,17 @@ def bfgs(H: torch.Tensor, dq: torch.Tensor, dg: torch.Tensor, on: torch.Tensor) 
     return torch.baddbmm(torch.baddbmm(H, u[:, :, None], dg[:, None, :]), v[:, :, None], -Hdq[:, None, :])
 
 
-def reduced_space(Bm: torch.Tensor, rcond: float = 1e-8):
+def reduced_space(Bm: torch.Tensor, rcond: float = 1e-6):
     """The non-redundant space of ``B`` ``(B, P, 3N)``.
 
     Returns ``(U, Binv, keep)``: ``U`` ``(B, P, 3N)`` orthonormal columns
     spanning the range of ``B`` (zero columns where ``B^T B`` has no
     eigenvalue above ``rcond`` times its largest: translations, rotations),
     ``Binv`` ``(B, 3N, P)`` the pseudo-inverse ``(B^T B)^+ B^T``, and ``keep``
-    ``(B, 3N)`` bool, the columns in use.
+    ``(B, 3N)`` bool, the columns in use. ``rcond`` 1e-6 (``B^+`` amplifies
+    at most 1000-fold): with 1e-8 the soft direction of a loosely bound water
+    dimer (one O-H...O contact) stayed in, and a 0.3 step in ``q`` moved atoms
+    by 130 A.
     """
     s, V = torch.linalg.eigh(Bm.transpose(1, 2) @ Bm)
     keep = s > rcond * s[:, -1:].clamp_min(1e-300)

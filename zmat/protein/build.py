@@ -603,8 +603,8 @@ class ProteinBatch:
         state = {k: v for k, v in vars(self).items() if k in ("torsions", "torsion_mask")}
         if not self.__dict__.get("_prepared"):
             return (type(self), (self.sequences,), state or None)
-        f, (ints, flags, *_) = self._flat, self.table.kernel_arrays()
-        arrays = (f.ideal, f.torsion_slot, f.is_pro, f.proline_rows, ints, flags, _kernel._chunks(ints[-2]))
+        f, kernel = self._flat, self.table.kernel_arrays()
+        arrays = (f.ideal, f.torsion_slot, f.is_pro, f.proline_rows, *kernel)
         made = (self._types, self._stamp, [torch.from_numpy(np.ascontiguousarray(a)) for a in arrays])
         return (_prepared_batch, (self.sequences, made), state or None)
 

@@ -369,21 +369,26 @@ def stamp(types: list[np.ndarray]) -> Stamp:
     )
 
 
-def kernel_arrays(st: Stamp) -> tuple[np.ndarray, np.ndarray]:
+def kernel_arrays(st: Stamp, n_threads: int | None = None) -> tuple[np.ndarray, ...]:
     """The compiled kernel's plan arrays of the batch's table
-    (``zmat._kernel.KernelPlan``'s ``ints`` and ``flags``, in depth-first
-    order) stamped straight from the pieces: what a fresh batch's training
-    step reads, and ``dfs_order`` / ``dfs_parent`` of the table.
+    (``zmat._kernel.KernelPlan``'s ``ints``, ``flags``, ``chunks`` and
+    ``roots``, in depth-first order) stamped straight from the pieces: what
+    a fresh batch's training step reads, and ``dfs_order`` / ``dfs_parent``
+    of the table. ``n_threads``: the C stamp's (``zmat._kernel.stamp_plan``).
 
     A tree's preorder is its units' heads in order, then their tails in
     reverse order: ``2 U`` runs of piece atoms (``_Pieces.seq``), head of
-    unit ``u`` run ``tree + u``, its tail run ``tree + 2 last + 1 - u``."""
+    unit ``u`` run ``tree + u``, its tail run ``tree + 2 last + 1 - u``. Trees
+    follow each other, so their roots are their first units' first atoms and
+    the chunks come from those, not from a pass over the parents."""
     P = _pieces()
     k = 4 if P.has_offset[st.piece].any() else 3  # the offset chain's width + 2 (the table's)
     units = (st.piece, st.size, st.atom0, st.last)
     pieces = (P.head, P.start, P.prev_rank, P.seq, P.parent_where, P.link, P.flags)
-    stamped = _kernel.stamp_plan(units, pieces, st.N, k)
-    return stamped if stamped is not None else _kernel_arrays(st, k)
+    stamped = _kernel.stamp_plan(units, pieces, st.N, k, n_threads)
+    ints, flags = stamped if stamped is not None else _kernel_arrays(st, k)
+    roots = st.atom0[st.tree == np.arange(len(st.tree))]
+    return ints, flags, _kernel.tree_chunks(roots, st.N), roots
 
 
 def _kernel_arrays(st: Stamp, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -537,13 +542,15 @@ def _proline_rows(st: Stamp) -> np.ndarray:
     return P.ring[st.piece[u]] + st.atom0[u, None]
 
 
-def _fill_arrays(st: Stamp) -> tuple[np.ndarray, np.ndarray]:
+def _fill_arrays(st: Stamp, n_threads: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``ideal`` ``(N, 3)`` and ``torsion_slot``, the flat torsion index
     ``residue * 7 + column`` of every atom (-1: none): in C where the kernel
-    is loaded, else in numpy (the reference)."""
+    is loaded (on ``n_threads``, as ``zmat._kernel.stamp_atoms``), else in
+    numpy (the reference)."""
     P = _pieces()
     pad7 = st.pad * N_TORSIONS
-    stamped = _kernel.stamp_atoms((st.piece, st.size, st.atom0, pad7), (P.start, P.ideal, P.tors_code), st.N)
+    units, pieces = (st.piece, st.size, st.atom0, pad7), (P.start, P.ideal, P.tors_code)
+    stamped = _kernel.stamp_atoms(units, pieces, st.N, n_threads)
     if stamped is not None:
         return stamped
     slot = np.take(pad7, st.unit)
