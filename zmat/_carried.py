@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from . import _kernel
 from ._geometry import _COLLINEAR, any_perpendicular, axis, dot, safe_atan2, safe_sqrt, safe_unit, tiny
 from .table import BOND, OFFSET, PLANAR, POSITIONAL, PROPER, ConstructionTable, index_tensor
 
@@ -241,8 +242,6 @@ def kernel_rows(x: torch.Tensor, table: ConstructionTable, flags: torch.Tensor, 
     whose ``flags`` have bit 3, zeros where bits 0-2 say an entry is missing) in one call of the
     compiled kernel; None where it does not apply (:func:`carried_kernel`). The ends
     (:func:`end_axes`) in torch ops, so their gradient (through ``axes_of``) is autograd's."""
-    from . import _kernel
-
     kernel = table.cached(carried_kernel, x.device)
     if kernel is None:
         return None
