@@ -176,6 +176,31 @@ def test_model_hessian_bonds_are_schlegels_as_geometric():
             assert float(ours[mine, mine]) == pytest.approx(h[k], rel=1e-6), (name, ic.a, ic.b)
 
 
+def test_rfo_step_is_the_lowest_eigenvector_of_the_augmented_hessian():
+    """The RFO step from the secular equation (no eigendecomposition of the augmented matrix) is the
+    lowest eigenvector ``(y, 1)`` of ``[[diag(e), g], [g^T, 0]]``: indefinite, degenerate and
+    near-hard cases (a tiny gradient along the lowest mode), scales over twelve decades."""
+    from zmat.optimize.steps import _rfo
+
+    gen = torch.Generator().manual_seed(0)
+    e = torch.sort(torch.randn(64, 30, generator=gen, dtype=torch.float64), dim=-1).values
+    e = e * 10.0 ** torch.randint(-3, 4, (64, 1), generator=gen)
+    e[:16] = e[:16].abs() + 1e-3  # positive definite
+    e[16:24, 1] = e[16:24, 0]  # a degenerate lowest pair
+    g = torch.randn(64, 30, generator=gen, dtype=torch.float64)
+    g = g * 10.0 ** torch.randint(-6, 7, (64, 1), generator=gen)
+    g[24:32, 0] *= 1e-6  # nearly the hard case
+    y = _rfo(g, e)
+    aug = torch.zeros(64, 31, 31, dtype=torch.float64)
+    aug[:, :30, :30], aug[:, :30, 30], aug[:, 30, :30] = torch.diag_embed(e), g, g
+    lowest = torch.linalg.eigvalsh(aug)[:, 0]
+    lam = (g * y).sum(-1)  # the eigenvalue of (y, 1): its last row
+    scale = e.abs().amax(-1) + g.norm(dim=-1)
+    torch.testing.assert_close(lam / scale, lowest / scale, atol=1e-12, rtol=0)
+    residual = (e * y + g - lam[:, None] * y).norm(dim=-1)  # the first rows
+    assert (residual / (scale * (1 + y.norm(dim=-1))) < 1e-12).all()
+
+
 def test_minimize_matches_ase_bfgs_at_a_tight_threshold():
     for name in ("CH3CH2OH", "C6H6", "CH3CN"):
         start = rattled(name, 0.1)
