@@ -183,20 +183,36 @@ def in_chain_modified(atoms) -> np.ndarray:
         return out
     bounds = struc.get_residue_starts(atoms, add_exclusive_stop=True, extra_categories=("res_name",))
     res_names = atoms.res_name[bounds[:-1]].tolist()
+    near = {kind: _near_links(atoms, bounds, *LINK_ATOMS[kind]) for kind in LINK_ATOMS}
 
-    def bonded(i: int, j: int, kind: str) -> bool:  # residue i's link atom to residue j's
-        if i < 0 or j >= len(res_names) or atoms.chain_id[bounds[i]] != atoms.chain_id[bounds[j]]:
-            return False
-        y, x = LINK_ATOMS[kind]
-        a, b = atoms[bounds[i] : bounds[i + 1]], atoms[bounds[j] : bounds[j + 1]]
-        xa, yb = a.coord[a.atom_name == x], b.coord[b.atom_name == y]
-        near = len(xa) and len(yb) and np.linalg.norm(xa[0] - yb[0]) <= LINK_MAX
-        return bool(near) and _polymer_kind(res_names[i]) == _polymer_kind(res_names[j]) == kind
+    def bonded(i: int, kind: str) -> bool:  # residue i to residue i + 1
+        return bool(near[kind][i]) and _polymer_kind(res_names[i]) == _polymer_kind(res_names[i + 1]) == kind
 
+    R = len(res_names)
     for r, name in enumerate(res_names):
-        if name not in standard and any(bonded(r - 1, r, k) or bonded(r, r + 1, k) for k in LINK_ATOMS):
+        if name not in standard and any(
+            (r > 0 and bonded(r - 1, k)) or (r + 1 < R and bonded(r, k)) for k in near
+        ):
             out[bounds[r] : bounds[r + 1]] = True
     return out
+
+
+def _near_links(atoms, bounds: np.ndarray, y: str, x: str) -> np.ndarray:
+    """``(R - 1,)``: residue ``i``'s first atom ``x`` is at most ``LINK_MAX`` from residue ``i + 1``'s
+    first atom ``y``, in the same chain (numpy over all residues at once)."""
+    R = len(bounds) - 1
+    res = np.repeat(np.arange(R), np.diff(bounds))
+
+    def first(name: str) -> np.ndarray:  # per residue, its first atom of that name, -1: none
+        at = np.flatnonzero(atoms.atom_name == name)
+        out = np.full(R, len(res), np.int64)
+        np.minimum.at(out, res[at], at)
+        return np.where(out < len(res), out, -1)
+
+    fx, fy = first(x)[:-1], first(y)[1:]
+    ok = (fx >= 0) & (fy >= 0) & (atoms.chain_id[bounds[:-2]] == atoms.chain_id[bounds[1:-1]])
+    d = np.linalg.norm(atoms.coord[np.maximum(fx, 0)] - atoms.coord[np.maximum(fy, 0)], axis=-1)
+    return ok & (d <= LINK_MAX)
 
 
 def family_of(res_name: str) -> str:
