@@ -1,4 +1,12 @@
-"""Residue templates of the all-atom path: every residue type and variant compiled once.
+"""Residue templates, the one compiler: every residue type and variant compiled once.
+
+The 20 amino-acid types are compiled once, at import, into arrays over *slots* (their
+heavy atoms in ``zmat/protein/topology.py`` order): :data:`AMINO` (:class:`AminoSlots`),
+with each atom's canonical row, torsion, ideal geometry, the bonds and the torsion atoms,
+references into a neighbour as ``(offset, slot)``. ``Protein``'s layout
+(``zmat.protein.layout``) stamps these arrays directly; the all-atom variants of an amino
+acid below read their parents, key atoms and torsion atoms off them, so the two views
+cannot disagree on a residue's chemistry.
 
 A *variant* is everything a residue's own rows depend on: its name, the backbone it
 links into, the atoms it has in their order (so the hydrogens it has or was given,
