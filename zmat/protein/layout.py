@@ -66,6 +66,10 @@ N_TORSIONS = len(TORSION_NAMES)
 # ------------------------------------------------ the types' slot arrays
 # One compiler: the amino-acid types are compiled once in zmat.structure.templates (AMINO),
 # the same arrays every all-atom amino-acid template is read from; the layout stamps them.
+# phi, psi, omega have the same (offset, slot) atoms in every type, the chis their own residue's
+_BACKBONE_OFFSET, _BACKBONE_SLOT = AMINO.quad_offset[0, :3], AMINO.quad_slot[0, :3]
+assert (AMINO.quad_offset[:, :3] == _BACKBONE_OFFSET).all() and (AMINO.quad_offset[:, 3:] == 1).all()
+assert (AMINO.quad_slot[:, :3] == _BACKBONE_SLOT).all()
 _RESIDUE_NAMES = np.array([t.name for t in TYPES], dtype="U3")  # type -> three-letter name
 _LETTERS = np.frombuffer("".join(t.letter for t in TYPES).encode("ascii"), np.uint8)  # type -> code
 
@@ -540,9 +544,10 @@ def _canonical_columns(atoms: _Atoms, refs, can) -> tuple[np.ndarray, np.ndarray
 def _torsion_atoms(atoms: _Atoms, starts_bonded: np.ndarray) -> np.ndarray:
     """``(L, 7, 4)`` atoms of each torsion, -1 where some atom is missing or the
     residues are not peptide-bonded."""
-    at3 = (np.arange(atoms.L) * 3)[:, None, None]
-    off = np.take(AMINO.quad_offset, atoms.types, 0)
-    tat = atoms.amap[starts_bonded[at3 + off] + np.take(AMINO.quad_slot, atoms.types, 0)]
+    near = starts_bonded.reshape(-1, 3)  # where the previous, own and next residue's slots start
+    tat = np.empty((atoms.L, N_TORSIONS, 4), np.int64)
+    tat[:, :3] = atoms.amap[near[:, _BACKBONE_OFFSET] + _BACKBONE_SLOT]
+    tat[:, 3:] = atoms.amap[near[:, 1, None, None] + np.take(AMINO.quad_slot[:, 3:], atoms.types, 0)]
     undefined = (tat[..., 0] | tat[..., 1] | tat[..., 2] | tat[..., 3]) < 0  # some atom is -1
     tat[undefined] = -1
     return tat
