@@ -12,6 +12,7 @@ import torch
 import zmat
 from zmat.protein import from_pdb, from_structure
 from zmat.protein.atom37 import ATOM_ORDER, RESTYPE_3
+from zmat.structure import modified, templates
 
 pytest.importorskip("biotite")
 import biotite.structure as struc  # noqa: E402
@@ -148,20 +149,47 @@ def test_modified_nucleotide_has_its_parents_torsions(path, name, res_id, glyco,
     assert np.abs(y - want).max() < 1e-9
 
 
-def test_parent_atoms_bonded_otherwise_leave_their_torsions_out():
-    """A U of 4p5j named PSU (pseudouridine: parent U, but C1' bonded to C5, not N1, in its CCD
-    entry): chi (O4'-C1'-N1-C2, no such bond) is NaN, the backbone torsions and pucker are the U's,
-    and the structure still rebuilds exactly."""
+def _pseudouridine():
+    """4p5j with a U made a pseudouridine: its ring atoms renamed by their place (U's N1, bonded to
+    C1', is PSU's C5...), so the file's geometry is that of a PSU (C1'-C5 bonded); and the U's index."""
     atoms = _file(os.path.join(DATA, "4p5j.cif"))
     u = sorted(set(atoms.res_id[atoms.res_name == "U"].tolist()))[5]
+    sel = atoms.res_id == u
+    atoms.res_name[sel], atoms.hetero[sel] = "PSU", True
+    # U -> PSU names by bonds (each name's atom has the same neighbours; CCD entries of U and PSU)
+    own = {"N1": "C5", "C2": "C4", "O2": "O4", "C4": "C2", "O4": "O2", "C5": "N1"}
+    atoms.atom_name[sel] = [own.get(str(a), str(a)) for a in atoms.atom_name[sel]]
+    return atoms, u
+
+
+def test_pseudouridine_has_its_parents_torsions():
+    """PSU (parent U, a C-glycoside): chi is O4'-C1'-C5-C4, the U's O4'-C1'-N1-C2 before renaming;
+    every torsion and the pucker the U's, and an exact rebuild."""
+    atoms, u = _pseudouridine()
     c0 = from_pdb(os.path.join(DATA, "4p5j.cif"))
-    atoms.res_name[atoms.res_id == u] = "PSU"
-    atoms.hetero[atoms.res_id == u] = True
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        c = from_structure(atoms)
+    c = from_structure(atoms)
     _, l_ = _polymer_row(c, "PSU", u)
-    assert len(c) == len(c0) and torch.isnan(c.torsions["chi"][l_])
+    assert len(c) == len(c0) and c.res_types[c.res_names == "PSU"].tolist() == ["U"]
+    for name in ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "chi", "pucker_phase"):
+        assert abs(float(c.torsions[name][l_] - c0.torsions[name][l_])) < 1e-12, name
+        assert name == "pucker_phase" or c.torsion_rows()[name][l_] >= 0, name
+    x = zmat.to_xyz(c.internal, c.table)
+    assert float((zmat.superpose(x, c.xyz) - c.xyz).abs().max()) < 1e-10
+
+
+def test_parent_atoms_bonded_otherwise_leave_their_torsions_out(monkeypatch):
+    """Without PSU's renaming its parent U's chi atoms O4'-C1'-N1-C2 are not bonded so (C1' is
+    bonded to C5): chi is NaN, not a dihedral about no bond; the rest is the U's."""
+    atoms, u = _pseudouridine()
+    c0 = from_pdb(os.path.join(DATA, "4p5j.cif"))
+    monkeypatch.delitem(modified.ALIASES, "PSU")
+    templates._cached.cache_clear()  # templates compiled with the renaming
+    try:
+        c = from_structure(atoms)
+    finally:
+        templates._cached.cache_clear()
+    _, l_ = _polymer_row(c, "PSU", u)
+    assert torch.isnan(c.torsions["chi"][l_])
     for name in ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "pucker_phase"):
         assert abs(float(c.torsions[name][l_] - c0.torsions[name][l_])) < 1e-12, name
     x = zmat.to_xyz(c.internal, c.table)

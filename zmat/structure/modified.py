@@ -7,16 +7,16 @@ one of the 20 amino acids or the 8 nucleotides. It keeps its own name, atoms, bo
 and hydrogens (its own CCD entry), and takes its parent's tree, named torsions
 (``phi .. chi4``; ``alpha .. chi``, the pucker) and AlphaFold residue type.
 
-Atoms are matched to the parent's by name, with one exception: MSE's selenium ``SE``
-stands in ``SD``'s place, as AlphaFold's data pipeline puts it
+Atoms are matched to the parent's by name, but for the renamings of :data:`ALIASES`:
+MSE's selenium ``SE`` stands in ``SD``'s place, as AlphaFold's data pipeline puts it
 (``alphafold/data/templates.py``, ``_get_atom_positions``: "Put the coordinates of the
 selenium atom in the sulphur column"; ``residue_constants.CCD_NAME_TO_ONE_LETTER`` maps
-``MSE`` to ``M``). A parent atom that the residue lacks, or that is not bonded as in the
-parent (pseudouridine's ``C1'`` is bonded to ``C5``, not ``N1``), leaves the parent's
-tree edge to it and the torsions through it out (they are grown over the residue's
-bonds / NaN). A residue without such a parent (an abasic site ``3DR``, a chromophore made
-of three residues, ``NRQ``) stays a residue of its own: linked, its rotatable bonds
-ligand torsions.
+``MSE`` to ``M``), and pseudouridine's ring atoms stand in U's by their bonds (its
+``C5`` in ``N1``'s place). A parent atom that the residue lacks, or that is not bonded
+as in the parent, leaves the parent's tree edge to it and the torsions through it out
+(they are grown over the residue's bonds / NaN). A residue without such a parent (an
+abasic site ``3DR``, a chromophore made of three residues, ``NRQ``) stays a residue of
+its own: linked, its rotatable bonds ligand torsions.
 """
 
 from __future__ import annotations
@@ -28,8 +28,13 @@ from .nucleic import NUCLEOTIDES
 
 __all__ = ["ALIASES", "own_name", "parent_name", "parent_type", "residue_type"]
 
-#: Per modified residue, parent atom name -> its own atom name (the rest: the same name).
-ALIASES = {"MSE": {"SD": "SE"}}
+#: Per modified residue, parent atom name -> its own atom name (the rest: the same name). MSE: the
+#: selenium in the sulphur's place (AlphaFold's rule); PSU (pseudouridine, a C-glycoside): the uracil
+#: ring bonded through C5, so its glycosidic torsion chi is O4'-C1'-C5-C4, U's O4'-C1'-N1-C2.
+ALIASES = {
+    "MSE": {"SD": "SE"},
+    "PSU": {"N1": "C5", "C2": "C4", "O2": "O4", "C4": "C2", "O4": "O2", "C5": "N1"},
+}
 _STANDARD = frozenset(RESIDUES) | frozenset(NUCLEOTIDES)
 
 
