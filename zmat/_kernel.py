@@ -933,7 +933,7 @@ class KernelPlan:
             only when such a backward happens.
         chunks: :func:`_chunks` of the parents, if made already (a batch
             prepared in a ``DataLoader`` worker).
-        roots: the dfs positions whose parent is -1, if known (:meth:`concatenate`: its pieces').
+        roots: the dfs positions whose parent is -1, if known (a builder's stamp).
     """
 
     def __init__(self, ints: np.ndarray, flags: np.ndarray, vjp, chunks=None, roots=None) -> None:
