@@ -134,6 +134,8 @@ def test_concatenated_kernel_plan_equals_the_packed_join(complexes):
         y = zmat.to_xyz(one, c.table)
         (y * torch.linspace(-1, 1, 3, dtype=y.dtype)).sum().backward()
         assert torch.equal(xk, y) and torch.equal(gk, one.grad)
+    plan = b.table.cached(_analytic._kernel_plan, torch.device("cpu"))  # read in place: no copy made
+    assert isinstance(plan, _kernel._JoinedPlan) and "_joined" not in plan.__dict__
 
 
 def test_concatenated_plan_with_offset_chains_of_different_widths(complexes, monkeypatch):
