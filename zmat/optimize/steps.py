@@ -187,8 +187,8 @@ def _rfo(g: torch.Tensor, e: torch.Tensor, iterations: int = 16) -> torch.Tensor
     g2 = g * g
     gap = e - e0
     pole = gap <= 1e-12 * e.abs().amax(-1, keepdim=True)
-    p = torch.where(pole, g2, 0.0).sum(-1, keepdim=True)
-    rest = torch.where(pole, 0.0, g2)
+    rest = g2 * ~pole
+    p = (g2 - rest).sum(-1, keepdim=True)
     # a start right of the root, from mu^2 - e_0 mu <= |g|^2 (either sign of e_0 without cancellation)
     g2sum = g2.sum(-1, keepdim=True)
     root = torch.sqrt(e0 * e0 + 4 * g2sum)
@@ -204,7 +204,7 @@ def _rfo(g: torch.Tensor, e: torch.Tensor, iterations: int = 16) -> torch.Tensor
         new = torch.where(b > 0, t / (2 + 2 * slope), p2 / t).clamp_min(1e-300)
         done = (new - mu).abs() <= 1e-14 * new
         mu = new
-        if k >= 2 and g.device.type == "cpu" and bool(done.all()):
+        if k >= 3 and g.device.type == "cpu" and bool(done.all()):
             break
     return -g / (gap + mu)
 
