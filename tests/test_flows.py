@@ -219,7 +219,8 @@ def test_batch_dims_dtypes_and_no_host_sync():
 #: 54 / 145, 167 / 64; the global inverse measures dihedrals against the axes to_xyz carries
 #: through straight angles since issue 31, in torch ops: 103 -> 247; in the compiled kernel: 109)
 #: with fixed atoms the forward is one compiled call since (zmat/csrc/world.cpp): 60 -> 3
-OPS_PER_CALL = {"global": (49, 109), "fixed": (3, 3)}
+#: the log-determinant one compiled call (world.cpp's log_det): global forward 49 -> 42
+OPS_PER_CALL = {"global": (42, 109), "fixed": (3, 3)}
 
 
 @pytest.mark.parametrize("mode", ["global", "fixed"])
@@ -404,6 +405,30 @@ def test_compiled_world_log_det_is_the_jacobians_near_straight_angles(spy):
     (g,) = torch.autograd.grad(x.sum() + ld, qd)
     assert torch.isfinite(x).all() and torch.isfinite(ld) and torch.isfinite(g).all()
     assert spy.calls["world_backward"] >= 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_compiled_log_det_is_the_torch_one(spy, dtype):
+    """T.log_abs_det_jacobian in the compiled kernel (zmat/csrc/world.cpp's log_det) against
+    zmat.flows._log_det, values and gradients, plain and normalised, with bonds and angles at the
+    clamp (a zero bond, a straight and a zero angle: their terms floored, zero gradient)."""
+    from zmat import flows
+
+    table = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0], [3, 2, 1], [2, 1, 3]]
+    gen = torch.Generator().manual_seed(9)
+    for normalize in (False, True):
+        T = InternalCoordinateTransform(table, fixed_atoms=[5], normalize_angles=normalize)
+        q = torch.rand(4, 18, generator=gen, dtype=torch.float64).to(dtype)
+        q[1, 9], q[2, 10], q[3, 13] = 0.0, 1.0 if normalize else math.pi, 0.0
+        q.requires_grad_(True)
+        t = T._tensors(q.device, dtype)
+        (fast_g,) = torch.autograd.grad(T.log_abs_det_jacobian(q).sum(), q)
+        ref = flows._log_det(T._scale(q.reshape(4, 6, 3), t), t["ld_weights"]) + T._constant
+        (ref_g,) = torch.autograd.grad(ref.sum(), q)
+        assert spy.calls["log_det"] >= 2
+        tol = 1e-12 if dtype == torch.float64 else 1e-5
+        torch.testing.assert_close(T.log_abs_det_jacobian(q), ref, atol=tol, rtol=tol)
+        torch.testing.assert_close(fast_g, ref_g, atol=tol, rtol=tol)
 
 
 def test_first_bond_along_z_round_trips_exactly():

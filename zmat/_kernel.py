@@ -292,6 +292,7 @@ _SIGNATURES = {  # pointers and integers (sizes, element strides), see the C sou
     + [_P, _P, _P, _P, _I],
     "world_forward": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _I],
     "world_backward": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _I, _I, _I, _P, _I, _P, _I],
+    "log_det": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _I, _P, _I],
 }
 _NO_STRIDES = (0, 0, 0, 0)
 
@@ -505,6 +506,18 @@ class _Library:
             0 if gld is None else gld.stride(0), gq.data_ptr(), threads(b, n),
         )  # fmt: skip
         return gq
+
+    def log_det(self, q: Tensor, weights: Tensor, scale, shift, gld=None) -> Tensor:
+        """``q`` ``(B, N, 3)`` -> the log-determinants ``(B,)``, or given their gradient ``gld``
+        ``(B,)``, the gradient ``(B, N, 3)`` of ``q`` (see :func:`log_det`)."""
+        b, n = q.shape[0], weights.shape[0] // 2
+        out = q.new_empty((b,) if gld is None else (b, n, 3))
+        ld, gq = (out, None) if gld is None else (None, out)
+        self.fns["log_det", q.dtype](
+            q.data_ptr(), b, *q.stride(), n, weights.data_ptr(), _ptr(scale), _ptr(shift), _ptr(ld),
+            _ptr(gld), 0 if gld is None else gld.stride(0), _ptr(gq), threads(b, n),
+        )  # fmt: skip
+        return out
 
 
 def _ptr(t: Tensor | None):
@@ -981,6 +994,39 @@ class _World(torch.autograd.Function):
             grad = torch.autograd.grad([o for o, _ in outs], q, [g for _, g in outs], create_graph=True)[0]
             return grad, None, None, None, None, None
         return _state["module"].world_backward(q, *ctx.arrays, x, gx, gld), None, None, None, None, None
+
+
+def log_det(q: torch.Tensor, weights: torch.Tensor, scale, shift, reference) -> torch.Tensor:
+    """``sum_i w_i log|r_i| + w'_i log|sin theta_i|`` ``(B,)`` of ``q`` ``(B, N, 3)`` (any strides;
+    ``r, theta = q * scale + shift``), each floored as ``zmat.flows._log_det`` (``zmat/csrc/world.cpp``),
+    with the exact gradient. Eager CPU float calls only (as :func:`internal`).
+
+    Args:
+        weights: ``(2 N,)`` contiguous in ``q``'s dtype, ``(w_0, w'_0, w_1, ...)`` (0: not read).
+        scale, shift: ``(N, 3)`` contiguous, or ``None``.
+        reference: ``q -> (B,)`` in differentiable torch ops, for double backward.
+    """
+    if torch.is_grad_enabled() and q.requires_grad:
+        return _LogDet.apply(q, weights, scale, shift, reference)
+    return _state["module"].log_det(q, weights, scale, shift)
+
+
+class _LogDet(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, weights, scale, shift, reference):
+        ctx.arrays, ctx.reference = (weights, scale, shift), reference
+        ctx.save_for_backward(q)
+        ctx.set_materialize_grads(False)
+        return _state["module"].log_det(q, weights, scale, shift)
+
+    @staticmethod
+    def backward(ctx, g):
+        if g is None:
+            return (None,) * 5
+        (q,) = ctx.saved_tensors
+        if _differentiable_backward(g):  # the reference's gradient, itself differentiable
+            return torch.autograd.grad(ctx.reference(q), q, g, create_graph=True)[0], None, None, None, None
+        return _state["module"].log_det(q, *ctx.arrays, g), None, None, None, None
 
 
 class KernelPlan:

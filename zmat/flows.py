@@ -370,9 +370,15 @@ class InternalCoordinateTransform(Transform):
 
     def log_abs_det_jacobian(self, q: torch.Tensor, xyz: torch.Tensor | None = None) -> torch.Tensor:
         """``log|det d xyz / d q|``, ``(...)``, from ``q`` (``xyz`` is not read)."""
-        q3 = q.unflatten(-1, self.forward_shape(q.shape)[-2:])
+        shape = self.forward_shape(q.shape)
         t = self._tensors(q.device, q.dtype)
-        out = _log_det(self._scale(q3, t), t["ld_weights"])
+        w = t["ld_weights"]
+        if _kernel.usable(q) and not torch.compiler.is_compiling():  # one compiled call
+            scaled = (t["scale"], t["shift"]) if self.normalize_angles else (None, None)
+            reference = lambda v: _log_det(self._scale(v, t), w)  # noqa: E731
+            out = _kernel.log_det(q.reshape(-1, self.n_atoms, 3), w, *scaled, reference).reshape(shape[:-2])
+        else:
+            out = _log_det(self._scale(q.unflatten(-1, shape[-2:]), t), w)
         return out + self._constant if self._constant else out
 
     def call_and_ladj(self, q: torch.Tensor):

@@ -275,7 +275,49 @@ void backward(const T* q, int64_t bn, const int64_t* qs, const Plan& pl, const C
   });
 }
 
+// The log-determinant alone (zmat/flows.py, _log_det): sum_i w_i log|r_i| + w'_i log|sin t_i|,
+// w (N, 2) the weights (0: not read), r, t the scaled q; and its gradient gq (B, N, 3).
+template <typename T>
+void log_det(const T* q, int64_t bn, const int64_t* qs, int64_t n, const T* w, const Consts<T>& k, T* ld,
+             const T* gld, int64_t gl, T* gq, int64_t threads) {
+  zmat::parallel_for(bn, threads, [&](int64_t s) {
+    const Q<T> qq{q + s * qs[0], qs[1], qs[2], k};
+    T sum = 0, g = gq ? gld[s * gl] : T(0), *gs = gq ? gq + s * 3 * n : nullptr;
+    for (int64_t i = 0; i < n; ++i) {
+      T gr = 0, gt = 0;
+      if (w[2 * i] != T(0)) {
+        const T r = qq.val(i, 0);
+        sum += w[2 * i] * log_floor(r, k.clamp);
+        gr = g * w[2 * i] * dlog_floor(r, k.clamp);
+      }
+      if (w[2 * i + 1] != T(0)) {
+        const T t = qq.val(i, 1), st = std::sin(t);
+        sum += w[2 * i + 1] * log_floor(st, k.clamp);
+        if (gs) gt = g * w[2 * i + 1] * std::cos(t) * dlog_floor(st, k.clamp);
+      }
+      if (!gs) continue;
+      gs[3 * i] = k.scale ? gr * k.scale[3 * i] : gr;
+      gs[3 * i + 1] = k.scale ? gt * k.scale[3 * i + 1] : gt;
+      gs[3 * i + 2] = T(0);
+    }
+    if (ld) ld[s] = sum;
+  });
+}
+
 }  // namespace
+
+// q (B, N, 3) with element strides; weights (N, 2), scale, shift (N, 3) (or null) contiguous;
+// ld (B,) or gq (B, N, 3) (the backward, from gld with stride gl) contiguous.
+#define ZMAT_LOG_DET(T, SUFFIX, CLAMP)                                                                      \
+  extern "C" void zmat_log_det_##SUFFIX(const T* q, int64_t b, int64_t q0, int64_t q1, int64_t q2,          \
+                                        int64_t n, const T* w, const T* scale, const T* shift, T* ld,       \
+                                        const T* gld, int64_t gl, T* gq, int64_t threads) {                 \
+    const int64_t qs[3] = {q0, q1, q2};                                                                    \
+    log_det<T>(q, b, qs, n, w, Consts<T>{0, 0, CLAMP, scale, shift}, ld, gld, gl, gq, threads);             \
+  }
+
+ZMAT_LOG_DET(float, f32, 1e-6f)
+ZMAT_LOG_DET(double, f64, 1e-12)
 
 // q (B, N, 3) with element strides; plan arrays (N,) each (atom, b, a, d int64; kind uint8) in
 // placement order; scale, shift (N, 3) or null; x (B, N, 3), ld (B,) (or null), gq contiguous.
