@@ -414,10 +414,18 @@ def _components(n: int, pref: np.ndarray, bonds: np.ndarray, heavy: np.ndarray):
 
 
 def _tree(
-    n: int, pref: np.ndarray, tree: np.ndarray, bonds: np.ndarray, heavy: np.ndarray, stamp: bool = True
+    n: int,
+    pref: np.ndarray,
+    tree: np.ndarray,
+    bonds: np.ndarray,
+    heavy: np.ndarray,
+    stamp: bool = True,
+    hang: np.ndarray | None = None,
 ):
-    """Parents, ``virtual`` (the roots hung off the frame) and the frame ``(r0, r1, r2)`` of
-    the module doc's trees. ``bonds``: the bonds a tree may follow (no cross-links).
+    """Parents, ``virtual`` (the roots hung off the frame), ``continued`` (the roots hung off
+    ``hang``) and the frame ``(r0, r1, r2)`` of the module doc's trees. ``bonds``: the bonds a
+    tree may follow (no cross-links); ``hang`` ``(n,)``: the atom a piece's root continues
+    from (the break rule ``"continue"``, :func:`_continued`), -1: off the frame.
 
     ``pref``: template parents; ``tree``: the templates' tree parents. A component whose
     atoms all have a tree parent but its root is stamped: its parents are the templates'.
@@ -456,7 +464,11 @@ def _tree(
                 v = kids.get(v)
     rest = roots[ok[label[roots]] & (label[roots] != first)]
     parent[rest], virtual[rest] = frame[2], True
-    return parent, virtual, tuple(frame)
+    continued = np.zeros(n, bool)
+    if hang is not None:  # the break rule "continue": those roots hang off their previous residue
+        continued[virtual & (hang >= 0)] = True
+        parent[continued], virtual[continued] = hang[continued], False
+    return parent, virtual, continued, tuple(frame)
 
 
 def _complete(label: np.ndarray, pref: np.ndarray, root_of: np.ndarray) -> np.ndarray:
@@ -552,13 +564,20 @@ def _leaf_root(grown: list[int], parent: np.ndarray) -> list[int]:
 
 
 def _rows(
-    parent: np.ndarray, frame: tuple, key: np.ndarray, heavy: np.ndarray, virtual: np.ndarray
+    parent: np.ndarray,
+    frame: tuple,
+    key: np.ndarray,
+    heavy: np.ndarray,
+    virtual: np.ndarray,
+    continued: np.ndarray | None = None,
 ) -> np.ndarray:
     """Rows over the tree (module doc), stamped from the parents: ``(parent, grandparent,
     great-grandparent)`` (PROPER), OFFSET on a representative sibling; the frame's
     ``r1`` BOND, ``r2`` PLANAR, ``r1``'s other children on ``r2``. The ``virtual`` roots
     (other chains, ligands) stay PROPER rows of their own: no torsion of the frame's
-    atoms turns them."""
+    atoms turns them. The ``continued`` roots (the break rule ``"continue"``) stay PROPER
+    too, but may represent their new siblings (a chain's last ``O`` is OFFSET on the next
+    chain's ``N``, as in ``Protein``)."""
     n = len(parent)
     r0, r1, r2 = frame
     up = np.append(parent, -1)  # up[-1] == -1: the parent of "none" is none
@@ -574,13 +593,15 @@ def _rows(
     np.minimum.at(best, parent[sib], rank[sib])
     rep = best[parent[sib]] % n
     off = sib != rep
+    if continued is not None:
+        off &= ~continued[sib]
     refs[sib[off], 2] = rep[off]
     return refs
 
 
 # ------------------------------------------------------------------- parse
 def parse_complex(
-    atoms, chain=None, hydrogens=False, ligands: bool = False, stamped: bool = True
+    atoms, chain=None, hydrogens=False, ligands: bool = False, stamped: bool = True, breaks: str = "pieces"
 ) -> ComplexAtoms:
     """All kept atoms of an ``AtomArray`` with bonds, rows and torsion atoms.
 
@@ -594,12 +615,19 @@ def parse_complex(
         stamped: rows stamped from the residue templates (``zmat/structure/templates.py``);
             False compiles every residue anew and grows every tree atom by atom (the
             reference the stamped rows are tested against: the same arrays).
+        breaks: the chain-break rule. ``"pieces"``: every piece (a chain, its part after a
+            break, a ligand) is its own rigid body off the frame (``Complex``).
+            ``"continue"``: an amino acid not linked to the previous residue, an amino acid
+            with a ``C``, hangs its ``N`` off that ``C`` (the ``Protein`` view: one tree, the
+            rows of ``zmat.protein.layout`` on complete residues); other pieces as ``"pieces"``.
 
     Raises:
         ValueError: unknown chain, nothing left, a residue without a CCD
             entry, a missing hydrogen without heavy atoms to place it from
             (naming chain, residue and atom).
     """
+    if breaks not in ("pieces", "continue"):
+        raise ValueError(f"breaks must be 'pieces' or 'continue', got {breaks!r}")
     opts = hydrogens if isinstance(hydrogens, Protonation) else Protonation()
     residues = _residues(_select(atoms, chain, bool(hydrogens), ligands))
     linked = _linked(residues)
@@ -614,10 +642,11 @@ def parse_complex(
     elements = np.array([e for r in residues for e in r.elements], "U2")
     residue = segment_ids(sizes)
     heavy = elements != "H"
-    parent, virtual, frame = _tree(n, pref, tree, bonds[tree_ok], heavy, stamp=stamped)
+    hang = _continued(residues, linked, sizes) if breaks == "continue" else None
+    parent, virtual, continued, frame = _tree(n, pref, tree, bonds[tree_ok], heavy, stamped, hang)
     last = quads[:, :N_DIHEDRALS, 3]
     key[last[last >= 0]] = True  # a torsion's atom represents its siblings (not the ring nu)
-    refs = _rows(parent, frame, key, heavy, virtual)
+    refs = _rows(parent, frame, key, heavy, virtual, continued)
     atom_names = np.array([a for r in residues for a in r.names], "U6")
 
     def label(i: int) -> str:
@@ -657,6 +686,18 @@ def parse_complex(
         ligand_residue=lig_res,
         linked=linked,
     )
+
+
+def _continued(residues: list[_Res], linked: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """``(N,)`` the break rule ``"continue"``: at the ``N`` of an amino acid not linked to the
+    previous residue, itself an amino acid with a ``C``, that ``C``; -1 elsewhere."""
+    hang = np.full(int(sizes.sum()), -1, np.int64)
+    first = np.cumsum(sizes) - sizes
+    for k in range(1, len(residues)):
+        r, p = residues[k], residues[k - 1]
+        if not linked[k] and r.family == p.family == "protein" and "N" in r.names and "C" in p.names:
+            hang[first[k] + r.names.index("N")] = first[k - 1] + p.names.index("C")
+    return hang
 
 
 def _ligand_torsions(fam, residue, bonds, orders, elements, parent, refs):
