@@ -29,6 +29,7 @@ two models that differ only in the extra loss and compares their samples.
 
     python examples/torsion_diffusion.py                       # tiny, with the clash term
     python examples/torsion_diffusion.py --clash-weight 0      # FoldingDiff's own loss only
+    python examples/torsion_diffusion.py --term target --clash-weight 3 --chains 8   # last session's term
     python examples/torsion_diffusion.py --guidance 0          # no clash guidance at sampling
     python examples/torsion_diffusion.py --steps 2000 --length 32 --diffusion-steps 200
 """
