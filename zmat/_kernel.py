@@ -301,6 +301,8 @@ class _Arrays(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int64) for name in ("n", "k_rows", "n_chunks")] + [
         (name, ctypes.c_void_p) for name in ("gather", "keep", "trig", "parent", "order", "chunks")
     ]
+    # a joined plan (:class:`_JoinedPlan`): its pieces' _Arrays and first dfs positions
+    _fields_ += [("n_pieces", ctypes.c_int64), ("pieces", ctypes.c_void_p), ("start", ctypes.c_void_p)]
 
     @classmethod
     def of(cls, gather: Tensor, keep: Tensor, trig: Tensor, parent: Tensor, order, chunks) -> _Arrays:
@@ -931,7 +933,7 @@ class KernelPlan:
             only when such a backward happens.
         chunks: :func:`_chunks` of the parents, if made already (a batch
             prepared in a ``DataLoader`` worker).
-        roots: the dfs positions whose parent is -1, if known (:meth:`concatenate`: its pieces').
+        roots: the dfs positions whose parent is -1, if known (a builder's stamp).
     """
 
     def __init__(self, ints: np.ndarray, flags: np.ndarray, vjp, chunks=None, roots=None) -> None:
@@ -970,24 +972,81 @@ class KernelPlan:
     @staticmethod
     def concatenate(plans: list[KernelPlan]) -> KernelPlan:
         """The plan of ``ConstructionTable.concatenate`` of the plans' tables:
-        their columns side by side, indices shifted by each table's first atom
-        (the arrays :func:`zmat._columns.joined` of their packed plans decodes to;
-        a narrower offset chain's rows: entry 0, unused). One write of each plan's
-        columns, shifted as it is copied: no packing, no pass over the result."""
-        k = max(len(p._ints) for p in plans) - 2
-        n = sum(p.n for p in plans)
-        ints, flags = np.zeros((k + 2, n), np.int64), np.zeros((k + 2, n), np.uint8)
-        at, roots = 0, []
-        for p in plans:
-            kp, end = len(p._ints) - 2, at + p.n
-            np.add(p._ints[:kp], 3 * at, out=ints[:kp, at:end])  # gather: flat into C, 3 per atom
-            np.add(p._ints[kp], at, out=ints[k, at:end])  # dfs positions; the roots' -1 again:
-            roots.append(p.roots + at)
-            ints[k, roots[-1]] = -1
-            np.add(p._ints[kp + 1], at, out=ints[k + 1, at:end])  # atom of every position
-            flags[:kp, at:end], flags[k:, at:end] = p._flags[:kp], p._flags[kp:]
-            at = end
-        return KernelPlan(ints, flags.view(bool), plans[0].vjp, roots=np.concatenate(roots))
+        their columns side by side, indices shifted by each table's first atom.
+        The kernel reads the pieces' arrays in place (:class:`_JoinedPlan`), so
+        a fresh batch of tables planned once writes no plan."""
+        return _JoinedPlan(plans)
+
+
+def _copied(plans: tuple, roots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The ``(ints, flags)`` of the plans side by side: the arrays
+    :func:`zmat._columns.joined` of their packed plans decodes to (a narrower
+    offset chain's rows: entry 0, unused), each plan's columns written once,
+    shifted as they are copied; ``roots``: the joined roots."""
+    k = max(len(p._ints) for p in plans) - 2
+    n = sum(p.n for p in plans)
+    ints, flags = np.zeros((k + 2, n), np.int64), np.zeros((k + 2, n), np.uint8)
+    at = 0
+    for p in plans:
+        kp, end = len(p._ints) - 2, at + p.n
+        np.add(p._ints[:kp], 3 * at, out=ints[:kp, at:end])  # gather: flat into C, 3 per atom
+        np.add(p._ints[kp], at, out=ints[k, at:end])  # dfs positions (the roots' -1: set back below)
+        np.add(p._ints[kp + 1], at, out=ints[k + 1, at:end])  # atom of every position
+        flags[:kp, at:end], flags[k:, at:end] = p._flags[:kp], p._flags[kp:]
+        at = end
+    ints[k, roots] = -1
+    return ints, flags
+
+
+class _JoinedPlan(KernelPlan):
+    """:meth:`KernelPlan.concatenate`'s plan: the kernel reads its pieces' own
+    arrays, each with the offset of its first atom (``zmat_plan``'s pieces in
+    ``zmat/csrc/rigid_forest.cpp``), and the thread chunks are the pieces'
+    chunks, offset (no run of trees spans two pieces). The joined arrays
+    (:func:`_copied`), which ``torch.compile``'s operators, :meth:`take` and a
+    double backward read, are written only when first read."""
+
+    def __init__(self, plans: list[KernelPlan]) -> None:
+        self.pieces = tuple(q for p in plans for q in getattr(p, "pieces", (p,)))  # (a batch of batches)
+        self.vjp = plans[0].vjp
+        self.start = np.zeros(len(self.pieces) + 1, np.int64)
+        np.cumsum([p.n for p in self.pieces], out=self.start[1:])
+        self.n = int(self.start[-1])
+        bounds = [p.chunks.numpy() + at for p, at in zip(self.pieces, self.start, strict=False)]
+        self.chunks = torch.from_numpy(np.unique(np.concatenate(bounds)))
+        self.whole = torch.tensor([0, self.n])
+
+    @functools.cached_property
+    def roots(self) -> np.ndarray:
+        return np.concatenate([p.roots + at for p, at in zip(self.pieces, self.start, strict=False)])
+
+    @functools.cached_property
+    def _joined(self) -> tuple[np.ndarray, np.ndarray]:
+        return _copied(self.pieces, self.roots)
+
+    _ints = property(lambda self: self._joined[0])
+    _flags = property(lambda self: self._joined[1])
+
+    @functools.cached_property
+    def placement(self) -> tuple[Tensor, ...]:
+        ints, flags = (torch.from_numpy(a) for a in self._joined)
+        k = len(ints) - 2
+        return ints[:k], flags[:k], flags[k:], ints[k]
+
+    gather = property(lambda self: self.placement[0])
+    keep = property(lambda self: self.placement[1])
+    trig = property(lambda self: self.placement[2])
+    parent = property(lambda self: self.placement[3])
+    order = property(lambda self: torch.from_numpy(self._ints[-1]))
+
+    @functools.cached_property
+    def arrays(self) -> _Arrays:
+        pieces = (_Arrays * len(self.pieces))(*(p.arrays for p in self.pieces))
+        start = torch.from_numpy(self.start)
+        chunks = (self.chunks.data_ptr(), len(self.pieces), ctypes.addressof(pieces), start.data_ptr())
+        arrays = _Arrays(self.n, 0, len(self.chunks) - 1, None, None, None, None, None, *chunks)
+        arrays.tensors = (pieces, start, self.chunks, self.pieces)  # (kept alive with it)
+        return arrays
 
 
 @dataclass(frozen=True)
