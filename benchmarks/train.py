@@ -48,11 +48,11 @@ SIZES = {
     ),
     "quick": dict(
         length=24, stride=4, width=64, depth=3, steps=600, batch=32, T=100, samples=256, weight=0.03,
-        chains=32, term="states", guidance=(3.0,),
+        chains=16, term="states", guidance=(3.0,),
     ),
     "full": dict(
         length=48, stride=2, width=128, depth=4, steps=4000, batch=64, T=400, samples=1024, weight=0.03,
-        chains=64, term="states", guidance=(3.0,),
+        chains=32, term="states", guidance=(3.0,),
     ),
 }  # fmt: skip
 #: the "target" term's own settings (last session's choice on validation: weight 3, 8 chains)

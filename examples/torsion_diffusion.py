@@ -398,7 +398,7 @@ def main(argv=None) -> None:
     p.add_argument("--diffusion-steps", type=int, default=50, help="T (FoldingDiff: 1000)")
     p.add_argument("--clash-weight", type=float, default=0.03, help="0: FoldingDiff's own loss only")
     p.add_argument("--term", choices=["states", "target"], default="states", help="the clash term (trainer)")
-    p.add_argument("--chains", type=int, default=32, help="sampler chains the clash term sees")
+    p.add_argument("--chains", type=int, default=16, help="sampler chains the clash term sees")
     p.add_argument("--guidance", type=float, default=3.0, help="clash guidance at sampling; 0: none")
     p.add_argument("--samples", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
