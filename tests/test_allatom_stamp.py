@@ -132,3 +132,5 @@ def test_protein_is_the_heavy_atom_view_with_the_continue_rule(name):
     )
     assert np.array_equal(np.flatnonzero((pieces.refs != lay.refs).any(1)), new_piece)
     assert (name == "1igy.pdb") == (len(new_piece) == 9)
+    with pytest.raises(ValueError, match="breaks must be"):
+        parse_complex(atoms, breaks="chains")

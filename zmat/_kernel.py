@@ -83,7 +83,7 @@ from .table import ConstructionTable
 
 _CSRC = Path(__file__).with_name("csrc")
 # compiled into one library; headers hashed too
-_SOURCES = ("rigid_forest.cpp", "torsions.cpp", "stamp.cpp", "internal.cpp", "move.cpp")
+_SOURCES = ("rigid_forest.cpp", "torsions.cpp", "stamp.cpp", "internal.cpp", "move.cpp", "world.cpp")
 _FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-pthread")
 _DTYPES = (torch.float32, torch.float64)
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -290,6 +290,9 @@ _SIGNATURES = {  # pointers and integers (sizes, element strides), see the C sou
     + [_P, _P, _P, _I],
     "move_backward": [_P, _I, _I, _I, _I, _P, _I, _I, _I, _P, _I, _I, _I, _I, _I, _I, _I, _P, _P]
     + [_P, _P, _P, _P, _I],
+    "world_forward": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _I],
+    "world_backward": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _I, _I, _I, _P, _I, _P, _I],
+    "log_det": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _I, _P, _I],
 }
 _NO_STRIDES = (0, 0, 0, 0)
 
@@ -481,6 +484,46 @@ class _Library:
             go.data_ptr(), gy.data_ptr(), gc.data_ptr(), threads(b, n),
         )  # fmt: skip
         return gR, go, gy, gc
+
+    def world_forward(self, q: Tensor, plan: Tensor, kind: Tensor, scale, shift, log_det: bool = True):
+        """``q`` ``(B, N, 3)`` -> positions ``(B, N, 3)`` and log-determinants ``(B,)`` (``None``
+        unless ``log_det``; see :func:`world`)."""
+        b, n = q.shape[0], kind.shape[0]
+        x, ld = q.new_empty((b, n, 3)), q.new_empty((b,)) if log_det else None
+        self.fns["world_forward", q.dtype](
+            q.data_ptr(), b, *q.stride(), n, plan.data_ptr(), kind.data_ptr(), _ptr(scale), _ptr(shift),
+            x.data_ptr(), _ptr(ld), threads(b, n),
+        )  # fmt: skip
+        return x, ld
+
+    def world_backward(
+        self, q: Tensor, plan: Tensor, kind: Tensor, scale, shift, x: Tensor, gx, gld
+    ) -> Tensor:
+        """The gradient ``(B, N, 3)`` of ``q`` from those of :meth:`world_forward` (either ``None``)."""
+        b, n = q.shape[0], kind.shape[0]
+        gq = q.new_empty((b, n, 3))
+        self.fns["world_backward", q.dtype](
+            q.data_ptr(), b, *q.stride(), n, plan.data_ptr(), kind.data_ptr(), _ptr(scale), _ptr(shift),
+            x.data_ptr(), _ptr(gx), *(_NO_STRIDES[:3] if gx is None else gx.stride()), _ptr(gld),
+            0 if gld is None else gld.stride(0), gq.data_ptr(), threads(b, n),
+        )  # fmt: skip
+        return gq
+
+    def log_det(self, q: Tensor, weights: Tensor, scale, shift, gld=None) -> Tensor:
+        """``q`` ``(B, N, 3)`` -> the log-determinants ``(B,)``, or given their gradient ``gld``
+        ``(B,)``, the gradient ``(B, N, 3)`` of ``q`` (see :func:`log_det`)."""
+        b, n = q.shape[0], weights.shape[0] // 2
+        out = q.new_empty((b,) if gld is None else (b, n, 3))
+        ld, gq = (out, None) if gld is None else (None, out)
+        self.fns["log_det", q.dtype](
+            q.data_ptr(), b, *q.stride(), n, weights.data_ptr(), _ptr(scale), _ptr(shift), _ptr(ld),
+            _ptr(gld), 0 if gld is None else gld.stride(0), _ptr(gq), threads(b, n),
+        )  # fmt: skip
+        return out
+
+
+def _ptr(t: Tensor | None):
+    return None if t is None else t.data_ptr()
 
 
 def stamp_plan(
@@ -914,6 +957,78 @@ class _Move(torch.autograd.Function):
             return *(next(grads) if v.requires_grad else None for v in inputs), None, None, None
         R, _, y, _ = inputs
         return *_state["module"].move_backward(R, y, g, ctx.frame_of, ctx.cartesian), None, None, None
+
+
+def world(q: torch.Tensor, plan: torch.Tensor, kind: torch.Tensor, scale, shift, reference):
+    """Positions ``(B, N, 3)`` and the log-determinant ``(B,)`` of the flows' forward with fixed
+    atoms, every atom placed in world coordinates in one pass (``zmat/csrc/world.cpp``), with the
+    exact gradient. Eager CPU float calls only (as :func:`internal`).
+
+    Args:
+        q: ``(B, N, 3)`` (any strides): positions, or ``(r, theta, phi)``, ``(r, cos beta,
+            alpha)``, ``(r, theta, gamma)`` (see ``world.cpp``).
+        plan: ``(4, N)`` int64 contiguous, per placement position the atom, ``b``, ``a``, ``d``;
+            kind: ``(N,)`` uint8, each position's kind (``world.cpp``'s ``CART`` ... ``NERF``).
+        scale, shift: ``(N, 3)`` contiguous in ``q``'s dtype (angles are ``q * scale + shift``), or ``None``.
+        reference: ``q -> (x, log_det)`` in differentiable torch ops, for double backward.
+    """
+    if torch.is_grad_enabled() and q.requires_grad:
+        return _World.apply(q, plan, kind, scale, shift, reference)
+    return _state["module"].world_forward(q, plan, kind, scale, shift)
+
+
+class _World(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, plan, kind, scale, shift, reference):
+        ctx.arrays, ctx.reference = (plan, kind, scale, shift), reference
+        x, ld = _state["module"].world_forward(q, plan, kind, scale, shift)
+        ctx.save_for_backward(q, x)
+        ctx.set_materialize_grads(False)
+        return x, ld
+
+    @staticmethod
+    def backward(ctx, gx, gld):
+        if gx is None and gld is None:
+            return (None,) * 6
+        q, x = ctx.saved_tensors
+        if _differentiable_backward(*(g for g in (gx, gld) if g is not None)):  # the reference's gradient
+            outs = [(o, g) for o, g in zip(ctx.reference(q), (gx, gld), strict=True) if g is not None]
+            grad = torch.autograd.grad([o for o, _ in outs], q, [g for _, g in outs], create_graph=True)[0]
+            return grad, None, None, None, None, None
+        return _state["module"].world_backward(q, *ctx.arrays, x, gx, gld), None, None, None, None, None
+
+
+def log_det(q: torch.Tensor, weights: torch.Tensor, scale, shift, reference) -> torch.Tensor:
+    """``sum_i w_i log|r_i| + w'_i log|sin theta_i|`` ``(B,)`` of ``q`` ``(B, N, 3)`` (any strides;
+    ``r, theta = q * scale + shift``), each floored as ``zmat.flows._log_det`` (``zmat/csrc/world.cpp``),
+    with the exact gradient. Eager CPU float calls only (as :func:`internal`).
+
+    Args:
+        weights: ``(2 N,)`` contiguous in ``q``'s dtype, ``(w_0, w'_0, w_1, ...)`` (0: not read).
+        scale, shift: ``(N, 3)`` contiguous, or ``None``.
+        reference: ``q -> (B,)`` in differentiable torch ops, for double backward.
+    """
+    if torch.is_grad_enabled() and q.requires_grad:
+        return _LogDet.apply(q, weights, scale, shift, reference)
+    return _state["module"].log_det(q, weights, scale, shift)
+
+
+class _LogDet(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, weights, scale, shift, reference):
+        ctx.arrays, ctx.reference = (weights, scale, shift), reference
+        ctx.save_for_backward(q)
+        ctx.set_materialize_grads(False)
+        return _state["module"].log_det(q, weights, scale, shift)
+
+    @staticmethod
+    def backward(ctx, g):
+        if g is None:
+            return (None,) * 5
+        (q,) = ctx.saved_tensors
+        if _differentiable_backward(g):  # the reference's gradient, itself differentiable
+            return torch.autograd.grad(ctx.reference(q), q, g, create_graph=True)[0], None, None, None, None
+        return _state["module"].log_det(q, *ctx.arrays, g), None, None, None, None
 
 
 class KernelPlan:

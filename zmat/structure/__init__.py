@@ -13,3 +13,8 @@ Modules, each importing only those above it: ``ccd`` (CCD entries), ``nucleic``,
 frames + torsions), ``hydrogens``, ``ligands``, ``amino_ideal`` <- ``allatom``
 (parsing, the tree) <- ``complex_batch`` <- ``complex``.
 """
+
+# The structure modules build on zmat.protein's modules, and zmat.protein (the public facade
+# of both) re-exports theirs; so zmat.protein is made first, whichever module is imported first
+# (``import zmat.structure.complex`` in a fresh interpreter failed with a partial module).
+from .. import protein  # noqa: E402, F401

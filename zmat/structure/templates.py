@@ -38,6 +38,7 @@ from .._segments import starts
 from ..protein.topology import AA3, CHI_ATOMS, RESIDUES, TORSION_NAMES
 from .ccd import ccd_residue
 from .hydrogens import LINK_ATOMS, extra_names
+from .modified import parent_name, residue_type
 from .nucleic import NUCLEIC_TORSIONS, nucleic_parents, torsion_atoms
 
 __all__ = ["AMINO", "QUAD_NAMES", "AminoSlots", "ResidueTemplate", "compile_residue", "stamp"]
@@ -260,8 +261,12 @@ def template_of(res, linked: bool, cache: bool = True) -> ResidueTemplate:
 def compile_residue(name, family, kind, names, elements, linked, *, res=None) -> ResidueTemplate:
     """A :class:`ResidueTemplate` (module doc); ``res``: the residue itself, for its
     extra atoms (bonds by distance, parents by nearness)."""
-    slot = {a: j for j, a in enumerate(names)}
-    bonds, orders = _local_bonds(name, kind, slot, res)
+    own = {a: j for j, a in enumerate(names)}
+    bonds, orders = _local_bonds(name, kind, own, res)
+    slot = own
+    if family != "ligand" and name != residue_type(name, family):  # a modified residue: its
+        # parent's atoms by name (MSE: SD -> SE), only where bonded as in the parent
+        slot = _ParentSlots(own, name, bonds)
     parent, link_parent, key = _local_parents(name, family, kind, names, elements, slot, bonds, linked)
     if res is not None and any(res.extra):
         _prefer_nearest(res, parent)
@@ -271,7 +276,7 @@ def compile_residue(name, family, kind, names, elements, linked, *, res=None) ->
     y, x = LINK_ATOMS.get(kind, ("", ""))
     return ResidueTemplate(
         names,
-        slot,
+        own,
         bonds,
         orders,
         parent,
@@ -318,17 +323,17 @@ def _local_parents(name, family, kind, names, elements, slot, bonds, linked):
             if linked:
                 link_parent.append((slot[a], spec[1:]))
         else:
-            parent[slot[a]] = slot.get(spec, -1)
+            parent[slot[a]] = slot.edge(a, spec) if isinstance(slot, _ParentSlots) else slot.get(spec, -1)
 
     if family == "protein":  # the type's compiled rows (AMINO), restricted to the atoms present
-        i = AMINO_TYPE[name]
+        i = AMINO_TYPE[residue_type(name, family)]
         for a, j in AMINO.slot_of[i].items():
             if a in slot:
                 f = i * SLOTS_PER_RESIDUE + j
                 put(a, AMINO.name(i, AMINO.ref_offset[f, 0] - 1, AMINO.ref_slot[f, 0]))
                 key[slot[a]] = AMINO.torsion_code[f] >= 0
     elif family == "nucleic":
-        for a, p in nucleic_parents(name).items():
+        for a, p in nucleic_parents(residue_type(name, family)).items():
             if a in slot:
                 put(a, p)
                 key[slot[a]] = a in _NUCLEIC_KEYS
@@ -404,8 +409,9 @@ def _prefer_nearest(res, parent: np.ndarray) -> None:
 
 def _local_quads(name: str, family: str, slot: dict):
     """``(Q, 4)`` local quads and the neighbour atoms of each (module doc)."""
+    rtype = residue_type(name, family)
     if family == "protein":
-        i = AMINO_TYPE[name]
+        i = AMINO_TYPE[rtype]
         off, at = AMINO.quad_offset[i] - 1, AMINO.quad_slot[i]
         defs = {
             TORSION_NAMES[q]: tuple(AMINO.name(i, o, s) for o, s in zip(off[q], at[q], strict=True))
@@ -413,7 +419,7 @@ def _local_quads(name: str, family: str, slot: dict):
             if at[q, 0] != EMPTY_SLOT
         }
     else:
-        defs = torsion_atoms(name)
+        defs = torsion_atoms(rtype)
     quads = np.full((len(QUAD_NAMES), 4), -1, np.int64)
     cross = []
     for qname, quad in defs.items():
@@ -425,11 +431,34 @@ def _local_quads(name: str, family: str, slot: dict):
                 cross.append((q, j, -1 if spec[0] == "-" else 1, spec[1:]))
             else:
                 ids.append(slot.get(spec, -1))
-        if -1 in ids:  # a missing own atom: undefined
+        if -1 in ids or not _bonded_along(slot, quad):  # a missing own atom: undefined
             cross = [c for c in cross if c[0] != q]
         else:
             quads[q] = ids
     return quads, tuple(cross)
+
+
+class _ParentSlots(dict):
+    """A modified residue's local slots under its parent's atom names
+    (``zmat/structure/modified.py``): ``slot["SD"]`` is MSE's ``SE``; a parent's tree edge
+    or torsion bond counts only where the residue has that bond."""
+
+    def __init__(self, slot: dict, name: str, bonds: np.ndarray) -> None:
+        super().__init__({parent_name(name, a): j for a, j in slot.items()})
+        self.bonded = {(i, j) for i, j in bonds.tolist()} | {(j, i) for i, j in bonds.tolist()}
+
+    def edge(self, a: str, b: str) -> int:
+        """``b``'s slot when ``a`` and ``b`` are bonded, else -1."""
+        j = self.get(b, -1)
+        return j if j >= 0 and (self[a], j) in self.bonded else -1
+
+
+def _bonded_along(slot: dict, quad: tuple) -> bool:
+    """Every pair of consecutive own atoms of a quad bonded (always, but in a modified residue)."""
+    if not isinstance(slot, _ParentSlots):
+        return True
+    own = [slot.get(a, -1) if a[0] not in "-+" else -2 for a in quad]
+    return all(i == -2 or j == -2 or (i, j) in slot.bonded for i, j in zip(own[:-1], own[1:], strict=True))
 
 
 def stamp(residues, linked: np.ndarray, disulfides, cache: bool = True):
