@@ -293,6 +293,7 @@ _SIGNATURES = {  # pointers and integers (sizes, element strides), see the C sou
     "world_forward": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _I],
     "world_backward": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _I, _I, _I, _P, _I, _P, _I],
     "log_det": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _I, _P, _I],
+    "pose_forward": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _I],
 }
 _NO_STRIDES = (0, 0, 0, 0)
 
@@ -435,6 +436,16 @@ class _Library:
             g.data_ptr(), *g.stride(), grad.data_ptr(), threads(b, m),
         )  # fmt: skip
         return grad
+
+    def pose_forward(self, x: Tensor, atoms: Tensor) -> tuple[Tensor, Tensor]:
+        """Positions ``x`` ``(B, N, 3)`` -> the trees' axes ``(B, T, 3, 3)`` and charts ``(B, 3, T)``
+        (see :func:`pose`)."""
+        b, nt = x.shape[0], atoms.shape[0] // 3
+        R, E = x.new_empty((b, nt, 3, 3)), x.new_empty((b, 3, nt))
+        self.fns["pose_forward", x.dtype](
+            x.data_ptr(), b, *x.stride(), nt, atoms.data_ptr(), R.data_ptr(), E.data_ptr(), threads(b, nt)
+        )
+        return R, E
 
     def _carried_args(self, x: Tensor, E: Tensor, k, flags: Tensor) -> tuple:
         n = x.shape[1]
@@ -918,6 +929,47 @@ class _Carried(torch.autograd.Function):
             )
             return *(next(grads) if v.requires_grad else None for v in (x, E)), None, None, None
         return *_state["module"].carried_backward(x, E, ctx.k, ctx.flags, g), None, None, None
+
+
+def pose(x: torch.Tensor, atoms: torch.Tensor, reference):
+    """The flows' tree poses from positions ``x`` ``(B, N, 3)`` (``zmat/csrc/internal.cpp``;
+    ``zmat.flows._tree_pose_torch`` is the reference): the axes ``(B, T, 3, 3)`` (columns) and
+    ``(alpha, cos beta, gamma)`` ``(B, 3, T)`` of every tree, in one loop. The gradient is the
+    reference's (a tree is a few dozen flops; the call, not the arithmetic, is the cost).
+    Eager CPU float calls only (as :func:`internal`).
+
+    Args:
+        x: positions (any strides); atoms: ``(3 T,)`` int64 contiguous, the roots, second and
+            third atoms of the trees, block by block.
+        reference: ``x -> (R, E)`` in differentiable torch ops.
+    """
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _Pose.apply(x, atoms, reference)
+    return _state["module"].pose_forward(x, atoms)
+
+
+class _Pose(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, atoms, reference):
+        ctx.reference = reference
+        ctx.save_for_backward(x)
+        ctx.set_materialize_grads(False)
+        return _state["module"].pose_forward(x, atoms)
+
+    @staticmethod
+    def backward(ctx, gR, gE):
+        (x,) = ctx.saved_tensors
+        outs = [(o, g) for o, g in zip((0, 1), (gR, gE), strict=True) if g is not None]
+        if not outs:
+            return None, None, None
+        create = _differentiable_backward(*(g for _, g in outs))
+        with torch.enable_grad():
+            v = x if create else x.detach().requires_grad_(True)
+            out = ctx.reference(v)
+            grad = torch.autograd.grad(
+                [out[k] for k, _ in outs], v, [g for _, g in outs], create_graph=create, allow_unused=True
+            )[0]
+        return grad, None, None
 
 
 def move(R, o, y, c, frame_of: torch.Tensor, cartesian: torch.Tensor, reference) -> torch.Tensor:

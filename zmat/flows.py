@@ -341,11 +341,9 @@ class InternalCoordinateTransform(Transform):
         self.inverse_shape(xyz.shape)
         t = self._tensors(xyz.device, xyz.dtype)
         x = xyz.reshape(-1, self.n_atoms, 3)
-        if self._plan.n_trees:
-            root, first, second = _components(x.index_select(1, t["tree_atoms"])).chunk(3, 1)
-            u, v, w = _frame(root, first, second, t["axes"])
+        if self._plan.n_trees:  # (B, T, 3, 3) axes as columns, (B, 3, T) alpha, cos beta, gamma
+            R, euler = _tree_pose(x, t)
         if len(self.fixed_atoms) == 0:  # zmat.to_internal in the trees' placement frames
-            R = torch.stack([u, v, w], 1).permute(3, 2, 0, 1)  # (B, T, 3, 3), axes as columns
             frame_of = t.get("frame_of")
 
             def axes_of(rows):  # each row's tree's axes, (B, len(rows), 3, 3)
@@ -361,8 +359,7 @@ class InternalCoordinateTransform(Transform):
         else:
             q = _rows(x, t, "")  # (B, N, 3): as zmat.to_internal, positions where Cartesian
         if self._plan.n_trees:  # the trees' orientations, into the second and third atoms' rows
-            euler = torch.stack(_matrix_to_euler(u, v, w, first - root))  # (3, T, B)
-            orient = euler.flatten(0, 1).t().index_select(1, t["euler_index"]).view_as(q)
+            orient = euler.flatten(1).index_select(1, t["euler_index"]).view_as(q)
             q = torch.where(t["orientation"], orient, q)
         if self.normalize_angles:
             q = (q - t["shift"]) / t["scale"]
@@ -482,6 +479,23 @@ def _frame(xo: torch.Tensor, xa: torch.Tensor, xb: torch.Tensor, axes: torch.Ten
     perp = perp * torch.rsqrt((perp * perp).sum(0, keepdim=True).clamp_min(tiny(u.dtype)))
     v = _unit(w - _dot(w, u) * u, perp)
     return u, v, _cross(u, v)
+
+
+def _tree_pose(x: torch.Tensor, t: dict):
+    """The free trees' placement axes ``(B, T, 3, 3)`` (columns) and orientations ``(B, 3, T)``
+    (``alpha, cos beta, gamma``) from positions ``x`` ``(B, N, 3)``. On the CPU one call of the
+    compiled kernel (``zmat._kernel.pose``), else :func:`_tree_pose_torch`."""
+    if _kernel.usable(x) and not torch.compiler.is_compiling():
+        return _kernel.pose(x, t["tree_atoms"], lambda v: _tree_pose_torch(v, t))
+    return _tree_pose_torch(x, t)
+
+
+def _tree_pose_torch(x: torch.Tensor, t: dict):
+    """:func:`_tree_pose` in torch ops (the kernel's reference and gradient)."""
+    root, first, second = _components(x.index_select(1, t["tree_atoms"])).chunk(3, 1)
+    u, v, w = _frame(root, first, second, t["axes"])
+    R = torch.stack([u, v, w], 1).permute(3, 2, 0, 1)
+    return R, torch.stack(_matrix_to_euler(u, v, w, first - root)).permute(2, 0, 1)
 
 
 def _move(R: torch.Tensor, origin: torch.Tensor, Y: torch.Tensor, frame_of) -> torch.Tensor:

@@ -403,3 +403,75 @@ void carried_backward(const T* p, int64_t bn, const int64_t* ps, const T* e, con
 
 ZMAT_CARRIED(float, f32, 1e-12f, 1e-5f)
 ZMAT_CARRIED(double, f64, 1e-24, 1e-10)
+
+// The flows' tree poses (zmat/flows.py, _tree_pose_torch: _frame then
+// _matrix_to_euler, the same formulas, fallbacks and dtype): per tree, from its
+// root o, second atom a and third atom b, the axes u (along a - o), v (the unit
+// part of b - o normal to u), u x v, and the ZYZ chart (alpha, cos beta, gamma).
+// Forward only: the gradient is the torch reference's (zmat/_kernel.py, pose).
+namespace {
+
+template <typename T>
+inline void unit_or(const T* v, const T* fallback, T tiny, T* out) {  // flows._unit
+  const T sq = dot(v, v);
+  if (sq <= tiny) {
+    for (int c = 0; c < 3; ++c) out[c] = fallback[c];
+    return;
+  }
+  const T r = T(1) / std::sqrt(sq);
+  for (int c = 0; c < 3; ++c) out[c] = v[c] * r;
+}
+
+template <typename T>
+inline T atan2_or_zero(T y, T x, T tiny) {  // zmat._geometry.safe_atan2
+  return x * x + y * y <= tiny ? T(0) : std::atan2(y, x);
+}
+
+template <typename T>
+void pose_forward(const T* p, int64_t bn, const int64_t* ps, int64_t nt, const int64_t* atoms, T* R, T* E, T tiny,
+                  int64_t threads) {
+  const T ex[3] = {T(1), T(0), T(0)}, ez[3] = {T(0), T(0), T(1)};
+  zmat::parallel_for(bn, threads, [&](int64_t s) {
+    const T* x = p + s * ps[0];
+    for (int64_t j = 0; j < nt; ++j) {
+      T d[3], w[3], u[3], v[3], e[3], perp[3], wn[3];
+      for (int c = 0; c < 3; ++c) {
+        const T xo = x[atoms[j] * ps[1] + c * ps[2]];
+        d[c] = x[atoms[nt + j] * ps[1] + c * ps[2]] - xo;
+        w[c] = x[atoms[2 * nt + j] * ps[1] + c * ps[2]] - xo;
+      }
+      unit_or(d, ex, tiny, u);
+      cross(u, std::abs(u[2]) > T(0.9) ? ex : ez, perp);  // v's fallback: u x e
+      T sq = dot(perp, perp);
+      if (sq < tiny) sq = tiny;
+      const T r = T(1) / std::sqrt(sq);
+      for (int c = 0; c < 3; ++c) perp[c] *= r;
+      const T h = dot(w, u);
+      for (int c = 0; c < 3; ++c) wn[c] = w[c] - h * u[c];
+      unit_or(wn, perp, tiny, v);
+      cross(u, v, e);
+      T* o = R + (s * nt + j) * 9;  // (3, 3), the axes as columns
+      for (int c = 0; c < 3; ++c) o[3 * c] = u[c], o[3 * c + 1] = v[c], o[3 * c + 2] = e[c];
+      const T alpha = atan2_or_zero(u[1], u[0], tiny), ca = std::cos(alpha), sa = std::sin(alpha);
+      const T dd = dot(d, d), norm = dd <= tiny ? T(0) : std::sqrt(dd);
+      T* q = E + s * 3 * nt + j;  // (3, T): alpha, cos beta, gamma
+      q[0] = alpha;
+      q[nt] = norm > T(0) ? d[2] / norm : u[2];
+      q[2 * nt] = atan2_or_zero(ca * v[1] - sa * v[0], ca * e[1] - sa * e[0], tiny);
+    }
+  });
+}
+
+}  // namespace
+
+// x (B, N, 3) with element strides; atoms (3 T,) int64: roots, second, third atoms;
+// R (B, T, 3, 3), E (B, 3, T) contiguous.
+#define ZMAT_POSE(T, SUFFIX, TINY)                                                                           \
+  extern "C" void zmat_pose_forward_##SUFFIX(const T* p, int64_t b, int64_t p0, int64_t p1, int64_t p2,      \
+                                             int64_t nt, const int64_t* atoms, T* R, T* E, int64_t threads) { \
+    const int64_t ps[3] = {p0, p1, p2};                                                                      \
+    pose_forward<T>(p, b, ps, nt, atoms, R, E, TINY, threads);                                              \
+  }
+
+ZMAT_POSE(float, f32, 1e-12f)
+ZMAT_POSE(double, f64, 1e-24)
