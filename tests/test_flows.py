@@ -220,7 +220,8 @@ def test_batch_dims_dtypes_and_no_host_sync():
 #: through straight angles since issue 31, in torch ops: 103 -> 247; in the compiled kernel: 109)
 #: with fixed atoms the forward is one compiled call since (zmat/csrc/world.cpp): 60 -> 3
 #: the log-determinant one compiled call (world.cpp's log_det): global forward 49 -> 42
-OPS_PER_CALL = {"global": (42, 109), "fixed": (3, 3)}
+#: the global inverse's tree poses one compiled call (internal.cpp's pose): 108 -> 12
+OPS_PER_CALL = {"global": (42, 12), "fixed": (3, 3)}
 
 
 @pytest.mark.parametrize("mode", ["global", "fixed"])
@@ -429,6 +430,35 @@ def test_compiled_log_det_is_the_torch_one(spy, dtype):
         tol = 1e-12 if dtype == torch.float64 else 1e-5
         torch.testing.assert_close(T.log_abs_det_jacobian(q), ref, atol=tol, rtol=tol)
         torch.testing.assert_close(fast_g, ref_g, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_compiled_tree_pose_is_the_torch_one(spy, dtype):
+    """The global inverse's tree poses in the compiled kernel (internal.cpp's pose) against
+    zmat.flows._tree_pose_torch, values and gradients of the axes and the chart, where the
+    fallbacks are active: a zero first bond, a first bond along +z and -z (v's fallback from
+    +x), the third atom on the first bond's line (v's fallback), and both at once."""
+    from zmat import flows
+
+    tree = np.array([[-1, -1, -1], [0, -1, -1], [0, 1, -1]])
+    T = InternalCoordinateTransform(np.concatenate([np.where(tree < 0, -1, tree + 3 * k) for k in range(5)]))
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(3, 15, 3, generator=gen, dtype=torch.float64)
+    x[0, 4] = x[0, 3]  # zero first bond
+    x[0, 7] = x[0, 6] + torch.tensor([0.0, 0.0, 1.3], dtype=torch.float64)  # along +z
+    x[0, 11] = x[0, 9] + 0.7 * (x[0, 10] - x[0, 9])  # third atom on the first bond's line
+    x[1, 13] = x[1, 12] - torch.tensor([0.0, 0.0, 0.9], dtype=torch.float64)  # along -z, straight
+    x[1, 14] = x[1, 12] + torch.tensor([0.0, 0.0, 2.0], dtype=torch.float64)
+    x = x.to(dtype).requires_grad_(True)
+    t = T._tensors(x.device, dtype)
+    fast, ref = flows._tree_pose(x, t), flows._tree_pose_torch(x, t)
+    assert spy.calls["pose_forward"] == 1
+    gR, gE = torch.randn(ref[0].shape, generator=gen).to(dtype), torch.randn(ref[1].shape, generator=gen).to(dtype)
+    grads = [torch.autograd.grad((out[0] * gR).sum() + (out[1] * gE).sum(), x)[0] for out in (fast, ref)]
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    for a, b in zip([*fast, grads[0]], [*ref, grads[1]], strict=True):
+        torch.testing.assert_close(a, b, atol=tol, rtol=tol)
+    assert fast[1][0, 1, 2] == 1 and fast[1][1, 1, 4] == -1  # cos beta exactly at the poles
 
 
 def test_first_bond_along_z_round_trips_exactly():
