@@ -294,6 +294,7 @@ _SIGNATURES = {  # pointers and integers (sizes, element strides), see the C sou
     "world_backward": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _I, _I, _I, _P, _I, _P, _I],
     "log_det": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _I, _P, _I],
     "pose_forward": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _I],
+    "pose_backward": [_P, _I, _I, _I, _I, _I, _I, _P, _P, _I, _I, _I, _I, _P, _I, _I, _I, _P, _I],
 }
 _NO_STRIDES = (0, 0, 0, 0)
 
@@ -446,6 +447,16 @@ class _Library:
             x.data_ptr(), b, *x.stride(), nt, atoms.data_ptr(), R.data_ptr(), E.data_ptr(), threads(b, nt)
         )
         return R, E
+
+    def pose_backward(self, x: Tensor, atoms: Tensor, gR: Tensor, gE: Tensor) -> Tensor:
+        """The gradient ``(B, N, 3)`` of :meth:`pose_forward` at ``x`` for the cotangents ``gR``, ``gE``."""
+        b, nt = x.shape[0], atoms.shape[0] // 3
+        grad = x.new_empty((b, x.shape[1], 3))
+        self.fns["pose_backward", x.dtype](
+            x.data_ptr(), b, *x.stride(), x.shape[1], nt, atoms.data_ptr(),
+            gR.data_ptr(), *gR.stride(), gE.data_ptr(), *gE.stride(), grad.data_ptr(), threads(b, nt),
+        )  # fmt: skip
+        return grad
 
     def _carried_args(self, x: Tensor, E: Tensor, k, flags: Tensor) -> tuple:
         n = x.shape[1]
@@ -934,9 +945,8 @@ class _Carried(torch.autograd.Function):
 def pose(x: torch.Tensor, atoms: torch.Tensor, reference):
     """The flows' tree poses from positions ``x`` ``(B, N, 3)`` (``zmat/csrc/internal.cpp``;
     ``zmat.flows._tree_pose_torch`` is the reference): the axes ``(B, T, 3, 3)`` (columns) and
-    ``(alpha, cos beta, gamma)`` ``(B, 3, T)`` of every tree, in one loop. The gradient is the
-    reference's (a tree is a few dozen flops; the call, not the arithmetic, is the cost).
-    Eager CPU float calls only (as :func:`internal`).
+    ``(alpha, cos beta, gamma)`` ``(B, 3, T)`` of every tree, in one loop, with its exact
+    gradient (the reference's under double backward). Eager CPU float calls only (as :func:`internal`).
 
     Args:
         x: positions (any strides); atoms: ``(3 T,)`` int64 contiguous, the roots, second and
@@ -951,25 +961,24 @@ def pose(x: torch.Tensor, atoms: torch.Tensor, reference):
 class _Pose(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, atoms, reference):
-        ctx.reference = reference
+        ctx.atoms, ctx.reference = atoms, reference
         ctx.save_for_backward(x)
         ctx.set_materialize_grads(False)
         return _state["module"].pose_forward(x, atoms)
 
     @staticmethod
     def backward(ctx, gR, gE):
-        (x,) = ctx.saved_tensors
-        outs = [(o, g) for o, g in zip((0, 1), (gR, gE), strict=True) if g is not None]
-        if not outs:
+        if gR is None and gE is None:
             return None, None, None
-        create = _differentiable_backward(*(g for _, g in outs))
-        with torch.enable_grad():
-            v = x if create else x.detach().requires_grad_(True)
-            out = ctx.reference(v)
-            grad = torch.autograd.grad(
-                [out[k] for k, _ in outs], v, [g for _, g in outs], create_graph=create, allow_unused=True
-            )[0]
-        return grad, None, None
+        (x,) = ctx.saved_tensors
+        if _differentiable_backward(*(g for g in (gR, gE) if g is not None)):  # the reference's gradient
+            outs = [(o, g) for o, g in zip(ctx.reference(x), (gR, gE), strict=True) if g is not None]
+            grad = torch.autograd.grad([o for o, _ in outs], x, [g for _, g in outs], create_graph=True)[0]
+            return grad, None, None
+        b, nt = x.shape[0], ctx.atoms.shape[0] // 3
+        gR = x.new_zeros((b, nt, 3, 3)) if gR is None else gR
+        gE = x.new_zeros((b, 3, nt)) if gE is None else gE
+        return _state["module"].pose_backward(x, ctx.atoms, gR, gE), None, None
 
 
 def move(R, o, y, c, frame_of: torch.Tensor, cartesian: torch.Tensor, reference) -> torch.Tensor:

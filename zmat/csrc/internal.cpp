@@ -462,15 +462,109 @@ void pose_forward(const T* p, int64_t bn, const int64_t* ps, int64_t nt, const i
   });
 }
 
+// g times the gradient of v / |v| (|v|^2 = sq > tiny), into gv.
+template <typename T>
+inline void unit_backward(const T* g, const T* v, T sq, T* gv) {
+  const T r = T(1) / std::sqrt(sq), k = r * r * r * dot(v, g);
+  for (int c = 0; c < 3; ++c) gv[c] += g[c] * r - k * v[c];
+}
+
+// gR (B, T, 3, 3) and gE (B, 3, T) with element strides -> gx (B, N, 3) contiguous: the chain
+// rule of pose_forward in reverse, through the fallbacks as autograd takes them (a fallback
+// axis is a constant; the clamp on v's fallback passes the gradient where |perp|^2 >= tiny).
+template <typename T>
+void pose_backward(const T* p, int64_t bn, const int64_t* ps, int64_t n, int64_t nt, const int64_t* atoms,
+                   const T* gR, const int64_t* rs, const T* gE, const int64_t* es, T* gx, T tiny, int64_t threads) {
+  const T ex[3] = {T(1), T(0), T(0)}, ez[3] = {T(0), T(0), T(1)};
+  zmat::parallel_for(bn, threads, [&](int64_t s) {
+    const T* x = p + s * ps[0];
+    T* out = gx + s * 3 * n;
+    for (int64_t j = 0; j < 3 * n; ++j) out[j] = T(0);
+    for (int64_t j = 0; j < nt; ++j) {
+      T d[3], w[3], u[3], v[3], e[3], perp0[3], perp[3], wn[3];
+      for (int c = 0; c < 3; ++c) {
+        const T xo = x[atoms[j] * ps[1] + c * ps[2]];
+        d[c] = x[atoms[nt + j] * ps[1] + c * ps[2]] - xo;
+        w[c] = x[atoms[2 * nt + j] * ps[1] + c * ps[2]] - xo;
+      }
+      const T sqd = dot(d, d);
+      unit_or(d, ex, tiny, u);
+      const T* sel = std::abs(u[2]) > T(0.9) ? ex : ez;
+      cross(u, sel, perp0);
+      const T sqp0 = dot(perp0, perp0), sqp = sqp0 < tiny ? tiny : sqp0, rp = T(1) / std::sqrt(sqp);
+      for (int c = 0; c < 3; ++c) perp[c] = perp0[c] * rp;
+      const T h = dot(w, u);
+      for (int c = 0; c < 3; ++c) wn[c] = w[c] - h * u[c];
+      const T sqw = dot(wn, wn);
+      unit_or(wn, perp, tiny, v);
+      cross(u, v, e);
+      const T alpha = atan2_or_zero(u[1], u[0], tiny), ca = std::cos(alpha), sa = std::sin(alpha);
+      // the cotangents
+      T gu[3], gv[3], ge[3], gd[3] = {T(0), T(0), T(0)}, gw[3] = {T(0), T(0), T(0)}, t[3];
+      const T* gr = gR + s * rs[0] + j * rs[1];
+      for (int c = 0; c < 3; ++c) gu[c] = gr[c * rs[2]], gv[c] = gr[c * rs[2] + rs[3]], ge[c] = gr[c * rs[2] + 2 * rs[3]];
+      const T* gq = gE + s * es[0] + j * es[2];
+      T ga = gq[0], gcb = gq[es[1]], gg = gq[2 * es[1]], gca = T(0), gsa = T(0);
+      {  // gamma = atan2(Y = ca v1 - sa v0, X = ca e1 - sa e0)
+        const T Y = ca * v[1] - sa * v[0], X = ca * e[1] - sa * e[0], hh = X * X + Y * Y;
+        if (!(hh <= tiny)) {
+          const T gY = gg * X / hh, gX = -gg * Y / hh;
+          gca += gY * v[1] + gX * e[1];
+          gsa -= gY * v[0] + gX * e[0];
+          gv[1] += ca * gY, gv[0] -= sa * gY, ge[1] += ca * gX, ge[0] -= sa * gX;
+        }
+      }
+      ga += gca * -sa + gsa * ca;
+      {  // alpha = atan2(u1, u0)
+        const T hh = u[0] * u[0] + u[1] * u[1];
+        if (!(hh <= tiny)) gu[1] += ga * u[0] / hh, gu[0] -= ga * u[1] / hh;
+      }
+      if (!(sqd <= tiny)) {  // cos beta = d2 / |d|
+        const T norm = std::sqrt(sqd), gn = -gcb * d[2] / (norm * norm);
+        gd[2] += gcb / norm;
+        for (int c = 0; c < 3; ++c) gd[c] += gn * d[c] / norm;
+      } else {
+        gu[2] += gcb;
+      }
+      cross(v, ge, t);  // e = u x v
+      for (int c = 0; c < 3; ++c) gu[c] += t[c];
+      cross(ge, u, t);
+      for (int c = 0; c < 3; ++c) gv[c] += t[c];
+      if (!(sqw <= tiny)) {  // v = unit(w - (w . u) u)
+        T gwn[3] = {T(0), T(0), T(0)};
+        unit_backward(gv, wn, sqw, gwn);
+        const T gh = -dot(gwn, u);
+        for (int c = 0; c < 3; ++c) gw[c] += gwn[c] + gh * u[c], gu[c] += -h * gwn[c] + gh * w[c];
+      } else {  // v = perp = perp0 / |perp0|, perp0 = u x sel
+        T gp0[3];
+        const T k = sqp0 >= tiny ? rp * rp * rp * dot(perp0, gv) : T(0);
+        for (int c = 0; c < 3; ++c) gp0[c] = gv[c] * rp - k * perp0[c];
+        cross(sel, gp0, t);
+        for (int c = 0; c < 3; ++c) gu[c] += t[c];
+      }
+      if (!(sqd <= tiny)) unit_backward(gu, d, sqd, gd);
+      T *go = out + 3 * atoms[j], *ga_ = out + 3 * atoms[nt + j], *gb = out + 3 * atoms[2 * nt + j];
+      for (int c = 0; c < 3; ++c) go[c] -= gd[c] + gw[c], ga_[c] += gd[c], gb[c] += gw[c];
+    }
+  });
+}
+
 }  // namespace
 
 // x (B, N, 3) with element strides; atoms (3 T,) int64: roots, second, third atoms;
-// R (B, T, 3, 3), E (B, 3, T) contiguous.
+// R (B, T, 3, 3), E (B, 3, T) contiguous; gR, gE as R, E with element strides; gx (B, N, 3).
 #define ZMAT_POSE(T, SUFFIX, TINY)                                                                           \
   extern "C" void zmat_pose_forward_##SUFFIX(const T* p, int64_t b, int64_t p0, int64_t p1, int64_t p2,      \
                                              int64_t nt, const int64_t* atoms, T* R, T* E, int64_t threads) { \
     const int64_t ps[3] = {p0, p1, p2};                                                                      \
     pose_forward<T>(p, b, ps, nt, atoms, R, E, TINY, threads);                                              \
+  }                                                                                                          \
+  extern "C" void zmat_pose_backward_##SUFFIX(                                                               \
+      const T* p, int64_t b, int64_t p0, int64_t p1, int64_t p2, int64_t n, int64_t nt, const int64_t* atoms, \
+      const T* gR, int64_t r0, int64_t r1, int64_t r2, int64_t r3, const T* gE, int64_t e0, int64_t e1,       \
+      int64_t e2, T* gx, int64_t threads) {                                                                  \
+    const int64_t ps[3] = {p0, p1, p2}, rs[4] = {r0, r1, r2, r3}, es[3] = {e0, e1, e2};                      \
+    pose_backward<T>(p, b, ps, n, nt, atoms, gR, rs, gE, es, gx, TINY, threads);                            \
   }
 
 ZMAT_POSE(float, f32, 1e-12f)
