@@ -191,6 +191,8 @@ def test_gradcheck_call_and_ladj(normalize, fixed):
     assert torch.autograd.gradgradcheck(lambda v: T.call_and_ladj(v), (q,))
     x = xyz.clone().requires_grad_(True)
     assert torch.autograd.gradcheck(lambda v: T.inv(v), (x,))
+    if fixed is None and not normalize:  # the inverse's double backward (tree poses: the reference's)
+        assert torch.autograd.gradgradcheck(lambda v: T.inv(v), (x,))
 
 
 def test_batch_dims_dtypes_and_no_host_sync():
