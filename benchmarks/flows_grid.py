@@ -196,7 +196,7 @@ def grid(args) -> list[dict]:
     records, default = [], torch.get_default_dtype()
     for name, table, xyz64, fixed in cases(args.tiny):
         if xyz64.shape[0] == 1:
-            records.append({"case": name, "floor": floor(table, xyz64, against)})
+            records.append({"case": name, "floor": floor(table, xyz64, against, fixed)})
             print(format_floor(records[-1]), flush=True)
         for dtype in (torch.float32, torch.float64):
             torch.set_default_dtype(dtype)  # bgflow's own constants in the row's dtype
@@ -241,20 +241,28 @@ def format_row(rec: dict) -> str:
 HEAD_KEYS = ("case", "mode", "dtype", "op")
 
 
-def floor(table, xyz: torch.Tensor, against=None) -> dict:
-    """One alanine dipeptide: forward + log-det against one ``zmat.to_xyz`` call (wall, s)."""
+def floor(table, xyz: torch.Tensor, against=None, fixed=None) -> dict:
+    """One alanine dipeptide: forward + log-det (global, and with ``fixed`` atoms) against one
+    ``zmat.to_xyz`` call: ``{contender: [(wall, cpu) per run]}`` (s)."""
     xyz = xyz[:1].float()
     C = zmat.to_internal(xyz, table)
     calls = {"to_xyz": lambda: zmat.to_xyz(C, table)}
     for label, cls in (("zmat", InternalCoordinateTransform), ("zmat before", against)):
-        if cls is not None:
-            T = cls(table)
-            q = T.inv(xyz)
-            calls[f"{label} fwd+logdet"] = lambda T=T, q=q: T.call_and_ladj(q)
+        for mode, fx in (("", None), (" fixed", fixed)):
+            if cls is not None and (fx is not None or not mode):
+                T = cls(table, fixed_atoms=fx)
+                q = T.inv(xyz)
+                calls[f"{label}{mode} fwd+logdet"] = lambda T=T, q=q: T.call_and_ladj(q)
     return time_row(calls, 3, 0.3)
 
 
 def format_floor(rec: dict) -> str:
-    t = {k: statistics.median(w for w, _ in v) for k, v in rec["floor"].items()}
-    cells = [f"{k} {v * 1e6:.0f} us ({v / t['to_xyz']:.1f}x to_xyz)" for k, v in t.items()]
-    return f"{rec['case']} float32, floor: " + "; ".join(cells)
+    """Medians over runs of wall and thread CPU time, each against ``to_xyz``'s in the same run."""
+    runs = rec["floor"]
+    cells = []
+    for k, v in runs.items():
+        us = [statistics.median(t[i] for t in v) * 1e6 for i in (0, 1)]
+        pairs = list(zip(v, runs["to_xyz"], strict=True))
+        ratio = [statistics.median(a[i] / b[i] for a, b in pairs) for i in (0, 1)]
+        cells.append(f"{k} wall {us[0]:.0f} us ({ratio[0]:.1f}x), cpu {us[1]:.0f} us ({ratio[1]:.1f}x)")
+    return f"{rec['case']} float32, floor (x: of to_xyz): " + "; ".join(cells)

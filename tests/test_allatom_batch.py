@@ -124,9 +124,7 @@ def test_concatenated_kernel_plan_equals_the_packed_join(complexes):
     )
     flags = _columns.joined(_kernel.KernelFlags, [p._flags for p in plans])
     assert np.array_equal(joined._ints, ints) and np.array_equal(joined._flags, flags)
-    roots = np.flatnonzero(ints[-2] < 0)
-    assert np.array_equal(joined.roots, roots)
-    assert torch.equal(joined.chunks, torch.from_numpy(_kernel._chunks(ints[-2], roots)))
+    assert np.array_equal(joined.roots, np.flatnonzero(ints[-2] < 0))
     b = ComplexBatch([complexes[2], complexes[0], complexes[1]])
     leaf = b.internal.clone().requires_grad_(True)
     x = b.to_xyz(leaf, padded=False)
@@ -136,6 +134,8 @@ def test_concatenated_kernel_plan_equals_the_packed_join(complexes):
         y = zmat.to_xyz(one, c.table)
         (y * torch.linspace(-1, 1, 3, dtype=y.dtype)).sum().backward()
         assert torch.equal(xk, y) and torch.equal(gk, one.grad)
+    plan = b.table.cached(_analytic._kernel_plan, torch.device("cpu"))  # read in place: no copy made
+    assert isinstance(plan, _kernel._JoinedPlan) and "_joined" not in plan.__dict__
 
 
 def test_concatenated_plan_with_offset_chains_of_different_widths(complexes, monkeypatch):
@@ -152,3 +152,48 @@ def test_concatenated_plan_with_offset_chains_of_different_widths(complexes, mon
     x = atoms.unbatch(zmat.to_xyz(torch.cat([w, c.internal, w]), table))
     assert torch.equal(x[1], zmat.to_xyz(c.internal, c.table))
     assert torch.equal(x[0], zmat.to_xyz(w, water)) and torch.equal(x[2], x[0])
+
+
+def test_joined_plan_is_read_in_place_with_the_bits_of_the_copied_plan(complexes, monkeypatch):
+    """The kernel reads a concatenated plan's pieces in place (no joined arrays
+    written): positions, frames and gradients equal those of the same arrays
+    copied into one plan, bit for bit, chunked over threads (runs of trees inside
+    pieces) or not (a unit per piece), for 1 and 4 structures."""
+    from zmat import _analytic, _kernel
+
+    if not _kernel.serves(torch.device("cpu")):
+        pytest.skip("the compiled kernel is off")
+    monkeypatch.setattr(_kernel, "CHUNK_ATOMS", 64)  # several runs of trees per piece
+    monkeypatch.setattr(_kernel, "PARALLEL_ATOMS", 1)
+    w = np.array([[-1, -1, -1], [0, -1, -1], [0, 1, -1]])
+    water = zmat.ConstructionTable(w)
+    box = zmat.ConstructionTable(np.concatenate([np.where(w < 0, w, w + 3 * i) for i in range(60)]))
+    tables = [zmat.ConstructionTable(complexes[k].table.refs) for k in (1, 0, 2)]  # planned anew
+    tables = [tables[0], water, box, tables[1], tables[2], water]  # (a complex is one tree)
+    table, _ = zmat.batch.concatenate_tables(tables)
+    joined = _kernel.KernelPlan.concatenate([t.cached(_analytic._kernel_plan, "cpu") for t in tables])
+    starts = np.cumsum([0] + [t.n_atoms for t in tables])
+    assert np.isin(starts, joined.chunks.numpy()).all() and len(joined.chunks) > len(tables) + 2
+    rng = np.random.default_rng(0)
+
+    def step(plan, C, g):  # positions, frames and their gradients
+        x, (rot, pos) = _kernel.positions(C, plan, table), _kernel.frames(C.flatten(1).t(), plan, table)
+        gf = [torch.from_numpy(rng.normal(size=v.shape)) for v in (rot, pos)]
+        return x, rot, pos, *torch.autograd.grad(x, C, g), *torch.autograd.grad((rot, pos), C, gf)
+
+    threads = torch.get_num_threads()
+    try:
+        for n_threads, b in [(1, 1), (3, 1), (3, 4), (3, 8)]:
+            torch.set_num_threads(n_threads)
+            C = torch.from_numpy(rng.uniform(0.5, 2.5, (b, joined.n, 3))).requires_grad_(True)
+            g = torch.from_numpy(rng.normal(size=(b, joined.n, 3)))
+            state = rng.bit_generator.state
+            got = step(joined, C, g)
+            assert "_joined" not in joined.__dict__, "the kernel read a joined copy"
+            rng.bit_generator.state = state
+            want = step(_kernel.KernelPlan(joined._ints, joined._flags, joined.vjp), C, g)
+            for k, (x, y) in enumerate(zip(got, want, strict=True)):
+                assert torch.equal(x, y), (n_threads, b, k)
+            del joined.__dict__["_joined"]
+    finally:
+        torch.set_num_threads(threads)

@@ -60,14 +60,15 @@ def _dihedral(p0, p1, p2, p3):
 
 def _independent(atoms):
     """Per nucleotide (chain, res_id): torsions from atom names, numpy only (neighbours:
-    standard nucleotides of the same chain with O3'-P under 2 A)."""
+    nucleotides of the same chain with O3'-P under 2 A). 4p5j's 3' A23 (a 2',3'-cyclic
+    phosphate adenosine) is a nucleotide of its parent type A."""
     import biotite.structure as struc
 
     res = list(struc.residue_iter(atoms[atoms.element != "H"]))
     xyz = [{a: r.coord[i].astype(np.float64) for i, a in enumerate(r.atom_name)} for r in res]
     out = {}
     for k, r in enumerate(res):
-        name = r.res_name[0]
+        name = {"A23": "A"}.get(r.res_name[0], r.res_name[0])
         if name not in NUCLEOTIDES:
             continue
         x = xyz[k]

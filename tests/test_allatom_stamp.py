@@ -13,7 +13,8 @@ import torch
 
 import zmat
 from zmat.protein.frames import superpose_on_atoms
-from zmat.protein.io import read_atoms
+from zmat.protein.io import parse_atoms, read_atoms
+from zmat.protein.topology import TORSION_NAMES
 from zmat.structure import allatom, templates
 from zmat.structure.allatom import parse_complex
 
@@ -107,3 +108,29 @@ def test_each_residue_variant_is_compiled_once(monkeypatch):
         g = parse_complex(atoms, stamped=False)
     for f in FIELDS:
         assert np.array_equal(getattr(s, f), getattr(g, f)), f
+
+
+@pytest.mark.parametrize("name", ["1l2y.pdb", "1igy.pdb"])  # 1igy: four chains, inter-chain disulfides
+def test_protein_is_the_heavy_atom_view_with_the_continue_rule(name):
+    """One model: the all-atom structure of a protein file (heavy atoms, no ligands) stamped
+    with the break rule "continue" is ``Protein``'s layout (atoms, rows, bonds, torsion atoms);
+    with "pieces" only the rows of a later chain's first N, CA, C differ (off the frame)."""
+    atoms = read_atoms(os.path.join(DATA, name))
+    lay = parse_atoms(atoms).layout
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        c = parse_complex(atoms, breaks="continue")
+        pieces = parse_complex(atoms)
+    assert np.array_equal(c.atom_names, lay.atom_names) and np.array_equal(c.residue, lay.residue_index)
+    assert np.array_equal(c.refs, lay.refs)
+    assert {tuple(b) for b in np.sort(c.bonds, 1).tolist()} == {
+        tuple(b) for b in np.sort(lay.bonds, 1).tolist()
+    }
+    assert np.array_equal(c.quads[:, : len(TORSION_NAMES)], lay.torsion_atoms)
+    new_piece = np.flatnonzero(
+        ~c.linked[c.residue] & (c.residue > 0) & np.isin(c.atom_names, ["N", "CA", "C"])
+    )
+    assert np.array_equal(np.flatnonzero((pieces.refs != lay.refs).any(1)), new_piece)
+    assert (name == "1igy.pdb") == (len(new_piece) == 9)
+    with pytest.raises(ValueError, match="breaks must be"):
+        parse_complex(atoms, breaks="chains")

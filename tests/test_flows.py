@@ -218,7 +218,9 @@ def test_batch_dims_dtypes_and_no_host_sync():
 #: log-det 68 / 254, inverse 246 / 246, global / fixed; before the compiled rows and motions
 #: 54 / 145, 167 / 64; the global inverse measures dihedrals against the axes to_xyz carries
 #: through straight angles since issue 31, in torch ops: 103 -> 247; in the compiled kernel: 109)
-OPS_PER_CALL = {"global": (49, 109), "fixed": (60, 3)}
+#: with fixed atoms the forward is one compiled call since (zmat/csrc/world.cpp): 60 -> 3
+#: the log-determinant one compiled call (world.cpp's log_det): global forward 49 -> 42
+OPS_PER_CALL = {"global": (42, 109), "fixed": (3, 3)}
 
 
 @pytest.mark.parametrize("mode", ["global", "fixed"])
@@ -349,6 +351,84 @@ def test_compiled_rigid_motions_are_the_torch_ones(spy, fixed):
         torch.testing.assert_close(a, b, atol=1e-13, rtol=0)
     small = [a[:1].detach().requires_grad_(True) for a in args]
     assert torch.autograd.gradgradcheck(lambda *v: flows._moved(*v, t, fixed is not None), small)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_compiled_world_forward_is_the_torch_forward(spy, dtype):
+    """The forward with fixed atoms in the compiled kernel (zmat/csrc/world.cpp: every atom placed
+    in world coordinates, the log-determinant in the same pass) against its torch reference
+    (frames, to_xyz, rigid motions; T._reference): an anchored group and a free tree whose third
+    atom is on its root and whose last atoms refer to fixed atoms, angles plain and normalised;
+    values and gradients of both outputs."""
+    table = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0], [3, 2, 1], [2, 1, 3], [5, 2, 1]]
+    table += [[-1, -1, -1], [7, -1, -1], [7, 8, -1], [9, 7, 2], [4, 3, 2], [11, 4, 3], [10, 9, 0]]
+    gen = torch.Generator().manual_seed(7)
+    xyz = torch.randn(5, 14, 3, generator=gen, dtype=torch.float64) * 2
+    for normalize in (False, True):
+        T = InternalCoordinateTransform(table, fixed_atoms=[0, 1, 2, 4], normalize_angles=normalize)
+        q = T.inv(xyz).to(dtype).requires_grad_(True)
+        gx, gl = torch.randn(5, 14, 3, generator=gen, dtype=torch.float64).to(dtype), torch.randn(5).to(dtype)
+        before = dict(spy.calls)
+        fast = T.call_and_ladj(q)
+        (fast_g,) = torch.autograd.grad((fast[0] * gx).sum() + (fast[1] * gl).sum(), q)
+        assert spy.calls["world_forward"] - before.get("world_forward", 0) == 1
+        assert spy.calls["world_backward"] - before.get("world_backward", 0) == 1
+        ref = T._reference(q.reshape(5, 14, 3))
+        (ref_g,) = torch.autograd.grad((ref[0] * gx).sum() + (ref[1] * gl).sum(), q)
+        tol = 1e-12 if dtype == torch.float64 else 2e-5
+        torch.testing.assert_close(fast[0], ref[0], atol=tol, rtol=0)
+        torch.testing.assert_close(fast[1], ref[1] + T._constant, atol=tol, rtol=tol)
+        torch.testing.assert_close(fast_g, ref_g, atol=tol * 10, rtol=tol)
+    # gradcheck / gradgradcheck through the kernel: test_gradcheck_call_and_ladj
+
+
+def test_compiled_world_log_det_is_the_jacobians_near_straight_angles(spy):
+    """The compiled forward's log-determinant against the slogdet of its own autograd Jacobian,
+    at angles 1e-3 and 1e-6 from straight (a dihedral then barely moves its atom) and at a tree's
+    pole; exactly straight angles and zero bonds give finite values and gradients."""
+    table = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0], [3, 2, 1], [4, 3, 2], [4, 3, 5]]
+    table += [[-1, -1, -1], [7, -1, -1], [7, 8, -1], [9, 7, 5]]
+    T = InternalCoordinateTransform(table, fixed_atoms=[0, 1, 2])
+    xyz = torch.randn(11, 3, generator=torch.Generator().manual_seed(8), dtype=torch.float64) * 2
+    q = T.inv(xyz).detach()
+    for gap in (1e-3, 1e-6):
+        qs = q.clone()
+        qs[3 * 4 + 1] = math.pi - gap  # atom 4: the reference angle of atoms 5 and 6
+        qs[3 * 5 + 1] = gap
+        qs[3 * 8 + 1] = 1 - gap**2 / 2  # cos beta of the free tree: near its pole
+        J = torch.autograd.functional.jacobian(lambda v: T(v).reshape(-1), qs)
+        torch.testing.assert_close(T.call_and_ladj(qs)[1], torch.linalg.slogdet(J)[1], atol=1e-7, rtol=0)
+    qd = q.clone()
+    qd[3 * 4 + 1], qd[3 * 5] = math.pi, 0.0  # a straight angle, then a zero bond
+    qd = qd.requires_grad_(True)
+    x, ld = T.call_and_ladj(qd)
+    (g,) = torch.autograd.grad(x.sum() + ld, qd)
+    assert torch.isfinite(x).all() and torch.isfinite(ld) and torch.isfinite(g).all()
+    assert spy.calls["world_backward"] >= 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_compiled_log_det_is_the_torch_one(spy, dtype):
+    """T.log_abs_det_jacobian in the compiled kernel (zmat/csrc/world.cpp's log_det) against
+    zmat.flows._log_det, values and gradients, plain and normalised, with bonds and angles at the
+    clamp (a zero bond, a straight and a zero angle: their terms floored, zero gradient)."""
+    from zmat import flows
+
+    table = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0], [3, 2, 1], [2, 1, 3]]
+    gen = torch.Generator().manual_seed(9)
+    for normalize in (False, True):
+        T = InternalCoordinateTransform(table, fixed_atoms=[5], normalize_angles=normalize)
+        q = torch.rand(4, 18, generator=gen, dtype=torch.float64).to(dtype)
+        q[1, 9], q[2, 10], q[3, 13] = 0.0, 1.0 if normalize else math.pi, 0.0
+        q.requires_grad_(True)
+        t = T._tensors(q.device, dtype)
+        (fast_g,) = torch.autograd.grad(T.log_abs_det_jacobian(q).sum(), q)
+        ref = flows._log_det(T._scale(q.reshape(4, 6, 3), t), t["ld_weights"]) + T._constant
+        (ref_g,) = torch.autograd.grad(ref.sum(), q)
+        assert spy.calls["log_det"] >= 2
+        tol = 1e-12 if dtype == torch.float64 else 1e-5
+        torch.testing.assert_close(T.log_abs_det_jacobian(q), ref, atol=tol, rtol=tol)
+        torch.testing.assert_close(fast_g, ref_g, atol=tol, rtol=tol)
 
 
 def test_first_bond_along_z_round_trips_exactly():

@@ -25,6 +25,10 @@ LAZY_PACKAGES = {
     "protein": "residue templates and ideal geometry: most of what `import zmat` would cost",
     "structure": "the all-atom package (CCD, nucleotides, ligands), imported by zmat.protein",
 }
+#: (importer, imported): the one circle on purpose: zmat.protein is the public facade of the
+#: structure package (it re-exports its names), while the structure modules build on protein's
+#: modules; so zmat.structure makes zmat.protein first (test_every_structure_module_imports_first)
+FACADE = {("zmat.structure", "zmat.protein")}
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
@@ -97,6 +101,8 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_circle():
     edges, _ = graph()
+    for src, target in FACADE:
+        edges.get(src, set()).discard(target)
     assert "zmat.rdkit" in edges and "zmat.batch" in edges["zmat.rdkit"]  # the graph is read
     assert cycles(edges) == []
 
@@ -138,25 +144,41 @@ def _python(code: str, env: dict) -> str:
     return proc.stdout
 
 
+def test_every_structure_module_imports_first():
+    """Each module of zmat.structure imported first in a fresh interpreter (forked after torch):
+    none meets a partially initialised module through zmat.protein's facade."""
+    names = sorted(module_name(p) for p in (ROOT / "structure").glob("*.py"))
+    code = (
+        "import importlib, os, torch\n"
+        f"for name in {names!r}:\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        try:\n"
+        "            importlib.import_module(name)\n"
+        "        except ImportError as err:\n"
+        "            print(name, err)\n"
+        "        os._exit(0)\n"
+        "    os.waitpid(pid, 0)\n"
+    )
+    assert _python(code, {**os.environ, "PYTHONPATH": str(ROOT.parent)}) == ""
+
+
 def test_import_zmat_is_light(tmp_path):
-    """In a fresh interpreter with bytecode cached (as after an install): ``import zmat`` imports no
-    lazy package, costs little beside ``import torch`` (issue 32: 0.3 s; 0.8 s with the structure
-    package on a loaded 2-core machine), and every way of reaching the packages still works."""
+    """In a fresh interpreter: ``import zmat`` after ``import torch`` imports no lazy package and
+    no third-party module (issue 32: it cost 0.3 s beside torch; what it imports is checked here,
+    since a timed assertion fails on a loaded machine), and every way of reaching the packages
+    still works."""
     env = {**os.environ, "PYTHONPYCACHEPREFIX": str(tmp_path), "PYTHONPATH": str(ROOT.parent)}
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    _python("import zmat.protein", env)  # writes the bytecode
     out = _python(
-        "import sys, time\n"
-        "t0 = time.perf_counter(); import torch; t1 = time.perf_counter(); import zmat\n"
-        "t2 = time.perf_counter()\n"
-        f"print(t1 - t0, t2 - t1, *['zmat.' + name in sys.modules for name in {tuple(LAZY_PACKAGES)}])\n"
+        "import sys, torch\n"
+        "before = set(sys.modules); import zmat\n"
+        "new = {m.partition('.')[0] for m in set(sys.modules) - before} - {'zmat'}\n"
+        "print(*sorted(new - set(sys.stdlib_module_names)) or ['-'],"
+        f" *['zmat.' + name in sys.modules for name in {tuple(LAZY_PACKAGES)}])\n"
         "assert zmat.protein.from_pdb and zmat.structure.complex.Complex and 'zmat.protein' in sys.modules\n"
         "import zmat.protein.atom37\n"
         "from zmat import protein\n"
         "from zmat.protein import from_pdb\n",
         env,
     )
-    torch_s, zmat_s, *loaded = out.split()
-    assert loaded == ["False"] * len(LAZY_PACKAGES), out
-    # 0.3 s, plus room for a loaded machine (torch's own import time grows with the load)
-    assert float(zmat_s) < 0.3 + 0.03 * float(torch_s), out
+    assert out.split() == ["-"] + ["False"] * len(LAZY_PACKAGES), out

@@ -254,6 +254,22 @@ def test_a_batch_made_in_a_dataloader_worker_is_ready_and_the_same(monkeypatch):
     assert all(torch.equal(x, y) for x, y in zip(pickled, steps[0], strict=True))
 
 
+def test_a_worker_that_made_no_step_yet_stamps_in_c(monkeypatch):
+    # a DataLoader worker prepares batches before any kernel call: collate loads the
+    # library first, so the plan and the fill's arrays are the C stamps, not numpy's
+    from zmat.protein import pieces
+
+    if not _kernel.serves(torch.device("cpu")):
+        pytest.skip("the compiled kernel is off")
+    monkeypatch.setattr(_kernel, "_state", {})  # nothing loaded yet in this process
+    monkeypatch.setattr(pieces, "_kernel_arrays", None)  # the numpy plan stamp: unusable
+    stamped = []
+    atoms = _kernel.stamp_atoms
+    monkeypatch.setattr(_kernel, "stamp_atoms", lambda *a, **k: stamped.append(atoms(*a, **k)) or stamped[-1])
+    batch = zp.ProteinBatch.collate(["MKVLAG", "PW"])
+    assert batch._prepared and len(stamped) == 1 and stamped[0] is not None
+
+
 def test_batch_with_an_empty_sequence_takes_the_general_path():
     batch = zp.ProteinBatch(["", "MK"])
     assert batch._stamp is None and batch.atom_mask[0].sum() == 0

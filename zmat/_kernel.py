@@ -83,7 +83,7 @@ from .table import ConstructionTable
 
 _CSRC = Path(__file__).with_name("csrc")
 # compiled into one library; headers hashed too
-_SOURCES = ("rigid_forest.cpp", "torsions.cpp", "stamp.cpp", "internal.cpp", "move.cpp")
+_SOURCES = ("rigid_forest.cpp", "torsions.cpp", "stamp.cpp", "internal.cpp", "move.cpp", "world.cpp")
 _FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-pthread")
 _DTYPES = (torch.float32, torch.float64)
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -290,6 +290,9 @@ _SIGNATURES = {  # pointers and integers (sizes, element strides), see the C sou
     + [_P, _P, _P, _I],
     "move_backward": [_P, _I, _I, _I, _I, _P, _I, _I, _I, _P, _I, _I, _I, _I, _I, _I, _I, _P, _P]
     + [_P, _P, _P, _P, _I],
+    "world_forward": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _I],
+    "world_backward": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _I, _I, _I, _P, _I, _P, _I],
+    "log_det": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _I, _P, _I],
 }
 _NO_STRIDES = (0, 0, 0, 0)
 
@@ -301,6 +304,8 @@ class _Arrays(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int64) for name in ("n", "k_rows", "n_chunks")] + [
         (name, ctypes.c_void_p) for name in ("gather", "keep", "trig", "parent", "order", "chunks")
     ]
+    # a joined plan (:class:`_JoinedPlan`): its pieces' _Arrays and first dfs positions
+    _fields_ += [("n_pieces", ctypes.c_int64), ("pieces", ctypes.c_void_p), ("start", ctypes.c_void_p)]
 
     @classmethod
     def of(cls, gather: Tensor, keep: Tensor, trig: Tensor, parent: Tensor, order, chunks) -> _Arrays:
@@ -479,6 +484,46 @@ class _Library:
             go.data_ptr(), gy.data_ptr(), gc.data_ptr(), threads(b, n),
         )  # fmt: skip
         return gR, go, gy, gc
+
+    def world_forward(self, q: Tensor, plan: Tensor, kind: Tensor, scale, shift, log_det: bool = True):
+        """``q`` ``(B, N, 3)`` -> positions ``(B, N, 3)`` and log-determinants ``(B,)`` (``None``
+        unless ``log_det``; see :func:`world`)."""
+        b, n = q.shape[0], kind.shape[0]
+        x, ld = q.new_empty((b, n, 3)), q.new_empty((b,)) if log_det else None
+        self.fns["world_forward", q.dtype](
+            q.data_ptr(), b, *q.stride(), n, plan.data_ptr(), kind.data_ptr(), _ptr(scale), _ptr(shift),
+            x.data_ptr(), _ptr(ld), threads(b, n),
+        )  # fmt: skip
+        return x, ld
+
+    def world_backward(
+        self, q: Tensor, plan: Tensor, kind: Tensor, scale, shift, x: Tensor, gx, gld
+    ) -> Tensor:
+        """The gradient ``(B, N, 3)`` of ``q`` from those of :meth:`world_forward` (either ``None``)."""
+        b, n = q.shape[0], kind.shape[0]
+        gq = q.new_empty((b, n, 3))
+        self.fns["world_backward", q.dtype](
+            q.data_ptr(), b, *q.stride(), n, plan.data_ptr(), kind.data_ptr(), _ptr(scale), _ptr(shift),
+            x.data_ptr(), _ptr(gx), *(_NO_STRIDES[:3] if gx is None else gx.stride()), _ptr(gld),
+            0 if gld is None else gld.stride(0), gq.data_ptr(), threads(b, n),
+        )  # fmt: skip
+        return gq
+
+    def log_det(self, q: Tensor, weights: Tensor, scale, shift, gld=None) -> Tensor:
+        """``q`` ``(B, N, 3)`` -> the log-determinants ``(B,)``, or given their gradient ``gld``
+        ``(B,)``, the gradient ``(B, N, 3)`` of ``q`` (see :func:`log_det`)."""
+        b, n = q.shape[0], weights.shape[0] // 2
+        out = q.new_empty((b,) if gld is None else (b, n, 3))
+        ld, gq = (out, None) if gld is None else (None, out)
+        self.fns["log_det", q.dtype](
+            q.data_ptr(), b, *q.stride(), n, weights.data_ptr(), _ptr(scale), _ptr(shift), _ptr(ld),
+            _ptr(gld), 0 if gld is None else gld.stride(0), _ptr(gq), threads(b, n),
+        )  # fmt: skip
+        return out
+
+
+def _ptr(t: Tensor | None):
+    return None if t is None else t.data_ptr()
 
 
 def stamp_plan(
@@ -914,6 +959,78 @@ class _Move(torch.autograd.Function):
         return *_state["module"].move_backward(R, y, g, ctx.frame_of, ctx.cartesian), None, None, None
 
 
+def world(q: torch.Tensor, plan: torch.Tensor, kind: torch.Tensor, scale, shift, reference):
+    """Positions ``(B, N, 3)`` and the log-determinant ``(B,)`` of the flows' forward with fixed
+    atoms, every atom placed in world coordinates in one pass (``zmat/csrc/world.cpp``), with the
+    exact gradient. Eager CPU float calls only (as :func:`internal`).
+
+    Args:
+        q: ``(B, N, 3)`` (any strides): positions, or ``(r, theta, phi)``, ``(r, cos beta,
+            alpha)``, ``(r, theta, gamma)`` (see ``world.cpp``).
+        plan: ``(4, N)`` int64 contiguous, per placement position the atom, ``b``, ``a``, ``d``;
+            kind: ``(N,)`` uint8, each position's kind (``world.cpp``'s ``CART`` ... ``NERF``).
+        scale, shift: ``(N, 3)`` contiguous in ``q``'s dtype (angles are ``q * scale + shift``), or ``None``.
+        reference: ``q -> (x, log_det)`` in differentiable torch ops, for double backward.
+    """
+    if torch.is_grad_enabled() and q.requires_grad:
+        return _World.apply(q, plan, kind, scale, shift, reference)
+    return _state["module"].world_forward(q, plan, kind, scale, shift)
+
+
+class _World(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, plan, kind, scale, shift, reference):
+        ctx.arrays, ctx.reference = (plan, kind, scale, shift), reference
+        x, ld = _state["module"].world_forward(q, plan, kind, scale, shift)
+        ctx.save_for_backward(q, x)
+        ctx.set_materialize_grads(False)
+        return x, ld
+
+    @staticmethod
+    def backward(ctx, gx, gld):
+        if gx is None and gld is None:
+            return (None,) * 6
+        q, x = ctx.saved_tensors
+        if _differentiable_backward(*(g for g in (gx, gld) if g is not None)):  # the reference's gradient
+            outs = [(o, g) for o, g in zip(ctx.reference(q), (gx, gld), strict=True) if g is not None]
+            grad = torch.autograd.grad([o for o, _ in outs], q, [g for _, g in outs], create_graph=True)[0]
+            return grad, None, None, None, None, None
+        return _state["module"].world_backward(q, *ctx.arrays, x, gx, gld), None, None, None, None, None
+
+
+def log_det(q: torch.Tensor, weights: torch.Tensor, scale, shift, reference) -> torch.Tensor:
+    """``sum_i w_i log|r_i| + w'_i log|sin theta_i|`` ``(B,)`` of ``q`` ``(B, N, 3)`` (any strides;
+    ``r, theta = q * scale + shift``), each floored as ``zmat.flows._log_det`` (``zmat/csrc/world.cpp``),
+    with the exact gradient. Eager CPU float calls only (as :func:`internal`).
+
+    Args:
+        weights: ``(2 N,)`` contiguous in ``q``'s dtype, ``(w_0, w'_0, w_1, ...)`` (0: not read).
+        scale, shift: ``(N, 3)`` contiguous, or ``None``.
+        reference: ``q -> (B,)`` in differentiable torch ops, for double backward.
+    """
+    if torch.is_grad_enabled() and q.requires_grad:
+        return _LogDet.apply(q, weights, scale, shift, reference)
+    return _state["module"].log_det(q, weights, scale, shift)
+
+
+class _LogDet(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, weights, scale, shift, reference):
+        ctx.arrays, ctx.reference = (weights, scale, shift), reference
+        ctx.save_for_backward(q)
+        ctx.set_materialize_grads(False)
+        return _state["module"].log_det(q, weights, scale, shift)
+
+    @staticmethod
+    def backward(ctx, g):
+        if g is None:
+            return (None,) * 5
+        (q,) = ctx.saved_tensors
+        if _differentiable_backward(g):  # the reference's gradient, itself differentiable
+            return torch.autograd.grad(ctx.reference(q), q, g, create_graph=True)[0], None, None, None, None
+        return _state["module"].log_det(q, *ctx.arrays, g), None, None, None, None
+
+
 class KernelPlan:
     """The plan arrays the kernel reads, in depth-first order, for one table.
 
@@ -931,7 +1048,7 @@ class KernelPlan:
             only when such a backward happens.
         chunks: :func:`_chunks` of the parents, if made already (a batch
             prepared in a ``DataLoader`` worker).
-        roots: the dfs positions whose parent is -1, if known (:meth:`concatenate`: its pieces').
+        roots: the dfs positions whose parent is -1, if known (a builder's stamp).
     """
 
     def __init__(self, ints: np.ndarray, flags: np.ndarray, vjp, chunks=None, roots=None) -> None:
@@ -970,24 +1087,81 @@ class KernelPlan:
     @staticmethod
     def concatenate(plans: list[KernelPlan]) -> KernelPlan:
         """The plan of ``ConstructionTable.concatenate`` of the plans' tables:
-        their columns side by side, indices shifted by each table's first atom
-        (the arrays :func:`zmat._columns.joined` of their packed plans decodes to;
-        a narrower offset chain's rows: entry 0, unused). One write of each plan's
-        columns, shifted as it is copied: no packing, no pass over the result."""
-        k = max(len(p._ints) for p in plans) - 2
-        n = sum(p.n for p in plans)
-        ints, flags = np.zeros((k + 2, n), np.int64), np.zeros((k + 2, n), np.uint8)
-        at, roots = 0, []
-        for p in plans:
-            kp, end = len(p._ints) - 2, at + p.n
-            np.add(p._ints[:kp], 3 * at, out=ints[:kp, at:end])  # gather: flat into C, 3 per atom
-            np.add(p._ints[kp], at, out=ints[k, at:end])  # dfs positions; the roots' -1 again:
-            roots.append(p.roots + at)
-            ints[k, roots[-1]] = -1
-            np.add(p._ints[kp + 1], at, out=ints[k + 1, at:end])  # atom of every position
-            flags[:kp, at:end], flags[k:, at:end] = p._flags[:kp], p._flags[kp:]
-            at = end
-        return KernelPlan(ints, flags.view(bool), plans[0].vjp, roots=np.concatenate(roots))
+        their columns side by side, indices shifted by each table's first atom.
+        The kernel reads the pieces' arrays in place (:class:`_JoinedPlan`), so
+        a fresh batch of tables planned once writes no plan."""
+        return _JoinedPlan(plans)
+
+
+def _copied(plans: tuple, roots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The ``(ints, flags)`` of the plans side by side: the arrays
+    :func:`zmat._columns.joined` of their packed plans decodes to (a narrower
+    offset chain's rows: entry 0, unused), each plan's columns written once,
+    shifted as they are copied; ``roots``: the joined roots."""
+    k = max(len(p._ints) for p in plans) - 2
+    n = sum(p.n for p in plans)
+    ints, flags = np.zeros((k + 2, n), np.int64), np.zeros((k + 2, n), np.uint8)
+    at = 0
+    for p in plans:
+        kp, end = len(p._ints) - 2, at + p.n
+        np.add(p._ints[:kp], 3 * at, out=ints[:kp, at:end])  # gather: flat into C, 3 per atom
+        np.add(p._ints[kp], at, out=ints[k, at:end])  # dfs positions (the roots' -1: set back below)
+        np.add(p._ints[kp + 1], at, out=ints[k + 1, at:end])  # atom of every position
+        flags[:kp, at:end], flags[k:, at:end] = p._flags[:kp], p._flags[kp:]
+        at = end
+    ints[k, roots] = -1
+    return ints, flags
+
+
+class _JoinedPlan(KernelPlan):
+    """:meth:`KernelPlan.concatenate`'s plan: the kernel reads its pieces' own
+    arrays, each with the offset of its first atom (``zmat_plan``'s pieces in
+    ``zmat/csrc/rigid_forest.cpp``), and the thread chunks are the pieces'
+    chunks, offset (no run of trees spans two pieces). The joined arrays
+    (:func:`_copied`), which ``torch.compile``'s operators, :meth:`take` and a
+    double backward read, are written only when first read."""
+
+    def __init__(self, plans: list[KernelPlan]) -> None:
+        self.pieces = tuple(q for p in plans for q in getattr(p, "pieces", (p,)))  # (a batch of batches)
+        self.vjp = plans[0].vjp
+        self.start = np.zeros(len(self.pieces) + 1, np.int64)
+        np.cumsum([p.n for p in self.pieces], out=self.start[1:])
+        self.n = int(self.start[-1])
+        bounds = [p.chunks.numpy() + at for p, at in zip(self.pieces, self.start, strict=False)]
+        self.chunks = torch.from_numpy(np.unique(np.concatenate(bounds)))
+        self.whole = torch.tensor([0, self.n])
+
+    @functools.cached_property
+    def roots(self) -> np.ndarray:
+        return np.concatenate([p.roots + at for p, at in zip(self.pieces, self.start, strict=False)])
+
+    @functools.cached_property
+    def _joined(self) -> tuple[np.ndarray, np.ndarray]:
+        return _copied(self.pieces, self.roots)
+
+    _ints = property(lambda self: self._joined[0])
+    _flags = property(lambda self: self._joined[1])
+
+    @functools.cached_property
+    def placement(self) -> tuple[Tensor, ...]:
+        ints, flags = (torch.from_numpy(a) for a in self._joined)
+        k = len(ints) - 2
+        return ints[:k], flags[:k], flags[k:], ints[k]
+
+    gather = property(lambda self: self.placement[0])
+    keep = property(lambda self: self.placement[1])
+    trig = property(lambda self: self.placement[2])
+    parent = property(lambda self: self.placement[3])
+    order = property(lambda self: torch.from_numpy(self._ints[-1]))
+
+    @functools.cached_property
+    def arrays(self) -> _Arrays:
+        pieces = (_Arrays * len(self.pieces))(*(p.arrays for p in self.pieces))
+        start = torch.from_numpy(self.start)
+        chunks = (self.chunks.data_ptr(), len(self.pieces), ctypes.addressof(pieces), start.data_ptr())
+        arrays = _Arrays(self.n, 0, len(self.chunks) - 1, None, None, None, None, None, *chunks)
+        arrays.tensors = (pieces, start, self.chunks, self.pieces)  # (kept alive with it)
+        return arrays
 
 
 @dataclass(frozen=True)

@@ -252,8 +252,33 @@ class InternalCoordinateTransform(Transform):
         return torch.addcmul(t["shift"], q3, t["scale"])
 
     def _call(self, q: torch.Tensor) -> torch.Tensor:
+        return self._forward(q, False)[0]
+
+    def _forward(self, q: torch.Tensor, log_det: bool):
+        """``(T(q), log|det| or None)``. With fixed atoms on the CPU: one call of the compiled
+        kernel placing every atom in world coordinates, the log-determinant in the same pass
+        (``zmat._kernel.world``; :meth:`_place` and :meth:`log_abs_det_jacobian` its reference)."""
         _check_tensor(q, "q")
         shape = self.forward_shape(q.shape)  # before the chart's select: a bad shape names itself
+        if self._plan.world is None or not _kernel.usable(q) or torch.compiler.is_compiling():
+            return self._place(q, shape), self.log_abs_det_jacobian(q) if log_det else None
+        t = self._tensors(q.device, q.dtype)
+        scaled = (t["scale"], t["shift"]) if self.normalize_angles else (None, None)
+        x, ld = _kernel.world(
+            q.reshape(-1, self.n_atoms, 3), t["world"], t["world_kind"], *scaled, self._reference
+        )
+        if not log_det:
+            return x.reshape(shape), None
+        ld = ld.reshape(shape[:-2])
+        return x.reshape(shape), ld + self._constant if self._constant else ld
+
+    def _reference(self, q3: torch.Tensor):
+        """:meth:`_forward`'s kernel in torch ops: ``q3`` ``(B, N, 3)`` -> ``(B, N, 3)``, ``(B,)``."""
+        q = q3.reshape(q3.shape[0], -1)
+        return self._place(q, q3.shape), self.log_abs_det_jacobian(q) - self._constant
+
+    def _place(self, q: torch.Tensor, shape) -> torch.Tensor:
+        """``T(q)``: each tree and anchored group placed by ``to_xyz`` in its frame, then moved."""
         if self._plan.n_trees:  # (no tree, no cos beta)
             q = _in_chart(self, q)
         t = self._tensors(q.device, q.dtype)
@@ -345,15 +370,26 @@ class InternalCoordinateTransform(Transform):
 
     def log_abs_det_jacobian(self, q: torch.Tensor, xyz: torch.Tensor | None = None) -> torch.Tensor:
         """``log|det d xyz / d q|``, ``(...)``, from ``q`` (``xyz`` is not read)."""
-        q3 = q.unflatten(-1, self.forward_shape(q.shape)[-2:])
+        shape = self.forward_shape(q.shape)
         t = self._tensors(q.device, q.dtype)
-        out = _log_det(self._scale(q3, t), t["ld_weights"])
+        w = t["ld_weights"]
+        if _kernel.usable(q) and not torch.compiler.is_compiling():  # one compiled call
+            scaled = (t["scale"], t["shift"]) if self.normalize_angles else (None, None)
+            reference = lambda v: _log_det(self._scale(v, t), w)  # noqa: E731
+            out = _kernel.log_det(q.reshape(-1, self.n_atoms, 3), w, *scaled, reference).reshape(shape[:-2])
+        else:
+            out = _log_det(self._scale(q.unflatten(-1, shape[-2:]), t), w)
         return out + self._constant if self._constant else out
 
     def call_and_ladj(self, q: torch.Tensor):
         """``(T(q), T.log_abs_det_jacobian(q, T(q)))`` in one call (as zuko's transforms)."""
-        xyz = self(q)
-        return xyz, self.log_abs_det_jacobian(q, xyz)
+        if self._cache_size and self._cached_x_y[0] is q:
+            xyz = self._cached_x_y[1]
+            return xyz, self.log_abs_det_jacobian(q, xyz)
+        xyz, ld = self._forward(q, True)
+        if self._cache_size:
+            self._cached_x_y = q, xyz
+        return xyz, ld
 
 
 # ---------------------------------------------------------------- geometry
@@ -619,6 +655,11 @@ class _Plan:
         local[3 * m2 :] = np.arange(m2)[:, None] + np.array([2 * m2, m2, 0])
 
         self.kind = kind = _entry_kinds(free, nref)
+        self.world = None  # with fixed atoms: zmat._kernel.world's placement rows, in topological order
+        if len(fixed):
+            order = table.topo_order
+            kinds, rows = _world_rows(refs, nref, free, tree_atoms, tree_of_label[label])
+            self.world = np.concatenate([order[None], rows[order].T])  # (4, N): atom, b, a, d
         euler_index, orientation = _orientation_slots(tree_atoms, n)
         own = np.where(tree_atoms < n, tree_atoms, tree_atoms[:, :1])  # a missing atom: the root
         pose = np.stack([3 * own[:, 0] + k for k in range(3)] + [3 * own[:, 1] + 2, 3 * own[:, 2] + 2])
@@ -638,6 +679,8 @@ class _Plan:
             "copy_path": _path(np.where(copy_refs >= 0, copy_refs - n, -1)),
             "euler_entries": np.asarray(_EULER_ENTRIES, np.int64),
         }
+        if self.world is not None:
+            self.arrays["world"] = self.world
         if self.n_frames > 1:
             self.arrays["frame_of"] = frame_of
         self.arrays["frame_all"] = frame_of
@@ -655,6 +698,8 @@ class _Plan:
             "copy_flags": _row_flags(copy_refs, np.zeros(len(copy_refs), bool)),
             "third_on_second": third_on_second[:, None],  # row (second, root), else (root, second)
         }
+        if self.world is not None:
+            self.masks["world_kind"] = kinds[order]
         scale, shift = np.ones((n, 3)), np.zeros((n, 3))
         scale[kind == ANGLE] = math.pi
         scale[kind == PERIODIC] = 2 * math.pi
@@ -732,6 +777,27 @@ def _tree_copies(refs, placement, on_tree, tree_of, n):
     key = np.unique(tree_of[i] * n + refs[i, col])
     placement[i, col] = len(placement) + np.searchsorted(key, tree_of[i] * n + refs[i, col])
     return key // n, key % n
+
+
+#: the kinds of rows of ``zmat/csrc/world.cpp``
+WORLD_CART, WORLD_SECOND, WORLD_THIRD_ON_SECOND, WORLD_THIRD_ON_ROOT, WORLD_NERF = range(5)
+
+
+def _world_rows(refs, nref, free, tree_atoms, tree_of):
+    """Every atom's kind in ``zmat/csrc/world.cpp`` (``(N,)`` uint8) and its references ``(N, 3)``
+    ``(b, a, d)``: a tree's third atom has its tree's second atom as ``d``; a Cartesian atom (fixed,
+    or a root) refers to itself (unread)."""
+    n = len(refs)
+    kinds = np.full(n, WORLD_NERF, np.uint8)
+    kinds[~free | (nref == 0)] = WORLD_CART
+    kinds[free & (nref == 1)] = WORLD_SECOND
+    third = np.nonzero(free & (nref == 2))[0]
+    second = tree_atoms[tree_of[third], 1]
+    kinds[third] = np.where(refs[third, 0] == second, WORLD_THIRD_ON_SECOND, WORLD_THIRD_ON_ROOT)
+    rows = np.where(refs >= 0, refs, np.arange(n)[:, None])
+    rows[third, 2] = second
+    rows[kinds == WORLD_CART] = np.arange(n)[kinds == WORLD_CART, None]
+    return kinds, rows
 
 
 def _entry_kinds(free: np.ndarray, nref: np.ndarray) -> np.ndarray:

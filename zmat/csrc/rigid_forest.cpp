@@ -17,6 +17,27 @@
 
 #include "parallel.h"
 
+// The plan arrays of one table (zmat/_kernel.py's _Arrays), passed by pointer
+// so that a call converts few arguments; element strides of the tensors travel
+// as plain integers (cheaper from ctypes than arrays). `chunked`: split the
+// structures' trees into plan->chunks (else one unit per structure). A joined
+// plan (n_pieces > 0: a batch of tables planned once) has no arrays of its own:
+// piece q is the plan pieces[q] of the atoms and dfs positions start[q] ...
+// start[q + 1] - 1, read in place with those offsets (its chunks are its
+// pieces' own, so no run of trees spans two pieces; unchunked, a unit is a piece).
+struct zmat_plan {
+  int64_t n, k_rows, n_chunks;
+  const int64_t* gather;
+  const uint8_t* keep;
+  const uint8_t* trig;
+  const int64_t* parent;
+  const int64_t* order;
+  const int64_t* chunks;
+  int64_t n_pieces;
+  const zmat_plan* pieces;
+  const int64_t* start;
+};
+
 namespace {
 
 // Frames are row-major 3x4 [R | x]: f[4 * i + k] is component i of column k
@@ -72,33 +93,63 @@ A* scratch(std::vector<A>& kept, std::vector<A>& local, int64_t size) {
   return v.data();
 }
 
+// A unit of work of one structure: dfs positions lo..hi-1 (whole trees) of the
+// plan p (a piece of a joined plan, or the call's own), whose atoms and dfs
+// positions start at `at` in the call's.
+struct Unit {
+  const zmat_plan* p;
+  int64_t at, lo, hi;
+};
+
+// The units of one structure: runs of whole trees (plan->chunks) if chunked,
+// else the whole structure (a joined plan: each piece).
+std::vector<Unit> units_of(const zmat_plan* p, bool chunked) {
+  std::vector<Unit> out;
+  if (p->n_pieces == 0) {
+    if (!chunked || !p->chunks) return {{p, 0, 0, p->n}};
+    for (int64_t c = 0; c < p->n_chunks; ++c) out.push_back({p, 0, p->chunks[c], p->chunks[c + 1]});
+    return out;
+  }
+  const int64_t* bounds = chunked ? p->chunks : p->start;
+  const int64_t m = chunked ? p->n_chunks : p->n_pieces;
+  for (int64_t c = 0, q = 0; c < m; ++c) {
+    if (bounds[c] == bounds[c + 1]) continue;  // (an empty piece)
+    while (p->start[q + 1] <= bounds[c]) ++q;
+    out.push_back({p->pieces + q, p->start[q], bounds[c] - p->start[q], bounds[c + 1] - p->start[q]});
+  }
+  return out;
+}
+
 // c: b structures of flat internal coordinates (element strides cs0, cs1);
-// gather (K, N), keep (K, N), trig (2, N), parent (N,) (-1: none), all in dfs
-// order; chunks (n_chunks + 1,) dfs positions where runs of whole trees start
-// (0 ... N; null: one chunk), the units of work with the structures. Writes frames (b, N, 3, 4)
-// in dfs order unless `frames` is null and, if `order` (atom index of every
-// dfs position) is given, positions xyz (b, N, 3) in atom order.
+// the plan p: gather (K, N), keep (K, N), trig (2, N), parent (N,) (-1:
+// none), all in dfs order, order (N,) the atom of every dfs position, chunks
+// (n_chunks + 1,) dfs positions where runs of whole trees start (0 ... N), the
+// units of work with the structures if `chunked`. Writes frames (b, N, 3, 4)
+// in dfs order unless `frames` is null and, unless `xyz` is null, positions
+// xyz (b, N, 3) in atom order.
 template <typename T>
-void forward(const T* c, int64_t b, int64_t cs0, int64_t cs1, int64_t n, int64_t k_rows,
-             const int64_t* gather, const uint8_t* keep, const uint8_t* trig, const int64_t* parent,
-             const int64_t* order, const int64_t* chunks, int64_t n_chunks, T* frames, T* xyz,
-             int64_t threads) {
-  const int64_t whole[2] = {0, n};
-  if (!chunks) chunks = whole, n_chunks = 1;
-  zmat::parallel_for(b * n_chunks, threads, [&](int64_t unit) {
-    const int64_t s = unit / n_chunks, lo = chunks[unit % n_chunks], hi = chunks[unit % n_chunks + 1];
+void forward(const T* c, int64_t b, int64_t cs0, int64_t cs1, const zmat_plan* p, bool chunked, T* frames,
+             T* xyz, int64_t threads) {
+  const std::vector<Unit> units = units_of(p, chunked);
+  const int64_t n = p->n, m = static_cast<int64_t>(units.size());
+  zmat::parallel_for(b * m, threads, [&](int64_t unit) {
+    const int64_t s = unit / m;
+    const Unit& u = units[unit % m];
+    const zmat_plan* q = u.p;
+    const int64_t lo = u.lo, hi = u.hi;
     static thread_local std::vector<A> kept;
     std::vector<A> local;
     A* work = scratch(kept, local, 12 * (hi - lo));
-    place_one<T>(c + s * cs0, cs1, n, k_rows, gather, keep, trig, parent, work, lo, hi);
+    place_one<T>(c + s * cs0 + 3 * u.at * cs1, cs1, q->n, q->k_rows, q->gather, q->keep, q->trig, q->parent,
+                 work, lo, hi);
     if (frames) {
-      T* f = frames + (s * n + lo) * 12;
-      for (int64_t q = 0; q < 12 * (hi - lo); ++q) f[q] = static_cast<T>(work[q]);
+      T* f = frames + (s * n + u.at + lo) * 12;
+      for (int64_t e = 0; e < 12 * (hi - lo); ++e) f[e] = static_cast<T>(work[e]);
     }
-    if (order) {
-      T* x = xyz + s * n * 3;
+    if (xyz) {
+      T* x = xyz + (s * n + u.at) * 3;
       for (int64_t j = lo; j < hi; ++j)
-        for (int i = 0; i < 3; ++i) x[3 * order[j] + i] = static_cast<T>(work[12 * (j - lo) + 4 * i + 3]);
+        for (int i = 0; i < 3; ++i) x[3 * q->order[j] + i] = static_cast<T>(work[12 * (j - lo) + 4 * i + 3]);
     }
   });
 }
@@ -114,40 +165,44 @@ void forward(const T* c, int64_t b, int64_t cs0, int64_t cs1, int64_t n, int64_t
 // grad (b, n3).
 template <typename T>
 void backward(const T* fr, const int64_t* fs, const T* grp, const int64_t* grs, const T* gpp,
-              const int64_t* gps, const T* gxp, const int64_t* gxs, const int64_t* row, int64_t b, int64_t n,
-              int64_t k_rows, const int64_t* g, const uint8_t* kp, const int64_t* par, const int64_t* chunks,
-              int64_t n_chunks, int64_t n3, T* grad, int64_t threads) {
-  const int64_t whole[2] = {0, n};
-  if (!chunks) chunks = whole, n_chunks = 1;
+              const int64_t* gps, const T* gxp, const int64_t* gxs, int64_t b, const zmat_plan* p,
+              bool chunked, int64_t n3, T* grad, int64_t threads) {
+  const std::vector<Unit> units = units_of(p, chunked);
+  const int64_t m = static_cast<int64_t>(units.size());
   // A unit zeroes the entries of its own atoms (3 order[j] + c: a tree's
   // gathers stay in the tree) before adding to them; without order, all first.
-  const bool own = n_chunks > 1 && row && n3 == 3 * n;
-  if (n_chunks > 1 && !own) std::fill(grad, grad + b * n3, T(0));
-  zmat::parallel_for(b * n_chunks, threads, [&](int64_t unit) {
-    const int64_t t = unit / n_chunks, lo = chunks[unit % n_chunks], hi = chunks[unit % n_chunks + 1];
+  bool own = m > 1 && n3 == 3 * p->n;
+  for (const Unit& u : units) own = own && u.p->order;
+  if (m > 1 && !own) std::fill(grad, grad + b * n3, T(0));
+  zmat::parallel_for(b * m, threads, [&](int64_t unit) {
+    const int64_t t = unit / m;
+    const Unit& u = units[unit % m];
+    const int64_t n = u.p->n, k_rows = u.p->k_rows, lo = u.lo, hi = u.hi, at = u.at;
+    const int64_t *g = u.p->gather, *par = u.p->parent, *row = u.p->order;
+    const uint8_t* kp = u.p->keep;
     static thread_local std::vector<A> kept;
     std::vector<A> local;
     A* s0 = scratch(kept, local, 6 * (hi - lo));  // per dfs position: S2 (3), S1 (3), summed in double
     A* s = s0 - 6 * lo;  // s[6 * j] for j in lo..hi-1
-    const T* f0 = fr + t * fs[0];
+    const T* f0 = fr + t * fs[0] + at * fs[1];
     auto R = [&](int64_t j, int i, int k) { return A(f0[j * fs[1] + i * fs[2] + k * fs[3]]); };
     auto X = [&](int64_t j, int i) { return A(f0[j * fs[1] + i * fs[2] + 3 * fs[3]]); };
     std::fill(s0, s0 + 6 * (hi - lo), A(0));
     for (int64_t j = hi - 1; j >= lo; --j) {  // children come later in dfs order
       A gp[3] = {0, 0, 0};
       if (gpp) {
-        const T* gx = gpp + t * gps[0] + j * gps[1];
+        const T* gx = gpp + t * gps[0] + (at + j) * gps[1];
         for (int i = 0; i < 3; ++i) gp[i] = gx[i * gps[2]];
       }
       if (gxp) {
-        const T* gx = gxp + t * gxs[0] + (row ? row[j] : j) * gxs[1];
+        const T* gx = gxp + t * gxs[0] + (at + (row ? row[j] : j)) * gxs[1];
         for (int i = 0; i < 3; ++i) gp[i] += gx[i * gxs[2]];
       }
       // moment x_j x g_j, plus the torque sum_k R[:, k] x G[:, k]
       const A xj[3] = {X(j, 0), X(j, 1), X(j, 2)};
       A m[3] = {xj[1] * gp[2] - xj[2] * gp[1], xj[2] * gp[0] - xj[0] * gp[2], xj[0] * gp[1] - xj[1] * gp[0]};
       if (grp) {
-        const T* G = grp + t * grs[0] + j * grs[1];  // G[i * grs[2] + k * grs[3]]: component i of axis k
+        const T* G = grp + t * grs[0] + (at + j) * grs[1];  // G[i * grs[2] + k * grs[3]]: component i of axis k
         for (int k = 0; k < 3; ++k) {
           const A g0 = G[k * grs[3]], g1 = G[grs[2] + k * grs[3]], g2 = G[2 * grs[2] + k * grs[3]];
           m[0] += R(j, 1, k) * g2 - R(j, 2, k) * g1;
@@ -165,8 +220,8 @@ void backward(const T* fr, const int64_t* fs, const T* grp, const int64_t* grs, 
         for (int i = 0; i < 6; ++i) sp[i] += sj[i];
       }
     }
-    T* out = grad + t * n3;
-    if (n_chunks == 1) std::fill(out, out + n3, T(0));
+    if (m == 1) std::fill(grad + t * n3, grad + (t + 1) * n3, T(0));
+    T* out = grad + t * n3 + 3 * at;
     if (own)
       for (int64_t j = lo; j < hi; ++j)
         for (int c = 0; c < 3; ++c) out[3 * row[j] + c] = T(0);
@@ -321,25 +376,10 @@ void fill_backward(const T* gp, const int64_t* gs, const T* tp, const int64_t* t
 
 }  // namespace
 
-// The plan arrays of one table (zmat/_kernel.py's _Arrays), passed by pointer
-// so that a call converts few arguments; element strides of the tensors travel
-// as plain integers (cheaper from ctypes than arrays). `chunked`: split the
-// structures' trees into plan->chunks (else one unit per structure).
-struct zmat_plan {
-  int64_t n, k_rows, n_chunks;
-  const int64_t* gather;
-  const uint8_t* keep;
-  const uint8_t* trig;
-  const int64_t* parent;
-  const int64_t* order;
-  const int64_t* chunks;
-};
-
 #define ZMAT_FOREST(T, SUFFIX)                                                                              \
   extern "C" void zmat_forward_##SUFFIX(const T* c, int64_t b, int64_t cs0, int64_t cs1, const zmat_plan* p, \
                                         int64_t chunked, T* frames, T* xyz, int64_t threads) {              \
-    forward<T>(c, b, cs0, cs1, p->n, p->k_rows, p->gather, p->keep, p->trig, p->parent,                     \
-               xyz ? p->order : nullptr, chunked ? p->chunks : nullptr, p->n_chunks, frames, xyz, threads); \
+    forward<T>(c, b, cs0, cs1, p, chunked, frames, xyz, threads);                                           \
   }                                                                                                         \
   extern "C" void zmat_backward_##SUFFIX(                                                                   \
       const T* frames, int64_t f0, int64_t f1, int64_t f2, int64_t f3, const T* g_rot, int64_t r0,          \
@@ -348,8 +388,7 @@ struct zmat_plan {
       T* grad, int64_t threads) {                                                                           \
     const int64_t fs[4] = {f0, f1, f2, f3}, grs[4] = {r0, r1, r2, r3}, gps[3] = {p0, p1, p2},               \
                   gxs[3] = {x0, x1, x2};                                                                    \
-    backward<T>(frames, fs, g_rot, grs, g_pos, gps, g_x, gxs, p->order, b, p->n, p->k_rows, p->gather,      \
-                p->keep, p->parent, chunked ? p->chunks : nullptr, p->n_chunks, n3, grad, threads);         \
+    backward<T>(frames, fs, g_rot, grs, g_pos, gps, g_x, gxs, b, p, chunked, n3, grad, threads);            \
   }                                                                                                         \
   extern "C" void zmat_fill_forward_##SUFFIX(const T* t, int64_t t0, int64_t t1, int64_t t2, int64_t s_n,  \
                                              int64_t n, const double* ideal, const int64_t* slot,           \

@@ -34,7 +34,8 @@ Conventions: Angstrom, radians, IUPAC dihedral signs; torsion columns in
 :mod:`zmat.protein.topology`.
 
 Modules, each importing only those above it: ``topology`` (residue
-templates) <- ``layout`` (atoms and rows of a chain) <- ``build`` (torsions
+templates) <- ``zmat.structure.templates`` (the types compiled to slots, shared
+with the all-atom path) <- ``layout`` (atoms and rows of a chain) <- ``build`` (torsions
 -> coordinates, ``ProteinBatch``) <- ``structure`` (``Protein``); ``io``
 (PDB / mmCIF files, plain data) sits beside ``build`` and is used by
 ``structure``.

@@ -586,6 +586,7 @@ class ProteinBatch:
         these arrays, so a ``DataLoader`` worker can make it and the step in the
         main process plans nothing (:meth:`collate`). Returns ``self``."""
         if self._stamp is not None:
+            _kernel.serves(torch.device("cpu"))  # the C stamp, loaded (a worker that made no step yet)
             self.table.kernel_arrays()  # (cached on the table)
             self._prepared = True
         return self
@@ -593,7 +594,9 @@ class ProteinBatch:
     @classmethod
     def collate(cls, sequences) -> ProteinBatch:
         """``ProteinBatch(sequences).prepare()``: a ``DataLoader``'s ``collate_fn``,
-        so that its workers make the batches (``docs/proteins.md``)."""
+        so that its workers make the batches (``docs/proteins.md``). The kernel
+        library is loaded first, so that the fill's arrays are stamped in C too."""
+        _kernel.serves(torch.device("cpu"))
         return cls(list(sequences)).prepare()
 
     def __reduce__(self):

@@ -26,9 +26,10 @@ Rows across a chain break are exact but not chemical; ``ideal_mask`` marks the
 columns whose value is a chemical bond length, bond angle or dihedral of the
 canonical row (those :mod:`zmat.protein.build` may replace by ideal values).
 
-Implementation: per residue type, the templates are compiled once into arrays
-over *atom slots* (template order), every reference being a ``(residue
-offset, slot)`` pair. A chain is then stamped with numpy (an ``(L, slots)``
+Implementation: the residue types are compiled once, by the one template compiler
+(``zmat.structure.templates.AMINO``, which the all-atom path's amino-acid templates read
+too), into arrays over *atom slots* (template order), every reference being a
+``(residue offset, slot)`` pair. A chain is then stamped with numpy (an ``(L, slots)``
 atom-index map, fancy indexing), with no Python loop over atoms; only atoms
 whose template bond reference is missing (tree roots, missing atoms in a file)
 go through the per-atom fallback above.
@@ -44,149 +45,32 @@ import numpy as np
 import torch
 
 from .._segments import starts as exclusive_cumsum
+from ..structure.templates import (
+    AMINO,
+    AMINO_TYPE,
+    N_SLOTS,
+    SLOT_C,
+    SLOT_CA,
+    SLOT_N,
+    SLOT_O,
+    SLOTS_PER_RESIDUE,
+    TYPES,
+)
 from ..table import ConstructionTable
-from .topology import AA3, CHI_ATOMS, OMEGA, PHI, PRO_DEFAULT_CHI, PSI, RESIDUES, TORSION_NAMES
+from .topology import PRO_DEFAULT_CHI, TORSION_NAMES
 
 __all__ = ["Layout", "layout_of"]
 
 N_TORSIONS = len(TORSION_NAMES)
 
-# ------------------------------------------------ templates compiled to slots
-#: Residue templates in ``AA3`` order; a residue's *type* is its index here.
-TYPES = tuple(RESIDUES[name] for name in AA3)
-#: Most atoms in a template. A residue's atoms are its *slots* ``0 .. N_SLOTS - 1``
-#: (template order).
-N_SLOTS = max(len(t.atoms) for t in TYPES)
-#: Stride of the per-residue slot maps: one slot more, ``EMPTY_SLOT``, that never
-#: holds an atom, so a missing reference indexes it instead of branching.
-SLOTS_PER_RESIDUE = N_SLOTS + 1
-EMPTY_SLOT = N_SLOTS
-#: Slots of the backbone atoms: every template starts ``N, CA, C, O``.
-SLOT_N, SLOT_CA, SLOT_C, SLOT_O = 0, 1, 2, 3
-assert all(t.atoms[:4] == ("N", "CA", "C", "O") and t.atoms[-1] == "OXT" for t in TYPES)
-
-
-@dataclass(frozen=True)
-class TemplateArrays:
-    """The 20 templates as arrays over slots, compiled once at import.
-
-    Per *template slot* ``type * SLOTS_PER_RESIDUE + slot`` (flat, ``(20 W, ...)``):
-    ``atom_name``, ``element``, ``ideal`` ``(r, theta, phi)`` of the canonical
-    row; the canonical row itself as ``ref_offset`` (the residue offset of each
-    reference plus one: 0 previous residue, 1 same, 2 next) and ``ref_slot``;
-    ``torsion_code`` ``(offset + 1) * 7 + torsion`` of the torsion that is the
-    atom's dihedral (-1: none); ``sibling_dihedral``, True where the canonical
-    dihedral reference is a sibling (an ``OFFSET`` row).
-
-    Per type: ``has_slot`` ``(20, W)``; ``oxt_slot`` ``(20,)``; ``chi_slots``
-    ``(20, 4, 4)`` (``EMPTY_SLOT`` where the residue has no such chi);
-    ``bond_offset``, ``bond_slot`` ``(20, B, 2)``: the intra-residue bonds, then
-    the peptide bond to the previous residue; ``slot_of`` name -> slot;
-    ``neighbors`` per slot, the bonded atoms as ``(offset, slot)`` (fallback
-    bond references).
-    """
-
-    has_slot: np.ndarray
-    oxt_slot: np.ndarray
-    atom_name: np.ndarray
-    element: np.ndarray
-    ideal: np.ndarray
-    ref_offset: np.ndarray
-    ref_slot: np.ndarray
-    torsion_code: np.ndarray
-    sibling_dihedral: np.ndarray
-    chi_slots: np.ndarray
-    bond_offset: np.ndarray
-    bond_slot: np.ndarray
-    slot_of: tuple[dict[str, int], ...]
-    neighbors: tuple[list[list[tuple[int, int]]], ...]
-
-
-def _sibling_type(template) -> set[str]:
-    """Atoms whose canonical dihedral reference is a sibling (OFFSET rows)."""
-    rows = dict(zip(template.atoms, template.rows, strict=True))
-    out = {"O", "CB"}
-    for at, (b, _, d) in rows.items():
-        if at in ("N", "CA", "C", "O", "CB", "OXT"):
-            continue
-        if rows[b][1] != d:
-            out.add(at)
-    return out
-
-
-def _spec(t, spec: str) -> tuple[int, int]:
-    """``"-C"`` -> ``(-1, slot of C)``; ``""`` -> ``(0, EMPTY_SLOT)``."""
-    if not spec:
-        return 0, EMPTY_SLOT
-    off = {"-": -1, "+": 1}.get(spec[0], 0)
-    return off, t.index(spec[1:] if off else spec)
-
-
-def _neighbors(t) -> list[list[tuple[int, int]]]:
-    """Per slot of template ``t``, its bonded atoms as ``(offset, slot)``, the
-    peptide bond included (``N`` first tries the previous ``C``)."""
-    nb: dict[str, list[str]] = {a: [] for a in t.atoms}
-    for x, y in t.bonds:
-        nb[x].append(y)
-        nb[y].append(x)
-    nb["N"].insert(0, "-C")
-    nb["C"].append("+N")
-    return [[_spec(t, s) for s in nb[a]] for a in t.atoms]
-
-
-def _compile_templates() -> TemplateArrays:
-    n_types, flat = len(TYPES), len(TYPES) * SLOTS_PER_RESIDUE
-    n_bonds = max(len(t.bonds) for t in TYPES) + 1  # + the peptide bond
-    out = TemplateArrays(
-        has_slot=np.zeros((n_types, SLOTS_PER_RESIDUE), bool),
-        oxt_slot=np.array([len(t.atoms) - 1 for t in TYPES], np.int64),
-        atom_name=np.full(flat, "", "U4"),
-        element=np.full(flat, "", "U2"),
-        ideal=np.full((flat, 3), np.nan),
-        ref_offset=np.ones((flat, 3), np.int64),
-        ref_slot=np.full((flat, 3), EMPTY_SLOT, np.int64),
-        torsion_code=np.full(flat, -1, np.int64),
-        sibling_dihedral=np.zeros(flat, bool),
-        chi_slots=np.full((n_types, 4, 4), EMPTY_SLOT, np.int64),
-        bond_offset=np.ones((n_types, n_bonds, 2), np.int64),
-        bond_slot=np.full((n_types, n_bonds, 2), EMPTY_SLOT, np.int64),
-        slot_of=tuple({a: j for j, a in enumerate(t.atoms)} for t in TYPES),
-        neighbors=tuple(_neighbors(t) for t in TYPES),
-    )
-    for i, t in enumerate(TYPES):
-        _compile_type(out, i, t)
-    for f in fields(out):
-        if isinstance(value := getattr(out, f.name), np.ndarray):
-            value.flags.writeable = False
-    return out
-
-
-def _compile_type(out: TemplateArrays, i: int, t) -> None:
-    """Fill the entries of type ``i`` (template ``t``) in ``out``."""
-    n, f = len(t.atoms), i * SLOTS_PER_RESIDUE
-    out.has_slot[i, :n] = True
-    out.atom_name[f : f + n] = t.atoms
-    out.element[f : f + n] = t.elements
-    out.ideal[f : f + n] = t.ideal
-    siblings = _sibling_type(t)
-    for j, atom in enumerate(t.atoms):
-        for c, spec in enumerate(t.rows[j]):
-            off, out.ref_slot[f + j, c] = _spec(t, spec)
-            out.ref_offset[f + j, c] = off + 1
-        if t.torsion[j] is not None:
-            torsion, off = t.torsion[j]
-            out.torsion_code[f + j] = (off + 1) * N_TORSIONS + torsion
-        out.sibling_dihedral[f + j] = atom in siblings
-    for c, quad in enumerate(CHI_ATOMS[t.name]):
-        out.chi_slots[i, c] = [t.index(x) for x in quad]
-    for j, (x, y) in enumerate(t.bonds):
-        out.bond_slot[i, j] = (t.index(x), t.index(y))
-    out.bond_offset[i, -1], out.bond_slot[i, -1] = (0, 1), (SLOT_C, SLOT_N)  # -C, N
-
-
-_TEMPLATES = _compile_templates()
-_RESIDUE_NAMES = np.array(AA3, dtype="U3")  # type -> three-letter name
-_TYPE_OF_NAME = {t.name: i for i, t in enumerate(TYPES)}
+# ------------------------------------------------ the types' slot arrays
+# One compiler: the amino-acid types are compiled once in zmat.structure.templates (AMINO),
+# the same arrays every all-atom amino-acid template is read from; the layout stamps them.
+# phi, psi, omega have the same (offset, slot) atoms in every type, the chis their own residue's
+_BACKBONE_OFFSET, _BACKBONE_SLOT = AMINO.quad_offset[0, :3], AMINO.quad_slot[0, :3]
+assert (AMINO.quad_offset[:, :3] == _BACKBONE_OFFSET).all() and (AMINO.quad_offset[:, 3:] == 1).all()
+assert (AMINO.quad_slot[:, :3] == _BACKBONE_SLOT).all()
+_RESIDUE_NAMES = np.array([t.name for t in TYPES], dtype="U3")  # type -> three-letter name
 _LETTERS = np.frombuffer("".join(t.letter for t in TYPES).encode("ascii"), np.uint8)  # type -> code
 
 
@@ -202,7 +86,7 @@ _TYPE_OF_CODE = _type_of_code()
 _ALL_NAMES = np.array(sorted({a for t in TYPES for a in t.atoms}), dtype="U4")  # every atom name
 # slot of each name of _ALL_NAMES in each type, -1 where the type has no such atom
 _SLOT_OF_NAME = np.array(
-    [[_TEMPLATES.slot_of[i].get(str(a), -1) for a in _ALL_NAMES] for i in range(len(TYPES))], np.int64
+    [[AMINO.slot_of[i].get(str(a), -1) for a in _ALL_NAMES] for i in range(len(TYPES))], np.int64
 )
 
 
@@ -335,7 +219,7 @@ def residue_types(res_names: Sequence[str]) -> np.ndarray:
     Raises:
         ValueError: for an unknown residue name.
     """
-    types = np.fromiter((_TYPE_OF_NAME.get(r, -1) for r in res_names), np.int64, len(res_names))
+    types = np.fromiter((AMINO_TYPE.get(r, -1) for r in res_names), np.int64, len(res_names))
     if (types < 0).any():
         k = int(np.argmax(types < 0))
         raise ValueError(f"residue {k}: {res_names[k]!r} is not one of the 20 standard amino acids")
@@ -403,7 +287,7 @@ def layout_of(
             raise ValueError(f"present has {len(present)} entries for {len(types)} residues")
         have = np.zeros((len(types), N_SLOTS), bool)
         for k, names in enumerate(present):
-            slots = _TEMPLATES.slot_of[types[k]]
+            slots = AMINO.slot_of[types[k]]
             have[k, [slots[x] for x in names if x in slots]] = True
     return layout_from_types(types, have, bonded, linked, extra_bonds)
 
@@ -436,12 +320,12 @@ def layout_from_types(
     ideal_mask, torsion_slot = _canonical_columns(atoms, refs, can)
     return Layout(
         res_names=_RESIDUE_NAMES[types],
-        atom_names=np.take(_TEMPLATES.atom_name, atoms.tslot),
-        elements=np.take(_TEMPLATES.element, atoms.tslot),
+        atom_names=np.take(AMINO.atom_name, atoms.tslot),
+        elements=np.take(AMINO.element, atoms.tslot),
         residue_index=atoms.res_of,
         refs=refs,
         bonds=_bonds(atoms, starts_bonded, extra_bonds),
-        ideal=np.take(_TEMPLATES.ideal, atoms.tslot, 0),
+        ideal=np.take(AMINO.ideal, atoms.tslot, 0),
         ideal_mask=ideal_mask,
         torsion_slot=torsion_slot,
         torsion_atoms=_torsion_atoms(atoms, starts_bonded),
@@ -491,9 +375,9 @@ def _place_atoms(types: np.ndarray, present, next_bonded: np.ndarray) -> _Atoms:
     """Atoms in template order within each residue; default: every template
     atom, ``OXT`` only where no peptide bond follows."""
     L, W = len(types), SLOTS_PER_RESIDUE
-    have = np.take(_TEMPLATES.has_slot, types, 0)
+    have = np.take(AMINO.has_slot, types, 0)
     if present is None:
-        have[np.arange(L), _TEMPLATES.oxt_slot[types]] = ~next_bonded
+        have[np.arange(L), AMINO.oxt_slot[types]] = ~next_bonded
     else:
         have[:, :N_SLOTS] &= np.asarray(present, bool)[:, :N_SLOTS]
     flat = np.flatnonzero(have)  # residues in order, template order within
@@ -520,8 +404,8 @@ def _neighbor_starts(link: np.ndarray, next_link: np.ndarray) -> np.ndarray:
 def _resolve_rows(atoms: _Atoms, starts: np.ndarray) -> np.ndarray:
     """``(n, 3)`` atoms of every atom's canonical row, -1 where absent or in a
     residue not joined (``starts``: :func:`_neighbor_starts`)."""
-    at_row = np.take(_TEMPLATES.ref_offset, atoms.tslot, 0) + (atoms.res_of * 3)[:, None]
-    return atoms.amap[starts[at_row] + np.take(_TEMPLATES.ref_slot, atoms.tslot, 0)]
+    at_row = np.take(AMINO.ref_offset, atoms.tslot, 0) + (atoms.res_of * 3)[:, None]
+    return atoms.amap[starts[at_row] + np.take(AMINO.ref_slot, atoms.tslot, 0)]
 
 
 def _tree_parents(atoms: _Atoms, template_parent: np.ndarray, linked, next_linked) -> np.ndarray:
@@ -557,7 +441,7 @@ def _fallback_parents(orphans, parent, atoms: _Atoms, linked, next_linked, group
     for v in orphans.tolist():
         k, (t, j) = int(atoms.res_of[v]), divmod(int(atoms.tslot[v]), W)
         p = -1
-        for off, sl in _TEMPLATES.neighbors[t][j]:
+        for off, sl in AMINO.neighbors[t][j]:
             q = at(k, off, sl)
             if 0 <= q < v:
                 p = q
@@ -586,7 +470,7 @@ def _o_with_oxt(atoms: _Atoms) -> tuple[np.ndarray, np.ndarray]:
     dihedral reference of such an ``O``)."""
     o = np.flatnonzero(atoms.slot == SLOT_O)
     k = atoms.res_of[o]
-    oxt = atoms.amap[k * SLOTS_PER_RESIDUE + _TEMPLATES.oxt_slot[atoms.types[k]]]
+    oxt = atoms.amap[k * SLOTS_PER_RESIDUE + AMINO.oxt_slot[atoms.types[k]]]
     return o[oxt >= 0], oxt[oxt >= 0]
 
 
@@ -609,7 +493,7 @@ def _construction_rows(atoms: _Atoms, parent, ref, o, oxt) -> np.ndarray:
     # OFFSET on the template's sibling when usable (O: on OXT when present)
     oxt_of = np.full(atoms.n, -1, np.int64)
     oxt_of[o] = oxt
-    sibling = _TEMPLATES.sibling_dihedral[atoms.tslot]
+    sibling = AMINO.sibling_dihedral[atoms.tslot]
     cand = np.flatnonzero(sibling & (great >= 0))
     s = np.where(oxt_of[cand] >= 0, oxt_of[cand], ref[cand, 2])
     p = parent[cand]
@@ -652,7 +536,7 @@ def _canonical_columns(atoms: _Atoms, refs, can) -> tuple[np.ndarray, np.ndarray
     ideal_mask = (can >= 0) & (refs == can)
     ideal_mask[:, 1] &= ideal_mask[:, 0]
     ideal_mask[:, 2] &= ideal_mask[:, 1]
-    tors = _TEMPLATES.torsion_code[atoms.tslot]
+    tors = AMINO.torsion_code[atoms.tslot]
     torsion_slot = np.where((tors >= 0) & ideal_mask[:, 2], (atoms.res_of - 1) * N_TORSIONS + tors, -1)
     return ideal_mask, torsion_slot
 
@@ -660,17 +544,10 @@ def _canonical_columns(atoms: _Atoms, refs, can) -> tuple[np.ndarray, np.ndarray
 def _torsion_atoms(atoms: _Atoms, starts_bonded: np.ndarray) -> np.ndarray:
     """``(L, 7, 4)`` atoms of each torsion, -1 where some atom is missing or the
     residues are not peptide-bonded."""
-    L, W = atoms.L, SLOTS_PER_RESIDUE
-    A = atoms.amap.reshape(L + 1, W)
-    prv = starts_bonded[0::3] // W  # previous residue if peptide-bonded, else L
-    nx = starts_bonded[2::3] // W
-    tat = np.empty((L, N_TORSIONS, 4), np.int64)
-    tat[:, PHI, 0] = A[prv, SLOT_C]
-    tat[:, PHI, 1:] = tat[:, PSI, :3] = A[:L, SLOT_N : SLOT_C + 1]
-    tat[:, PSI, 3] = tat[:, OMEGA, 2] = A[nx, SLOT_N]
-    tat[:, OMEGA, :2] = A[:L, SLOT_CA : SLOT_C + 1]
-    tat[:, OMEGA, 3] = A[nx, SLOT_CA]
-    tat[:, 3:] = atoms.amap[(np.arange(L) * W)[:, None, None] + np.take(_TEMPLATES.chi_slots, atoms.types, 0)]
+    near = starts_bonded.reshape(-1, 3)  # where the previous, own and next residue's slots start
+    tat = np.empty((atoms.L, N_TORSIONS, 4), np.int64)
+    tat[:, :3] = atoms.amap[near[:, _BACKBONE_OFFSET] + _BACKBONE_SLOT]
+    tat[:, 3:] = atoms.amap[near[:, 1, None, None] + np.take(AMINO.quad_slot[:, 3:], atoms.types, 0)]
     undefined = (tat[..., 0] | tat[..., 1] | tat[..., 2] | tat[..., 3]) < 0  # some atom is -1
     tat[undefined] = -1
     return tat
@@ -680,8 +557,8 @@ def _bonds(atoms: _Atoms, starts_bonded: np.ndarray, extra_bonds) -> np.ndarray:
     """``(E, 2)`` per residue the template's bonds (both atoms present), then
     the peptide bond; then ``extra_bonds``."""
     at3 = (np.arange(atoms.L) * 3)[:, None, None]
-    off = np.take(_TEMPLATES.bond_offset, atoms.types, 0)
-    pairs = atoms.amap[starts_bonded[at3 + off] + np.take(_TEMPLATES.bond_slot, atoms.types, 0)]
+    off = np.take(AMINO.bond_offset, atoms.types, 0)
+    pairs = atoms.amap[starts_bonded[at3 + off] + np.take(AMINO.bond_slot, atoms.types, 0)]
     pairs = pairs.reshape(-1, 2)
     bonds = np.compress((pairs[:, 0] >= 0) & (pairs[:, 1] >= 0), pairs, axis=0)
     if extra_bonds is not None and len(extra_bonds):

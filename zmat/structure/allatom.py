@@ -10,7 +10,8 @@ table over all of them, and the atoms of every polymer torsion. What is kept:
   heavy atom the CCD entry names (``OXT``, ``OP3`` included), the resolved ones
   of a partially resolved residue; modified residues linked into a chain
   (:func:`in_chain_modified`: MSE, SEP, 5MU, abasic sites), linked by their CCD
-  linking type;
+  linking type, polymer residues of their CCD parent type where they have one
+  (``MSE`` a ``MET``: its tree, torsions and AlphaFold slots; ``zmat/structure/modified.py``);
 * ``hydrogens``: the file's hydrogens, and the missing ones completed
   (``zmat/structure/hydrogens.py``);
 * ``ligands``: every other residue but water (ligands, cofactors, ions),
@@ -28,28 +29,28 @@ The construction table is one tree over every kept atom, so
 ``zmat.to_xyz(internal, table)`` reproduces the coordinates up to one rigid
 motion, but it is made of one tree per chain: every connected piece (a chain,
 or its part up to a break; a ligand; an ion) is grown over the bonds that a
-tree may follow (bonds within residues and polymer links, never a disulfide
-or another cross-link) from its own root, the first heavy atom without a
-template parent (a chain's first ``N``, ``P`` or ``O5'``; a ligand's first
-heavy atom). Bond references follow the chemistry: every atom of a polymer
-residue its template parent (amino acids: the rows of ``topology.py``;
-nucleotides: ``nucleic.py``; a modified residue in a chain is entered through
-its link atom), every hydrogen its heavy atom, the rest breadth first over
-bonds. The first piece's root is moved to a leaf beside it (the N-terminal
-``H1``, a phosphate oxygen; ``_leaf_root``), and its first three atoms are
-the structure's *frame*: every other piece's root hangs off them, its row
-``(r2, r1, r0)`` and its first children's rows (measured values) being that
-piece's six rigid-body coordinates. No torsion moves the frame, so a torsion
-edit moves only atoms of its own piece downstream of the rotated bond. Rows
-are ``PROPER`` (``(b, parent(b), angle reference of b)``, the dihedral column
-being a torsion about ``parent(b)-b``), except that the children of one atom
-are ``OFFSET`` on one representative child (the atom of a named torsion,
-else the first heavy child, else the first child): rotating that torsion
-moves the whole group, hydrogens included (methyl and hydroxyl rotors are
-the dihedral of their first hydrogen); the roots hung off the frame stay
-``PROPER`` rows of their own. No row is position-anchored. Coincident atoms
-warn and their rows go around them (``zmat.protein.io.reroute_degenerate``,
-as for proteins).
+tree may follow (bonds within residues and polymer links, never a disulfide or
+another cross-link) from its own root, the first heavy atom without a template
+parent (a chain's first ``N``, ``P`` or ``O5'``; a ligand's first heavy atom).
+Bond references follow the chemistry: every atom of a polymer residue its
+template parent (amino acids: the rows of ``topology.py``; nucleotides:
+``nucleic.py``; a modified residue in a chain its parent type's, or, without a
+parent type, it is entered through its link atom), every hydrogen its heavy
+atom, the rest breadth first over bonds. The first piece's root is moved to a
+leaf beside it (the N-terminal ``H1``, a phosphate oxygen; ``_leaf_root``), and
+its first three atoms are the structure's *frame*: every other piece's root
+hangs off them, its row ``(r2, r1, r0)`` and its first children's rows
+(measured values) being that piece's six rigid-body coordinates. No torsion
+moves the frame, so a torsion edit moves only atoms of its own piece downstream
+of the rotated bond. Rows are ``PROPER`` (``(b, parent(b), angle reference of
+b)``, the dihedral column being a torsion about ``parent(b)-b``), except that
+the children of one atom are ``OFFSET`` on one representative child (the atom
+of a named torsion, else the first heavy child, else the first child): rotating
+that torsion moves the whole group, hydrogens included (methyl and hydroxyl
+rotors are the dihedral of their first hydrogen); the roots hung off the frame
+stay ``PROPER`` rows of their own. No row is position-anchored. Coincident
+atoms warn and their rows go around them
+(``zmat.protein.io.reroute_degenerate``, as for proteins).
 
 The tables are stamped: bonds, template parents, key atoms and torsion atoms from
 each residue type and variant's template, compiled once
@@ -78,6 +79,7 @@ from ..protein.topology import RESIDUES
 from .ccd import ccd_residue
 from .hydrogens import LINK_ATOMS, Protonation, extra_names, file_names, missing, place
 from .ligands import rotatable_bonds, torsion_rows
+from .modified import parent_type, residue_type
 from .nucleic import NUCLEOTIDES
 from .templates import N_DIHEDRALS, QUAD_NAMES, stamp
 
@@ -99,7 +101,10 @@ class ComplexAtoms:
     completed hydrogen), ``extra`` (True for an atom its CCD entry lacks).
     Per residue: ``res_names``, ``res_ids``,
     ``ins_codes``, ``chain_ids``, ``hetero``, ``family`` (``"protein"``,
-    ``"nucleic"``, ``"ligand"``), ``polymer_index`` (-1 for ligands).
+    ``"nucleic"``, ``"ligand"``), ``res_types`` (the standard type a polymer residue
+    is built as: its name, an in-chain modified residue's parent, ``MSE`` -> ``MET``;
+    ``""`` for ligands; ``zmat/structure/modified.py``), ``polymer_index`` (-1 for
+    ligands).
     ``bonds`` ``(E, 2)`` and ``bond_orders`` ``(E,)`` (biotite ``BondType``
     codes); ``refs`` ``(N, 3)`` the construction rows; ``quads`` ``(L, Q, 4)``
     the atoms of every ``QUAD_NAMES`` dihedral, -1 where undefined; ``key``
@@ -121,6 +126,7 @@ class ComplexAtoms:
     chain_ids: np.ndarray
     hetero: np.ndarray
     family: np.ndarray
+    res_types: np.ndarray
     polymer_index: np.ndarray
     bonds: np.ndarray
     bond_orders: np.ndarray
@@ -177,20 +183,36 @@ def in_chain_modified(atoms) -> np.ndarray:
         return out
     bounds = struc.get_residue_starts(atoms, add_exclusive_stop=True, extra_categories=("res_name",))
     res_names = atoms.res_name[bounds[:-1]].tolist()
+    near = {kind: _near_links(atoms, bounds, *LINK_ATOMS[kind]) for kind in LINK_ATOMS}
 
-    def bonded(i: int, j: int, kind: str) -> bool:  # residue i's link atom to residue j's
-        if i < 0 or j >= len(res_names) or atoms.chain_id[bounds[i]] != atoms.chain_id[bounds[j]]:
-            return False
-        y, x = LINK_ATOMS[kind]
-        a, b = atoms[bounds[i] : bounds[i + 1]], atoms[bounds[j] : bounds[j + 1]]
-        xa, yb = a.coord[a.atom_name == x], b.coord[b.atom_name == y]
-        near = len(xa) and len(yb) and np.linalg.norm(xa[0] - yb[0]) <= LINK_MAX
-        return bool(near) and _polymer_kind(res_names[i]) == _polymer_kind(res_names[j]) == kind
+    def bonded(i: int, kind: str) -> bool:  # residue i to residue i + 1
+        return bool(near[kind][i]) and _polymer_kind(res_names[i]) == _polymer_kind(res_names[i + 1]) == kind
 
+    R = len(res_names)
     for r, name in enumerate(res_names):
-        if name not in standard and any(bonded(r - 1, r, k) or bonded(r, r + 1, k) for k in LINK_ATOMS):
+        if name not in standard and any(
+            (r > 0 and bonded(r - 1, k)) or (r + 1 < R and bonded(r, k)) for k in near
+        ):
             out[bounds[r] : bounds[r + 1]] = True
     return out
+
+
+def _near_links(atoms, bounds: np.ndarray, y: str, x: str) -> np.ndarray:
+    """``(R - 1,)``: residue ``i``'s first atom ``x`` is at most ``LINK_MAX`` from residue ``i + 1``'s
+    first atom ``y``, in the same chain (numpy over all residues at once)."""
+    R = len(bounds) - 1
+    res = np.repeat(np.arange(R), np.diff(bounds))
+
+    def first(name: str) -> np.ndarray:  # per residue, its first atom of that name, -1: none
+        at = np.flatnonzero(atoms.atom_name == name)
+        out = np.full(R, len(res), np.int64)
+        np.minimum.at(out, res[at], at)
+        return np.where(out < len(res), out, -1)
+
+    fx, fy = first(x)[:-1], first(y)[1:]
+    ok = (fx >= 0) & (fy >= 0) & (atoms.chain_id[bounds[:-2]] == atoms.chain_id[bounds[1:-1]])
+    d = np.linalg.norm(atoms.coord[np.maximum(fx, 0)] - atoms.coord[np.maximum(fy, 0)], axis=-1)
+    return ok & (d <= LINK_MAX)
 
 
 def family_of(res_name: str) -> str:
@@ -228,16 +250,20 @@ def _select(atoms, chain, hydrogens: bool, ligands: bool):
     keep = ~np.isin(atoms.res_name, WATER)
     if not hydrogens:
         keep &= ~np.isin(np.char.upper(atoms.element.astype(str)), ["H", "D"])
+    modified = in_chain_modified(atoms)
     if not ligands:  # polymers, modified residues in them included
-        keep &= np.isin(atoms.res_name, list(RESIDUES) + list(NUCLEOTIDES)) | in_chain_modified(atoms)
-    atoms = atoms[keep & chain_mask(atoms, chain)]
+        keep &= np.isin(atoms.res_name, list(RESIDUES) + list(NUCLEOTIDES)) | modified
+    keep &= chain_mask(atoms, chain)
+    atoms = atoms[keep]
     if atoms.array_length() == 0:
         raise ValueError("no polymer residue or ligand left in the structure")
-    return atoms
+    return atoms, modified[keep]
 
 
-def _residues(atoms) -> list[_Res]:
-    """The kept residues, atoms by their CCD names (first of a name wins)."""
+def _residues(atoms, modified: np.ndarray) -> list[_Res]:
+    """The kept residues, atoms by their CCD names (first of a name wins); an in-chain
+    modified residue (``modified``: per atom) with a standard parent is a polymer residue
+    of its parent's family (``zmat/structure/modified.py``)."""
     import biotite.structure as struc
 
     # a change of name starts a residue too: two residues sharing chain, number and insertion
@@ -247,6 +273,8 @@ def _residues(atoms) -> list[_Res]:
     for s, e in zip(starts[:-1], starts[1:], strict=True):
         name = str(atoms.res_name[s])
         fam = family_of(name)
+        if fam == "ligand" and modified[s] and family_of(parent_type(name)) == _polymer_kind(name):
+            fam = family_of(parent_type(name))
         ccd = ccd_residue(name)  # raises, naming the residue, without a CCD entry
         kind = backbone_kind(name, fam)
         known = set(ccd.atom_names.tolist()) | set(extra_names(name, kind))
@@ -414,10 +442,18 @@ def _components(n: int, pref: np.ndarray, bonds: np.ndarray, heavy: np.ndarray):
 
 
 def _tree(
-    n: int, pref: np.ndarray, tree: np.ndarray, bonds: np.ndarray, heavy: np.ndarray, stamp: bool = True
+    n: int,
+    pref: np.ndarray,
+    tree: np.ndarray,
+    bonds: np.ndarray,
+    heavy: np.ndarray,
+    stamp: bool = True,
+    hang: np.ndarray | None = None,
 ):
-    """Parents, ``virtual`` (the roots hung off the frame) and the frame ``(r0, r1, r2)`` of
-    the module doc's trees. ``bonds``: the bonds a tree may follow (no cross-links).
+    """Parents, ``virtual`` (the roots hung off the frame), ``continued`` (the roots hung off
+    ``hang``) and the frame ``(r0, r1, r2)`` of the module doc's trees. ``bonds``: the bonds a
+    tree may follow (no cross-links); ``hang`` ``(n,)``: the atom a piece's root continues
+    from (the break rule ``"continue"``, :func:`_continued`), -1: off the frame.
 
     ``pref``: template parents; ``tree``: the templates' tree parents. A component whose
     atoms all have a tree parent but its root is stamped: its parents are the templates'.
@@ -456,7 +492,11 @@ def _tree(
                 v = kids.get(v)
     rest = roots[ok[label[roots]] & (label[roots] != first)]
     parent[rest], virtual[rest] = frame[2], True
-    return parent, virtual, tuple(frame)
+    continued = np.zeros(n, bool)
+    if hang is not None:  # the break rule "continue": those roots hang off their previous residue
+        continued[virtual & (hang >= 0)] = True
+        parent[continued], virtual[continued] = hang[continued], False
+    return parent, virtual, continued, tuple(frame)
 
 
 def _complete(label: np.ndarray, pref: np.ndarray, root_of: np.ndarray) -> np.ndarray:
@@ -552,13 +592,20 @@ def _leaf_root(grown: list[int], parent: np.ndarray) -> list[int]:
 
 
 def _rows(
-    parent: np.ndarray, frame: tuple, key: np.ndarray, heavy: np.ndarray, virtual: np.ndarray
+    parent: np.ndarray,
+    frame: tuple,
+    key: np.ndarray,
+    heavy: np.ndarray,
+    virtual: np.ndarray,
+    continued: np.ndarray | None = None,
 ) -> np.ndarray:
     """Rows over the tree (module doc), stamped from the parents: ``(parent, grandparent,
     great-grandparent)`` (PROPER), OFFSET on a representative sibling; the frame's
     ``r1`` BOND, ``r2`` PLANAR, ``r1``'s other children on ``r2``. The ``virtual`` roots
     (other chains, ligands) stay PROPER rows of their own: no torsion of the frame's
-    atoms turns them."""
+    atoms turns them. The ``continued`` roots (the break rule ``"continue"``) stay PROPER
+    too, but may represent their new siblings (a chain's last ``O`` is OFFSET on the next
+    chain's ``N``, as in ``Protein``)."""
     n = len(parent)
     r0, r1, r2 = frame
     up = np.append(parent, -1)  # up[-1] == -1: the parent of "none" is none
@@ -574,13 +621,15 @@ def _rows(
     np.minimum.at(best, parent[sib], rank[sib])
     rep = best[parent[sib]] % n
     off = sib != rep
+    if continued is not None:
+        off &= ~continued[sib]
     refs[sib[off], 2] = rep[off]
     return refs
 
 
 # ------------------------------------------------------------------- parse
 def parse_complex(
-    atoms, chain=None, hydrogens=False, ligands: bool = False, stamped: bool = True
+    atoms, chain=None, hydrogens=False, ligands: bool = False, stamped: bool = True, breaks: str = "pieces"
 ) -> ComplexAtoms:
     """All kept atoms of an ``AtomArray`` with bonds, rows and torsion atoms.
 
@@ -594,14 +643,21 @@ def parse_complex(
         stamped: rows stamped from the residue templates (``zmat/structure/templates.py``);
             False compiles every residue anew and grows every tree atom by atom (the
             reference the stamped rows are tested against: the same arrays).
+        breaks: the chain-break rule. ``"pieces"``: every piece (a chain, its part after a
+            break, a ligand) is its own rigid body off the frame (``Complex``).
+            ``"continue"``: an amino acid not linked to the previous residue, an amino acid
+            with a ``C``, hangs its ``N`` off that ``C`` (the ``Protein`` view: one tree, the
+            rows of ``zmat.protein.layout`` on complete residues); other pieces as ``"pieces"``.
 
     Raises:
         ValueError: unknown chain, nothing left, a residue without a CCD
             entry, a missing hydrogen without heavy atoms to place it from
             (naming chain, residue and atom).
     """
+    if breaks not in ("pieces", "continue"):
+        raise ValueError(f"breaks must be 'pieces' or 'continue', got {breaks!r}")
     opts = hydrogens if isinstance(hydrogens, Protonation) else Protonation()
-    residues = _residues(_select(atoms, chain, bool(hydrogens), ligands))
+    residues = _residues(*_select(atoms, chain, bool(hydrogens), ligands))
     linked = _linked(residues)
     if hydrogens:
         _complete_hydrogens(residues, linked, opts)
@@ -614,10 +670,11 @@ def parse_complex(
     elements = np.array([e for r in residues for e in r.elements], "U2")
     residue = segment_ids(sizes)
     heavy = elements != "H"
-    parent, virtual, frame = _tree(n, pref, tree, bonds[tree_ok], heavy, stamp=stamped)
+    hang = _continued(residues, linked, sizes) if breaks == "continue" else None
+    parent, virtual, continued, frame = _tree(n, pref, tree, bonds[tree_ok], heavy, stamped, hang)
     last = quads[:, :N_DIHEDRALS, 3]
     key[last[last >= 0]] = True  # a torsion's atom represents its siblings (not the ring nu)
-    refs = _rows(parent, frame, key, heavy, virtual)
+    refs = _rows(parent, frame, key, heavy, virtual, continued)
     atom_names = np.array([a for r in residues for a in r.names], "U6")
 
     def label(i: int) -> str:
@@ -646,6 +703,7 @@ def parse_complex(
         chain_ids=np.array([r.chain for r in residues], str),  # as long as the file's
         hetero=np.array([r.hetero for r in residues], bool),
         family=fam,
+        res_types=np.array([residue_type(r.name, r.family) for r in residues], "U5"),
         polymer_index=np.where(fam != "ligand", poly, -1),
         bonds=bonds,
         bond_orders=orders,
@@ -657,6 +715,18 @@ def parse_complex(
         ligand_residue=lig_res,
         linked=linked,
     )
+
+
+def _continued(residues: list[_Res], linked: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """``(N,)`` the break rule ``"continue"``: at the ``N`` of an amino acid not linked to the
+    previous residue, itself an amino acid with a ``C``, that ``C``; -1 elsewhere."""
+    hang = np.full(int(sizes.sum()), -1, np.int64)
+    first = np.cumsum(sizes) - sizes
+    for k in range(1, len(residues)):
+        r, p = residues[k], residues[k - 1]
+        if not linked[k] and r.family == p.family == "protein" and "N" in r.names and "C" in p.names:
+            hang[first[k] + r.names.index("N")] = first[k - 1] + p.names.index("C")
+    return hang
 
 
 def _ligand_torsions(fam, residue, bonds, orders, elements, parent, refs):

@@ -21,6 +21,7 @@ import torch
 from ..protein.build import close_proline_rings
 from ..protein.layout import ProlineRing, SharedTensors
 from ..protein.topology import RESIDUES, TORSION_NAMES
+from .modified import ALIASES, own_name
 from .nucleic_ideal import ccd_row_values, heavy_neighbours
 
 __all__ = ["AminoIdeal", "amino_ideal", "apply"]
@@ -55,16 +56,17 @@ def amino_ideal(parsed, linked_prev: np.ndarray) -> AminoIdeal:
     const, tors = [], []
     heavy_nb = heavy_neighbours(parsed)
     for k in np.flatnonzero(parsed.family == "protein").tolist():
-        t = RESIDUES[str(parsed.res_names[k])]
+        res_name = str(parsed.res_names[k])
+        t = RESIDUES[str(parsed.res_types[k])]
         own = {0: k, -1: int(linked_prev[k]), 1: int(nxt[k])}
 
-        def atom(spec: str, own=own) -> int:
+        def atom(spec: str, own=own, res_name=res_name) -> int:
             off = {"-": -1, "+": 1}.get(spec[:1], 0)
             r = own[off]
-            return index.get((r, spec[1:] if off else spec), -1) if r >= 0 else -1
+            return index.get((r, spec[1:] if off else own_name(res_name, spec)), -1) if r >= 0 else -1
 
         for j, name in enumerate(t.atoms):
-            i = index.get((k, name), -1)
+            i = atom(name)
             if i < 0:
                 continue
             b, a, d = (atom(s) if s else -1 for s in t.rows[j])
@@ -73,7 +75,9 @@ def amino_ideal(parsed, linked_prev: np.ndarray) -> AminoIdeal:
             if refs[i, 0] != b or refs[i, 1] != a or b < 0 or a < 0:
                 continue
             r, theta, phi = t.ideal[j]
-            const += [(i, 0, r), (i, 1, theta)]
+            # a modified residue's renamed atoms (MSE's Se) keep their own bond and angle
+            if not {name, *t.rows[j][:2]} & set(ALIASES.get(res_name, ())):
+                const += [(i, 0, r), (i, 1, theta)]
             if refs[i, 2] != d or d < 0:
                 continue  # another dihedral reference: the measured value stays
             if t.torsion[j] is not None:
@@ -99,7 +103,7 @@ def _proline_rows(parsed, index: dict, const: list, tors: list) -> np.ndarray:
     torsion_of = {i: name for i, _, name in tors}
     chi1, chi2 = TORSION_NAMES.index("chi1"), TORSION_NAMES.index("chi2")
     rows = []
-    for k in np.flatnonzero((parsed.family == "protein") & (parsed.res_names == "PRO")).tolist():
+    for k in np.flatnonzero((parsed.family == "protein") & (parsed.res_types == "PRO")).tolist():
         ca, cb, cg, cd = (index.get((k, name), -1) for name in ("CA", "CB", "CG", "CD"))
         if min(ca, cb, cg, cd) < 0 or torsion_of.get(cg) != chi1 or torsion_of.get(cd) != chi2:
             continue

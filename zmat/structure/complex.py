@@ -22,13 +22,14 @@ from ..clash import exclusions_from_bonds, vdw_radii
 from ..protein.atom37 import ATOM_ORDER, aatype_from_names, to_atom14, to_atom37
 from ..protein.frames import superpose_on_atoms
 from ..protein.io import write_atoms
-from ..protein.topology import TORSION_NAMES
+from ..protein.topology import RESIDUES, TORSION_NAMES
 from ..table import BOND, PLANAR, ROOT, ConstructionTable
 from ..transform import dihedrals, to_internal, to_xyz
 from .allatom import QUAD_NAMES, ComplexAtoms
 from .amino_ideal import AminoIdeal, amino_ideal
 from .amino_ideal import apply as apply_amino
 from .complex_batch import ComplexBatch
+from .modified import parent_name
 from .nucleic import NUCLEIC_TORSIONS, pucker
 from .nucleic_ideal import NucleicIdeal, nucleic_ideal
 from .nucleic_ideal import apply as apply_ideal
@@ -43,14 +44,23 @@ _PUCKER = ("pucker_phase", "pucker_amplitude")
 
 class _ProteinView:
     """A Complex's amino-acid residues as ``zmat.protein.atom37``'s layout gather reads them
-    (per atom its amino-acid residue, -1 for every other atom, hydrogens and extra atoms)."""
+    (per atom its amino-acid residue, -1 for every other atom, hydrogens and extra atoms).
+    A modified residue in a chain is its parent type (``res_types``), its atoms under the
+    parent's names (MSE's ``SE`` in ``SD``'s slot, as AlphaFold's data pipeline puts it),
+    those its parent lacks left out."""
 
     def __init__(self, c: Complex) -> None:
         prot = c.family == "protein"
         ri = c.parsed.residue
-        heavy37 = np.isin(c.atom_names, list(ATOM_ORDER)) & (c.elements != "H") & ~c.parsed.extra
-        self.residue_index = np.where(prot[ri] & heavy37, (np.cumsum(prot) - 1)[ri], -1)
-        self.atom_names, self.res_names, self.n_atoms = c.atom_names, c.res_names[prot], c.n_atoms
+        names = c.atom_names.copy()
+        heavy = (c.elements != "H") & ~c.parsed.extra
+        keep = np.isin(names, list(ATOM_ORDER)) & heavy
+        for k in np.flatnonzero(prot & (c.res_types != c.res_names)).tolist():
+            own = np.flatnonzero(ri == k)
+            names[own] = [parent_name(str(c.res_names[k]), str(a)) for a in names[own]]
+            keep[own] = np.isin(names[own], RESIDUES[str(c.res_types[k])].atoms) & heavy[own]
+        self.residue_index = np.where(prot[ri] & keep, (np.cumsum(prot) - 1)[ri], -1)
+        self.atom_names, self.res_names, self.n_atoms = names, c.res_types[prot], c.n_atoms
         self._n = int(prot.sum())
 
     def __len__(self) -> int:
@@ -67,7 +77,11 @@ class Complex:
         residue_index: ``(N,)`` int64 tensor, each atom's residue (all residues,
             ligands included, file order).
         res_names, res_ids, ins_codes, res_chain_ids, hetero, family: per residue.
-        polymer: ``(R,)`` bool, the polymer residues (the L of ``torsions``).
+        res_types: ``(R,)`` the standard type each polymer residue is built as: its name,
+            or an in-chain modified residue's CCD parent (``MSE`` -> ``MET``, ``5MU`` -> ``U``;
+            ``zmat/structure/modified.py``), ``""`` for ligands.
+        polymer: ``(R,)`` bool, the polymer residues (the L of ``torsions``), in-chain
+            modified residues with a standard parent included.
         table: one-tree ``ConstructionTable``; ``internal`` ``(N, 3)``.
         bonds: ``(E, 2)`` int64 tensor, ``bond_orders`` ``(E,)`` biotite
             ``BondType`` codes.
@@ -91,6 +105,7 @@ class Complex:
         self.res_chain_ids = parsed.chain_ids
         self.hetero = parsed.hetero
         self.family = parsed.family
+        self.res_types = parsed.res_types
         self.polymer = parsed.family != "ligand"
         self.chain_id = parsed.chain_ids[parsed.residue]
         self.bonds = torch.from_numpy(parsed.bonds)
@@ -317,7 +332,8 @@ class Complex:
     @property
     def aatype(self) -> torch.Tensor:
         """``(P,)`` int64 AlphaFold residue types of the structure's P amino-acid residues
-        (file order; nucleotides, ligands and modified residues are not among them)."""
+        (file order; in-chain modified residues as their parent, MSE as MET, as AlphaFold's
+        data pipeline reads them; nucleotides and ligands are not among them)."""
         return torch.from_numpy(aatype_from_names(self._protein_view.res_names))
 
     def to_atom37(self, xyz=None) -> tuple[torch.Tensor, torch.Tensor]:

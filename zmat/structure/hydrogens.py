@@ -127,17 +127,15 @@ def missing(
             tautomer.
         carried: heavy atoms that carry file hydrogens of names the CCD entry lacks.
     """
-    ccd = ccd_residue(res_name)
-    nb = _ccd_tables(res_name)[2]
-    hs = [(str(a), nb[a][0]) for a, e in zip(ccd.atom_names, ccd.elements, strict=True) if e == "H" and nb[a]]
+    hs = _ccd_hydrogens(res_name)
     drop: set[str] = set()
     add: list[tuple[str, str]] = []
     if kind:
         at_prev, at_next = LINK_ATOMS[kind]
         drop |= _PHOSPHATE
-        drop |= ccd.leaving_at(at_prev) if prev else set()
+        drop |= _leaving_at(res_name, at_prev) if prev else set()
         charged_c = kind == "protein" and opts.c_terminus == "charged"
-        drop |= ccd.leaving_at(at_next) if nxt or charged_c else set()
+        drop |= _leaving_at(res_name, at_next) if nxt or charged_c else set()
     if kind == "protein":
         drop |= _DROP.get(res_name, set())
         if res_name == "HIS":
@@ -165,9 +163,12 @@ _TINY = 1e-6
 
 
 def _unit(v, fallback) -> tuple[np.ndarray, bool]:
-    """``v / |v|`` and True, or ``fallback`` and False where ``v`` has no direction."""
-    n = float(np.linalg.norm(v))
-    return (v / n, True) if n > _TINY else (np.asarray(fallback, np.float64), False)
+    """``v / |v|`` and True, or ``fallback`` (a vector, or a function giving one, called only
+    then) and False where ``v`` has no direction."""
+    n = math.sqrt(float(v.dot(v)))  # np.linalg.norm's own formula (the same bits), without its overhead
+    if n > _TINY:
+        return v / n, True
+    return np.asarray(fallback() if callable(fallback) else fallback, np.float64), False
 
 
 def _perpendicular(u) -> np.ndarray:
@@ -181,7 +182,7 @@ def _nerf(xb, xa, xd, r, theta, phi) -> tuple[np.ndarray, bool]:
     dihedral ``phi`` (IUPAC) about ``xa-xb`` from ``xd``; and False where the
     reference atoms coincide or are collinear (then some finite frame is taken)."""
     bc, ok1 = _unit(xb - xa, (1.0, 0.0, 0.0))
-    n, ok2 = _unit(_cross(xa - xd, bc), _perpendicular(bc))
+    n, ok2 = _unit(_cross(xa - xd, bc), lambda: _perpendicular(bc))
     m = _cross(n, bc)
     s = r * math.sin(theta)
     return xb - r * math.cos(theta) * bc + s * math.cos(phi) * m + s * math.sin(phi) * n, ok1 and ok2
@@ -229,15 +230,15 @@ def place(res_name: str, kind: str, h: str, x: str, coords: dict, prev_c=None, l
     if kind == "protein" and h == "H" and prev_c is not None and "CA" in coords:
         u, ok1 = _unit(coords["N"] - prev_c, (1.0, 0.0, 0.0))
         w, ok2 = _unit(coords["N"] - coords["CA"], (0.0, 1.0, 0.0))
-        v, ok3 = _unit(u + w, _perpendicular(u))
+        v, ok3 = _unit(u + w, lambda: _perpendicular(u))
         return coords["N"] + 1.01 * v, ok1 and ok2 and ok3
     tetra = math.radians(109.5)
     if kind == "protein" and h in ("H1", "H2", "H3") and x == "N" and "CA" in coords:
         if "CD" in coords and res_name == "PRO":  # two heavy neighbours: sp3 pair
             d1, ok1 = _unit(coords["N"] - coords["CA"], (1.0, 0.0, 0.0))
-            d2, ok2 = _unit(coords["N"] - coords["CD"], _perpendicular(d1))
+            d2, ok2 = _unit(coords["N"] - coords["CD"], lambda: _perpendicular(d1))
             b, ok3 = _unit(d1 + d2, d1)
-            n, ok4 = _unit(_cross(d1, d2), _perpendicular(b))
+            n, ok4 = _unit(_cross(d1, d2), lambda: _perpendicular(b))
             sign = 1.0 if h == "H2" else -1.0
             v = b * math.cos(tetra / 2) + sign * n * math.sin(tetra / 2)
             return coords["N"] + 1.01 * v, ok1 and ok2 and ok3 and ok4
@@ -246,9 +247,9 @@ def place(res_name: str, kind: str, h: str, x: str, coords: dict, prev_c=None, l
             return _nerf(coords["N"], coords["CA"], coords["C"], 1.01, tetra, math.radians(offset))
     if h == "HO5'" and "C5'" in coords and "C4'" in coords:
         return _nerf(coords["O5'"], coords["C5'"], coords["C4'"], 0.96, tetra, math.pi)
-    ideal, heavy, nb = _ccd_tables(res_name)
+    _, heavy, nb = _ccd_tables(res_name)
     refs = _frame_refs(x, nb, {k for k in coords if k in heavy})
-    if refs is None or h not in ideal or not np.isfinite(ideal[h]).all():
+    if refs is None or h not in _finite_ideal(res_name):
         raise ValueError(
             f"{label or 'residue ' + res_name}: no bonded heavy atoms to place hydrogen {h} on {x} "
             f"from (the residue has {sorted(coords)}); read it with hydrogens=False, or with its "
@@ -265,6 +266,27 @@ def _ccd_tables(res_name: str):
     ideal = dict(zip(ccd.atom_names.tolist(), ccd.ideal, strict=True))
     heavy = frozenset(a for a, e in zip(ccd.atom_names.tolist(), ccd.elements, strict=True) if e != "H")
     return ideal, heavy, ccd.neighbors()
+
+
+@functools.cache
+def _finite_ideal(res_name: str) -> frozenset[str]:
+    """The atoms of a CCD entry with finite ideal coordinates."""
+    return frozenset(a for a, x in _ccd_tables(res_name)[0].items() if np.isfinite(x).all())
+
+
+@functools.cache
+def _ccd_hydrogens(res_name: str) -> tuple[tuple[str, str], ...]:
+    """The CCD entry's hydrogens with a bonded atom: ``(hydrogen, its heavy atom)``."""
+    ccd = ccd_residue(res_name)
+    nb = _ccd_tables(res_name)[2]
+    return tuple(
+        (str(a), nb[a][0]) for a, e in zip(ccd.atom_names, ccd.elements, strict=True) if e == "H" and nb[a]
+    )
+
+
+@functools.cache
+def _leaving_at(res_name: str, atom: str) -> frozenset[str]:
+    return ccd_residue(res_name).leaving_at(atom)
 
 
 @functools.cache

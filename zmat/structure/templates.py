@@ -1,4 +1,12 @@
-"""Residue templates of the all-atom path: every residue type and variant compiled once.
+"""Residue templates, the one compiler: every residue type and variant compiled once.
+
+The 20 amino-acid types are compiled once, at import, into arrays over *slots* (their
+heavy atoms in ``zmat/protein/topology.py`` order): :data:`AMINO` (:class:`AminoSlots`),
+with each atom's canonical row, torsion, ideal geometry, the bonds and the torsion atoms,
+references into a neighbour as ``(offset, slot)``. ``Protein``'s layout
+(``zmat.protein.layout``) stamps these arrays directly; the all-atom variants of an amino
+acid below read their parents, key atoms and torsion atoms off them, so the two views
+cannot disagree on a residue's chemistry.
 
 A *variant* is everything a residue's own rows depend on: its name, the backbone it
 links into, the atoms it has in their order (so the hydrogens it has or was given,
@@ -22,17 +30,18 @@ compiled for itself, uncached: the per-atom fallback.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
 from .._segments import starts
-from ..protein.topology import CHI_ATOMS, RESIDUES, TORSION_NAMES
+from ..protein.topology import AA3, CHI_ATOMS, RESIDUES, TORSION_NAMES
 from .ccd import ccd_residue
 from .hydrogens import LINK_ATOMS, extra_names
+from .modified import parent_name, residue_type
 from .nucleic import NUCLEIC_TORSIONS, nucleic_parents, torsion_atoms
 
-__all__ = ["QUAD_NAMES", "ResidueTemplate", "compile_residue", "stamp"]
+__all__ = ["AMINO", "QUAD_NAMES", "AminoSlots", "ResidueTemplate", "compile_residue", "stamp"]
 
 #: The dihedral quads of every polymer residue: protein torsions, nucleotide
 #: torsions (alpha..chi), then the five endocyclic nu0..nu4.
@@ -40,12 +49,160 @@ QUAD_NAMES = TORSION_NAMES + NUCLEIC_TORSIONS[:7] + tuple(f"nu{j}" for j in rang
 #: QUAD_NAMES before nu0..nu4: a torsion's last atom represents its siblings.
 N_DIHEDRALS = len(TORSION_NAMES) + 7
 
-_PROTEIN_QUADS = {
-    "phi": ("-C", "N", "CA", "C"),
-    "psi": ("N", "CA", "C", "+N"),
-    "omega": ("CA", "C", "+N", "+CA"),
-}
+_BACKBONE_QUADS = (("-C", "N", "CA", "C"), ("N", "CA", "C", "+N"), ("CA", "C", "+N", "+CA"))  # phi psi omega
 _NUCLEIC_KEYS = {"P", "O5'", "C5'", "C4'", "C3'", "O3'", "C2'", "C4", "C2"}  # torsion atoms
+
+
+# ------------------------------------------- the 20 amino acids compiled to slots
+#: The amino-acid types in ``AA3`` order; a residue's *type* is its index here.
+TYPES = tuple(RESIDUES[name] for name in AA3)
+AMINO_TYPE = {t.name: i for i, t in enumerate(TYPES)}
+#: Most atoms in a type. A residue's heavy atoms are its *slots* ``0 .. N_SLOTS - 1`` (type order).
+N_SLOTS = max(len(t.atoms) for t in TYPES)
+#: Stride of the per-residue slot maps: one slot more, ``EMPTY_SLOT``, that never holds an
+#: atom, so a missing reference indexes it instead of branching.
+SLOTS_PER_RESIDUE = N_SLOTS + 1
+EMPTY_SLOT = N_SLOTS
+#: Slots of the backbone atoms: every type starts ``N, CA, C, O`` (so a neighbour's
+#: backbone atom has the same slot whatever its type).
+SLOT_N, SLOT_CA, SLOT_C, SLOT_O = 0, 1, 2, 3
+assert all(t.atoms[:4] == ("N", "CA", "C", "O") and t.atoms[-1] == "OXT" for t in TYPES)
+
+
+@dataclass(frozen=True)
+class AminoSlots:
+    """The 20 amino-acid types as arrays over slots, compiled once at import (``AMINO``):
+    what every amino-acid template holds, the heavy-atom ``Protein`` view stamping them
+    directly (``zmat.protein.layout``), the all-atom variants reading theirs off them
+    (:func:`compile_residue`).
+
+    Per *type slot* ``type * SLOTS_PER_RESIDUE + slot`` (flat, ``(20 W, ...)``):
+    ``atom_name``, ``element``, ``ideal`` ``(r, theta, phi)`` of the canonical row; the
+    canonical row itself as ``ref_offset`` (the residue offset of each reference plus one:
+    0 previous residue, 1 same, 2 next) and ``ref_slot``; ``torsion_code``
+    ``(offset + 1) * 7 + torsion`` of the torsion that is the atom's dihedral (-1: none);
+    ``sibling_dihedral``, True where the canonical dihedral reference is a sibling (an
+    ``OFFSET`` row).
+
+    Per type: ``has_slot`` ``(20, W)``; ``oxt_slot`` ``(20,)``; ``quad_offset``,
+    ``quad_slot`` ``(20, 7, 4)``: the atoms of each torsion (``TORSION_NAMES``) as residue
+    offset plus one and slot (``EMPTY_SLOT`` where the type has no such chi);
+    ``bond_offset``, ``bond_slot`` ``(20, B, 2)``: the intra-residue bonds, then the peptide
+    bond to the previous residue; ``slot_of`` name -> slot; ``neighbors`` per slot, the
+    bonded atoms as ``(offset, slot)`` (fallback bond references).
+    """
+
+    has_slot: np.ndarray
+    oxt_slot: np.ndarray
+    atom_name: np.ndarray
+    element: np.ndarray
+    ideal: np.ndarray
+    ref_offset: np.ndarray
+    ref_slot: np.ndarray
+    torsion_code: np.ndarray
+    sibling_dihedral: np.ndarray
+    quad_offset: np.ndarray
+    quad_slot: np.ndarray
+    bond_offset: np.ndarray
+    bond_slot: np.ndarray
+    slot_of: tuple[dict[str, int], ...]
+    neighbors: tuple[list[list[tuple[int, int]]], ...]
+
+    def name(self, i: int, offset: int, slot: int) -> str:
+        """The reference ``(offset, slot)`` of type ``i`` as a name: ``"-C"``, ``"CB"``,
+        ``"+N"``; ``""`` for none."""
+        if slot == EMPTY_SLOT:
+            return ""
+        return {-1: "-", 0: "", 1: "+"}[offset] + TYPES[i].atoms[slot]
+
+
+def _sibling_type(template) -> set[str]:
+    """Atoms whose canonical dihedral reference is a sibling (OFFSET rows)."""
+    rows = dict(zip(template.atoms, template.rows, strict=True))
+    out = {"O", "CB"}
+    for at, (b, _, d) in rows.items():
+        if at in ("N", "CA", "C", "O", "CB", "OXT"):
+            continue
+        if rows[b][1] != d:
+            out.add(at)
+    return out
+
+
+def _spec(t, spec: str) -> tuple[int, int]:
+    """``"-C"`` -> ``(-1, slot of C)``; ``""`` -> ``(0, EMPTY_SLOT)``."""
+    if not spec:
+        return 0, EMPTY_SLOT
+    off = {"-": -1, "+": 1}.get(spec[0], 0)
+    return off, t.index(spec[1:] if off else spec)
+
+
+def _neighbors(t) -> list[list[tuple[int, int]]]:
+    """Per slot of type ``t``, its bonded atoms as ``(offset, slot)``, the peptide bond
+    included (``N`` first tries the previous ``C``)."""
+    nb: dict[str, list[str]] = {a: [] for a in t.atoms}
+    for x, y in t.bonds:
+        nb[x].append(y)
+        nb[y].append(x)
+    nb["N"].insert(0, "-C")
+    nb["C"].append("+N")
+    return [[_spec(t, s) for s in nb[a]] for a in t.atoms]
+
+
+def _compile_amino() -> AminoSlots:
+    n_types, flat = len(TYPES), len(TYPES) * SLOTS_PER_RESIDUE
+    n_bonds = max(len(t.bonds) for t in TYPES) + 1  # + the peptide bond
+    out = AminoSlots(
+        has_slot=np.zeros((n_types, SLOTS_PER_RESIDUE), bool),
+        oxt_slot=np.array([len(t.atoms) - 1 for t in TYPES], np.int64),
+        atom_name=np.full(flat, "", "U4"),
+        element=np.full(flat, "", "U2"),
+        ideal=np.full((flat, 3), np.nan),
+        ref_offset=np.ones((flat, 3), np.int64),
+        ref_slot=np.full((flat, 3), EMPTY_SLOT, np.int64),
+        torsion_code=np.full(flat, -1, np.int64),
+        sibling_dihedral=np.zeros(flat, bool),
+        quad_offset=np.ones((n_types, len(TORSION_NAMES), 4), np.int64),
+        quad_slot=np.full((n_types, len(TORSION_NAMES), 4), EMPTY_SLOT, np.int64),
+        bond_offset=np.ones((n_types, n_bonds, 2), np.int64),
+        bond_slot=np.full((n_types, n_bonds, 2), EMPTY_SLOT, np.int64),
+        slot_of=tuple({a: j for j, a in enumerate(t.atoms)} for t in TYPES),
+        neighbors=tuple(_neighbors(t) for t in TYPES),
+    )
+    for i, t in enumerate(TYPES):
+        _compile_type(out, i, t)
+    for f in fields(out):
+        if isinstance(value := getattr(out, f.name), np.ndarray):
+            value.flags.writeable = False
+    return out
+
+
+def _compile_type(out: AminoSlots, i: int, t) -> None:
+    """Fill the entries of type ``i`` (``topology.RESIDUES`` template ``t``) in ``out``."""
+    n, f = len(t.atoms), i * SLOTS_PER_RESIDUE
+    out.has_slot[i, :n] = True
+    out.atom_name[f : f + n] = t.atoms
+    out.element[f : f + n] = t.elements
+    out.ideal[f : f + n] = t.ideal
+    siblings = _sibling_type(t)
+    for j, atom in enumerate(t.atoms):
+        for c, spec in enumerate(t.rows[j]):
+            off, out.ref_slot[f + j, c] = _spec(t, spec)
+            out.ref_offset[f + j, c] = off + 1
+        if t.torsion[j] is not None:
+            torsion, off = t.torsion[j]
+            out.torsion_code[f + j] = (off + 1) * len(TORSION_NAMES) + torsion
+        out.sibling_dihedral[f + j] = atom in siblings
+    for q, quad in enumerate(_BACKBONE_QUADS + CHI_ATOMS[t.name]):
+        for c, spec in enumerate(quad):
+            off, out.quad_slot[i, q, c] = _spec(t, spec)
+            out.quad_offset[i, q, c] = off + 1
+    for j, (x, y) in enumerate(t.bonds):
+        out.bond_slot[i, j] = (t.index(x), t.index(y))
+    out.bond_offset[i, -1], out.bond_slot[i, -1] = (0, 1), (SLOT_C, SLOT_N)  # -C, N
+
+
+#: The compiled amino-acid types (:class:`AminoSlots`).
+AMINO = _compile_amino()
 
 
 @dataclass(frozen=True)
@@ -104,8 +261,12 @@ def template_of(res, linked: bool, cache: bool = True) -> ResidueTemplate:
 def compile_residue(name, family, kind, names, elements, linked, *, res=None) -> ResidueTemplate:
     """A :class:`ResidueTemplate` (module doc); ``res``: the residue itself, for its
     extra atoms (bonds by distance, parents by nearness)."""
-    slot = {a: j for j, a in enumerate(names)}
-    bonds, orders = _local_bonds(name, kind, slot, res)
+    own = {a: j for j, a in enumerate(names)}
+    bonds, orders = _local_bonds(name, kind, own, res)
+    slot = own
+    if family != "ligand" and name != residue_type(name, family):  # a modified residue: its
+        # parent's atoms by name (MSE: SD -> SE), only where bonded as in the parent
+        slot = _ParentSlots(own, name, bonds)
     parent, link_parent, key = _local_parents(name, family, kind, names, elements, slot, bonds, linked)
     if res is not None and any(res.extra):
         _prefer_nearest(res, parent)
@@ -115,7 +276,7 @@ def compile_residue(name, family, kind, names, elements, linked, *, res=None) ->
     y, x = LINK_ATOMS.get(kind, ("", ""))
     return ResidueTemplate(
         names,
-        slot,
+        own,
         bonds,
         orders,
         parent,
@@ -162,16 +323,17 @@ def _local_parents(name, family, kind, names, elements, slot, bonds, linked):
             if linked:
                 link_parent.append((slot[a], spec[1:]))
         else:
-            parent[slot[a]] = slot.get(spec, -1)
+            parent[slot[a]] = slot.edge(a, spec) if isinstance(slot, _ParentSlots) else slot.get(spec, -1)
 
-    if family == "protein":
-        t = RESIDUES[name]
-        for j, a in enumerate(t.atoms):
+    if family == "protein":  # the type's compiled rows (AMINO), restricted to the atoms present
+        i = AMINO_TYPE[residue_type(name, family)]
+        for a, j in AMINO.slot_of[i].items():
             if a in slot:
-                put(a, t.rows[j][0])
-                key[slot[a]] = t.torsion[j] is not None
+                f = i * SLOTS_PER_RESIDUE + j
+                put(a, AMINO.name(i, AMINO.ref_offset[f, 0] - 1, AMINO.ref_slot[f, 0]))
+                key[slot[a]] = AMINO.torsion_code[f] >= 0
     elif family == "nucleic":
-        for a, p in nucleic_parents(name).items():
+        for a, p in nucleic_parents(residue_type(name, family)).items():
             if a in slot:
                 put(a, p)
                 key[slot[a]] = a in _NUCLEIC_KEYS
@@ -247,11 +409,17 @@ def _prefer_nearest(res, parent: np.ndarray) -> None:
 
 def _local_quads(name: str, family: str, slot: dict):
     """``(Q, 4)`` local quads and the neighbour atoms of each (module doc)."""
+    rtype = residue_type(name, family)
     if family == "protein":
-        defs = dict(_PROTEIN_QUADS)
-        defs.update({f"chi{c + 1}": q for c, q in enumerate(CHI_ATOMS[name])})
+        i = AMINO_TYPE[rtype]
+        off, at = AMINO.quad_offset[i] - 1, AMINO.quad_slot[i]
+        defs = {
+            TORSION_NAMES[q]: tuple(AMINO.name(i, o, s) for o, s in zip(off[q], at[q], strict=True))
+            for q in range(len(TORSION_NAMES))
+            if at[q, 0] != EMPTY_SLOT
+        }
     else:
-        defs = torsion_atoms(name)
+        defs = torsion_atoms(rtype)
     quads = np.full((len(QUAD_NAMES), 4), -1, np.int64)
     cross = []
     for qname, quad in defs.items():
@@ -263,11 +431,34 @@ def _local_quads(name: str, family: str, slot: dict):
                 cross.append((q, j, -1 if spec[0] == "-" else 1, spec[1:]))
             else:
                 ids.append(slot.get(spec, -1))
-        if -1 in ids:  # a missing own atom: undefined
+        if -1 in ids or not _bonded_along(slot, quad):  # a missing own atom: undefined
             cross = [c for c in cross if c[0] != q]
         else:
             quads[q] = ids
     return quads, tuple(cross)
+
+
+class _ParentSlots(dict):
+    """A modified residue's local slots under its parent's atom names
+    (``zmat/structure/modified.py``): ``slot["SD"]`` is MSE's ``SE``; a parent's tree edge
+    or torsion bond counts only where the residue has that bond."""
+
+    def __init__(self, slot: dict, name: str, bonds: np.ndarray) -> None:
+        super().__init__({parent_name(name, a): j for a, j in slot.items()})
+        self.bonded = {(i, j) for i, j in bonds.tolist()} | {(j, i) for i, j in bonds.tolist()}
+
+    def edge(self, a: str, b: str) -> int:
+        """``b``'s slot when ``a`` and ``b`` are bonded, else -1."""
+        j = self.get(b, -1)
+        return j if j >= 0 and (self[a], j) in self.bonded else -1
+
+
+def _bonded_along(slot: dict, quad: tuple) -> bool:
+    """Every pair of consecutive own atoms of a quad bonded (always, but in a modified residue)."""
+    if not isinstance(slot, _ParentSlots):
+        return True
+    own = [slot.get(a, -1) if a[0] not in "-+" else -2 for a in quad]
+    return all(i == -2 or j == -2 or (i, j) in slot.bonded for i, j in zip(own[:-1], own[1:], strict=True))
 
 
 def stamp(residues, linked: np.ndarray, disulfides, cache: bool = True):

@@ -1,0 +1,343 @@
+// The normalizing flows' forward with fixed atoms (zmat/flows.py, _world): every atom placed in
+// world coordinates in one pass over an order where references come first, and the
+// log-determinant summed in the same pass. No frames, no copies: the references of an atom are
+// already at their world positions, fixed or placed.
+//   CART     x_i = q_i (a fixed atom or a free tree's root);
+//   SECOND   x_i = x_root + r u,  u = (sin b cos a, sin b sin a, cos b), q_i = (r, cos b, a);
+//   THIRD    x_i = x_b + r (-cos t e1 + sin t e2), e1 = +-u (b the second atom: +), e2 = M e_x,
+//            M = Rz(a) Ry(b) Rz(g) (the tree's orientation; a, cos b from its second atom's row,
+//            q_i = (r, t, g));
+//   NERF     x_i = x_b + r (-cos t e1 + sin t cos p e2 + sin t sin p e3), e1 = unit(x_b - x_a),
+//            e3 = unit((x_a - x_d) x e1), e2 = e3 x e1 (zmat._geometry.nerf_anchor's frame and
+//            degenerate rules without the sibling plane: e1 = +x at a zero bond, e3 =
+//            any_perpendicular(e1) where d, a, b are collinear).
+// Angles are q * scale + shift (normalize_angles), cos b clamped to [-1, 1] (zero gradient
+// outside), sin b = sqrt((1 - c)(1 + c)) (0, zero gradient, at the poles). Log-det: 2 log|r| on
+// every free atom and log|sin t| on THIRD and NERF atoms, each floored at `clamp` (zero gradient).
+// Backward: the chain rule in reverse order into every reference, per structure (the same bits
+// on any number of threads). Arithmetic in the tensors' dtype, as the torch path's.
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "parallel.h"
+#include "vec3.h"
+
+namespace {
+
+enum : uint8_t { CART = 0, SECOND = 1, THIRD_ON_SECOND = 2, THIRD_ON_ROOT = 3, NERF = 4 };
+
+using zmat::cross;
+using zmat::dot;
+
+struct Plan {
+  int64_t n;
+  const int64_t *atom, *b, *a, *d;  // (N,) each, in placement order (THIRD: d is the second atom)
+  const uint8_t* kind;
+};
+
+template <typename T>
+struct Consts {
+  T tiny, collinear, clamp;
+  const T *scale, *shift;  // (N, 3) contiguous, or null (radians)
+};
+
+// q of one structure: its entries, scaled
+template <typename T>
+struct Q {
+  const T* q;
+  int64_t s1, s2;
+  const Consts<T>& k;
+  T raw(int64_t i, int c) const { return q[i * s1 + c * s2]; }
+  T val(int64_t i, int c) const { return k.scale ? raw(i, c) * k.scale[3 * i + c] + k.shift[3 * i + c] : raw(i, c); }
+};
+
+// A tree's orientation from its second atom's row: cos b (clamped), sin b, d sin b / d cos b, a.
+template <typename T>
+struct Pose {
+  T c, s, ds, ca, sa;
+  bool inside;  // cos b in [-1, 1]: the clamp passes the gradient
+  Pose(const Q<T>& q, int64_t second) {
+    const T c0 = q.raw(second, 1), al = q.val(second, 2);
+    inside = c0 >= T(-1) && c0 <= T(1);
+    c = c0 < T(-1) ? T(-1) : (c0 > T(1) ? T(1) : c0);
+    const T s2 = (1 - c) * (1 + c);
+    const bool ok = s2 > q.k.tiny;
+    s = ok ? std::sqrt(s2) : T(0);
+    ds = ok ? -c / s : T(0);
+    ca = std::cos(al), sa = std::sin(al);
+  }
+  void u(T* o) const { o[0] = s * ca, o[1] = s * sa, o[2] = c; }
+  // gradient g of u into (g cos b, g a)
+  void u_backward(const T* g, T& gc, T& ga) const {
+    ga += s * (ca * g[1] - sa * g[0]);
+    gc += g[2] + ds * (ca * g[0] + sa * g[1]);
+  }
+};
+
+// M e_x and its gradient, M = Rz(a) Ry(b) Rz(g)
+template <typename T>
+inline void e2_of(const Pose<T>& p, T cg, T sg, T* o) {
+  o[0] = p.ca * p.c * cg - p.sa * sg;
+  o[1] = p.sa * p.c * cg + p.ca * sg;
+  o[2] = -p.s * cg;
+}
+template <typename T>
+inline void e2_backward(const Pose<T>& p, T cg, T sg, const T* g, T& gc, T& ga, T& gg) {
+  ga += g[0] * (-p.sa * p.c * cg - p.ca * sg) + g[1] * (p.ca * p.c * cg - p.sa * sg);
+  gc += g[0] * p.ca * cg + g[1] * p.sa * cg - g[2] * cg * p.ds;
+  gg += g[0] * (-p.ca * p.c * sg - p.sa * cg) + g[1] * (-p.sa * p.c * sg + p.ca * cg) + g[2] * p.s * sg;
+}
+
+// The NeRF frame of (d, a, b) from world positions x (3 per atom, contiguous).
+template <typename T>
+struct Frame {
+  T e1[3], e2[3], e3[3], v[3], w[3], axis[3], nw, nn;
+  bool zero_bond, straight, tiny_perp;
+  Frame(const T* x, int64_t b, int64_t a, int64_t d, const Consts<T>& k) {
+    for (int c = 0; c < 3; ++c) w[c] = x[3 * b + c] - x[3 * a + c], v[c] = x[3 * a + c] - x[3 * d + c];
+    const T sw = dot(w, w);
+    zero_bond = sw <= k.tiny;
+    nw = zero_bond ? T(1) : std::sqrt(sw);
+    for (int c = 0; c < 3; ++c) e1[c] = zero_bond ? T(c == 0) : w[c] / nw;
+    T n[3];
+    cross(v, e1, n);
+    const T sn = dot(n, n);
+    straight = sn <= k.collinear * dot(v, v) || sn <= k.tiny;
+    tiny_perp = false;
+    if (straight) {  // zmat._geometry.any_perpendicular(e1)
+      const T a0 = std::fabs(e1[0]), a1 = std::fabs(e1[1]), a2 = std::fabs(e1[2]);
+      const T low = (a0 < a1 ? (a0 < a2 ? a0 : a2) : (a1 < a2 ? a1 : a2)) + T(1e-6);
+      const bool ex = a0 <= low, ey = !ex && a1 <= low;
+      axis[0] = T(ex), axis[1] = T(ey), axis[2] = T(!ex && !ey);
+      cross(e1, axis, n);
+      const T sm = dot(n, n);
+      tiny_perp = sm <= k.tiny;
+      nn = std::sqrt(tiny_perp ? k.tiny : sm);
+    } else {
+      nn = std::sqrt(sn);
+    }
+    for (int c = 0; c < 3; ++c) e3[c] = n[c] / nn;
+    cross(e3, e1, e2);
+  }
+  // gradients of e1, e2, e3 (ge1, ge3 changed) into the positions' gradient gx
+  void backward(T* ge1, const T* ge2, T* ge3, T* gx, int64_t b, int64_t a, int64_t d) const {
+    T t[3];
+    cross(e1, ge2, t);  // e2 = e3 x e1
+    for (int c = 0; c < 3; ++c) ge3[c] += t[c];
+    cross(ge2, e3, t);
+    for (int c = 0; c < 3; ++c) ge1[c] += t[c];
+    T gn[3];
+    const T p = tiny_perp ? T(0) : dot(e3, ge3);  // (unit's gradient; a floored norm is a scale)
+    for (int c = 0; c < 3; ++c) gn[c] = (ge3[c] - e3[c] * p) / nn;
+    if (straight) {  // n = e1 x axis
+      cross(axis, gn, t);
+      for (int c = 0; c < 3; ++c) ge1[c] += t[c];
+    } else {  // n = v x e1
+      cross(e1, gn, t);
+      for (int c = 0; c < 3; ++c) gx[3 * a + c] += t[c], gx[3 * d + c] -= t[c];
+      cross(gn, v, t);
+      for (int c = 0; c < 3; ++c) ge1[c] += t[c];
+    }
+    if (zero_bond) return;
+    const T q = dot(e1, ge1);
+    for (int c = 0; c < 3; ++c) {
+      const T gw = (ge1[c] - e1[c] * q) / nw;
+      gx[3 * b + c] += gw, gx[3 * a + c] -= gw;
+    }
+  }
+};
+
+template <typename T>
+inline T log_floor(T v, T clamp) {
+  const T a = std::fabs(v);
+  return std::log(a < clamp ? clamp : a);
+}
+template <typename T>
+inline T dlog_floor(T v, T clamp) {  // d log max(|v|, clamp) / dv
+  return std::fabs(v) >= clamp ? T(1) / v : T(0);
+}
+
+template <typename T>
+void forward(const T* q, int64_t bn, const int64_t* qs, const Plan& pl, const Consts<T>& k, T* x, T* ld,
+             int64_t threads) {
+  const int64_t n = pl.n;
+  zmat::parallel_for(bn, threads, [&](int64_t s) {
+    const Q<T> qq{q + s * qs[0], qs[1], qs[2], k};
+    T* xs = x + s * 3 * n;
+    T sum = 0;
+    for (int64_t p = 0; p < n; ++p) {
+      const int64_t i = pl.atom[p], b = pl.b[p];
+      const uint8_t kind = pl.kind[p];
+      T* xi = xs + 3 * i;
+      if (kind == CART) {
+        for (int c = 0; c < 3; ++c) xi[c] = qq.raw(i, c);
+        continue;
+      }
+      const T r = qq.val(i, 0);
+      sum += 2 * log_floor(r, k.clamp);
+      if (kind == SECOND) {
+        T u[3];
+        Pose<T>(qq, i).u(u);
+        for (int c = 0; c < 3; ++c) xi[c] = xs[3 * b + c] + r * u[c];
+        continue;
+      }
+      const T t = qq.val(i, 1), ct = std::cos(t), st = std::sin(t), ph = qq.val(i, 2);
+      sum += log_floor(st, k.clamp);
+      const T cp = std::cos(ph), sp = std::sin(ph);
+      if (kind == NERF) {
+        const Frame<T> f(xs, b, pl.a[p], pl.d[p], k);
+        for (int c = 0; c < 3; ++c)
+          xi[c] = xs[3 * b + c] + r * (-ct * f.e1[c] + st * cp * f.e2[c] + st * sp * f.e3[c]);
+        continue;
+      }
+      const Pose<T> pose(qq, pl.d[p]);
+      T u[3], e2[3];
+      pose.u(u);
+      e2_of(pose, cp, sp, e2);
+      const T sign = kind == THIRD_ON_SECOND ? T(1) : T(-1);
+      for (int c = 0; c < 3; ++c) xi[c] = xs[3 * b + c] + r * (-ct * sign * u[c] + st * e2[c]);
+    }
+    if (ld) ld[s] = sum;
+  });
+}
+
+// gx (B, N, 3), gld (B,) with strides (either null); x the forward's output (contiguous);
+// gq (B, N, 3) contiguous.
+template <typename T>
+void backward(const T* q, int64_t bn, const int64_t* qs, const Plan& pl, const Consts<T>& k, const T* x,
+              const T* gx, const int64_t* gs, const T* gld, int64_t gl, T* gq, int64_t threads) {
+  const int64_t n = pl.n;
+  zmat::parallel_for(bn, threads, [&](int64_t s) {
+    const Q<T> qq{q + s * qs[0], qs[1], qs[2], k};
+    const T* xs = x + s * 3 * n;
+    const T gl_s = gld ? gld[s * gl] : T(0);
+    std::vector<T> gX(3 * n, T(0));
+    T* gQ = gq + s * 3 * n;
+    for (int64_t j = 0; j < 3 * n; ++j) gQ[j] = T(0);
+    if (gx)
+      for (int64_t i = 0; i < n; ++i)
+        for (int c = 0; c < 3; ++c) gX[3 * i + c] = gx[s * gs[0] + i * gs[1] + c * gs[2]];
+    for (int64_t p = n - 1; p >= 0; --p) {
+      const int64_t i = pl.atom[p], b = pl.b[p];
+      const uint8_t kind = pl.kind[p];
+      const T* g = gX.data() + 3 * i;
+      T* gi = gQ + 3 * i;
+      if (kind == CART) {
+        for (int c = 0; c < 3; ++c) gi[c] += g[c];
+        continue;
+      }
+      const T r = qq.val(i, 0);
+      gi[0] += 2 * gl_s * dlog_floor(r, k.clamp);
+      for (int c = 0; c < 3; ++c) gX[3 * b + c] += g[c];
+      if (kind == SECOND) {
+        const Pose<T> pose(qq, i);
+        T u[3], gu[3];
+        pose.u(u);
+        gi[0] += dot(g, u);
+        for (int c = 0; c < 3; ++c) gu[c] = r * g[c];
+        pose.u_backward(gu, gi[1], gi[2]);
+        if (!pose.inside) gi[1] = T(0);  // (every use of cos b is summed by now: its third comes later)
+        continue;
+      }
+      const T t = qq.val(i, 1), ct = std::cos(t), st = std::sin(t), ph = qq.val(i, 2);
+      const T cp = std::cos(ph), sp = std::sin(ph);
+      gi[1] += gl_s * ct * dlog_floor(st, k.clamp);
+      if (kind == NERF) {
+        const Frame<T> f(xs, b, pl.a[p], pl.d[p], k);
+        T ge1[3], ge2[3], ge3[3];
+        for (int c = 0; c < 3; ++c) {
+          gi[0] += g[c] * (-ct * f.e1[c] + st * cp * f.e2[c] + st * sp * f.e3[c]);
+          gi[1] += r * g[c] * (st * f.e1[c] + ct * cp * f.e2[c] + ct * sp * f.e3[c]);
+          gi[2] += r * st * g[c] * (-sp * f.e2[c] + cp * f.e3[c]);
+          ge1[c] = -r * ct * g[c], ge2[c] = r * st * cp * g[c], ge3[c] = r * st * sp * g[c];
+        }
+        f.backward(ge1, ge2, ge3, gX.data(), b, pl.a[p], pl.d[p]);
+        continue;
+      }
+      const int64_t second = pl.d[p];
+      const Pose<T> pose(qq, second);
+      T u[3], e2[3], gu[3], ge2[3];
+      pose.u(u);
+      e2_of(pose, cp, sp, e2);
+      const T sign = kind == THIRD_ON_SECOND ? T(1) : T(-1);
+      for (int c = 0; c < 3; ++c) {
+        gi[0] += g[c] * (-ct * sign * u[c] + st * e2[c]);
+        gi[1] += r * g[c] * (st * sign * u[c] + ct * e2[c]);
+        gu[c] = -r * ct * sign * g[c], ge2[c] = r * st * g[c];
+      }
+      T* g2 = gQ + 3 * second;
+      pose.u_backward(gu, g2[1], g2[2]);
+      e2_backward(pose, cp, sp, ge2, g2[1], g2[2], gi[2]);
+    }
+    if (k.scale)
+      for (int64_t j = 0; j < 3 * n; ++j) gQ[j] *= k.scale[j];
+  });
+}
+
+// The log-determinant alone (zmat/flows.py, _log_det): sum_i w_i log|r_i| + w'_i log|sin t_i|,
+// w (N, 2) the weights (0: not read), r, t the scaled q; and its gradient gq (B, N, 3).
+template <typename T>
+void log_det(const T* q, int64_t bn, const int64_t* qs, int64_t n, const T* w, const Consts<T>& k, T* ld,
+             const T* gld, int64_t gl, T* gq, int64_t threads) {
+  zmat::parallel_for(bn, threads, [&](int64_t s) {
+    const Q<T> qq{q + s * qs[0], qs[1], qs[2], k};
+    T sum = 0, g = gq ? gld[s * gl] : T(0), *gs = gq ? gq + s * 3 * n : nullptr;
+    for (int64_t i = 0; i < n; ++i) {
+      T gr = 0, gt = 0;
+      if (w[2 * i] != T(0)) {
+        const T r = qq.val(i, 0);
+        sum += w[2 * i] * log_floor(r, k.clamp);
+        gr = g * w[2 * i] * dlog_floor(r, k.clamp);
+      }
+      if (w[2 * i + 1] != T(0)) {
+        const T t = qq.val(i, 1), st = std::sin(t);
+        sum += w[2 * i + 1] * log_floor(st, k.clamp);
+        if (gs) gt = g * w[2 * i + 1] * std::cos(t) * dlog_floor(st, k.clamp);
+      }
+      if (!gs) continue;
+      gs[3 * i] = k.scale ? gr * k.scale[3 * i] : gr;
+      gs[3 * i + 1] = k.scale ? gt * k.scale[3 * i + 1] : gt;
+      gs[3 * i + 2] = T(0);
+    }
+    if (ld) ld[s] = sum;
+  });
+}
+
+}  // namespace
+
+// q (B, N, 3) with element strides; weights (N, 2), scale, shift (N, 3) (or null) contiguous;
+// ld (B,) or gq (B, N, 3) (the backward, from gld with stride gl) contiguous.
+#define ZMAT_LOG_DET(T, SUFFIX, CLAMP)                                                                      \
+  extern "C" void zmat_log_det_##SUFFIX(const T* q, int64_t b, int64_t q0, int64_t q1, int64_t q2,          \
+                                        int64_t n, const T* w, const T* scale, const T* shift, T* ld,       \
+                                        const T* gld, int64_t gl, T* gq, int64_t threads) {                 \
+    const int64_t qs[3] = {q0, q1, q2};                                                                    \
+    log_det<T>(q, b, qs, n, w, Consts<T>{0, 0, CLAMP, scale, shift}, ld, gld, gl, gq, threads);             \
+  }
+
+ZMAT_LOG_DET(float, f32, 1e-6f)
+ZMAT_LOG_DET(double, f64, 1e-12)
+
+// q (B, N, 3) with element strides; plan arrays (N,) each (atom, b, a, d int64; kind uint8) in
+// placement order; scale, shift (N, 3) or null; x (B, N, 3), ld (B,) (or null), gq contiguous.
+#define ZMAT_WORLD(T, SUFFIX, TINY, COLLINEAR, CLAMP)                                                              \
+  extern "C" void zmat_world_forward_##SUFFIX(                                                             \
+      const T* q, int64_t b, int64_t q0, int64_t q1, int64_t q2, int64_t n, const int64_t* plan,            \
+      const uint8_t* kind, const T* scale, const T* shift, T* x, T* ld, int64_t threads) {                  \
+    const int64_t qs[3] = {q0, q1, q2};                                                                    \
+    const Plan pl{n, plan, plan + n, plan + 2 * n, plan + 3 * n, kind};                                    \
+    forward<T>(q, b, qs, pl, Consts<T>{TINY, COLLINEAR, CLAMP, scale, shift}, x, ld, threads);             \
+  }                                                                                                        \
+  extern "C" void zmat_world_backward_##SUFFIX(                                                            \
+      const T* q, int64_t b, int64_t q0, int64_t q1, int64_t q2, int64_t n, const int64_t* plan,            \
+      const uint8_t* kind, const T* scale, const T* shift, const T* x, const T* gx, int64_t g0,          \
+      int64_t g1, int64_t g2, const T* gld, int64_t gl, T* gq, int64_t threads) {                          \
+    const int64_t qs[3] = {q0, q1, q2}, gs[3] = {g0, g1, g2};                                              \
+    const Plan pl{n, plan, plan + n, plan + 2 * n, plan + 3 * n, kind};                                    \
+    backward<T>(q, b, qs, pl, Consts<T>{TINY, COLLINEAR, CLAMP, scale, shift}, x, gx, gs, gld, gl, gq,      \
+                threads);                                                                                  \
+  }
+
+ZMAT_WORLD(float, f32, 1e-12f, 1e-10f, 1e-6f)
+ZMAT_WORLD(double, f64, 1e-24, 1e-20, 1e-12)
