@@ -406,6 +406,11 @@ def main(argv=None) -> None:
         "--max-calls", type=int, default=300, help="calls after which a run counts as not converged"
     )
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument(
+        "--throughput-steps", type=int, default=60,
+        help="most iterations of each batched run (fewer: a quick overhead figure, e.g. "
+        "--no-baker --batches 1024 --throughput-steps 5)",
+    )  # fmt: skip
     p.add_argument("--no-baker", action="store_true")
     p.add_argument(
         "--sets", nargs="*", choices=["druglike", "water"], default=[],
@@ -435,7 +440,7 @@ def main(argv=None) -> None:
         text.append(baker_table(rows, a.optimizers))
     if a.batches:
         print("batched throughput, ToyForceField on histidine (20 atoms)", flush=True)
-        rows = throughput(a.batches)
+        rows = throughput(a.batches, a.throughput_steps)
         result["throughput"] = rows
         text.append(
             "\nzmat.optimize.minimize, batched, torch potential (ToyForceField, histidine, 20 atoms)\n"

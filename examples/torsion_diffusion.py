@@ -17,9 +17,11 @@ builds the backbone from them with fixed bond lengths (NeRF). Here:
   and the peptide C-N bond excluded) plus the peptide-bond terms of
   ``zmat.protein.structural_violations``, on the decoded predicted clean angles
   ``x0_hat = (x_t - sqrt(1 - abar_t) eps_hat) / sqrt(abar_t)`` in the last 20% of the noise
-  levels, moves the noise target to the clash-guided one (:func:`losses`), on the training
-  batch and on a few reverse-diffusion chains run alongside (:class:`Chains`: the states the
-  sampler visits, which clash far more often than noised training windows);
+  levels of the states the sampler visits (which clash far more often than noised training
+  windows). ``--term states`` (the default): added to the loss on reverse-diffusion chains run
+  alongside training (:class:`SamplerChains`, :func:`chain_clash`), differentiable in the
+  network; ``--term target``: it moves the noise target to the clash-guided one
+  (:func:`losses`, :class:`Chains`);
 * sampling-time clash guidance (``--guidance``): the same gradient on the DDPM mean.
 
 The default is tiny (seconds; CI runs it). ``python -m benchmarks --suite train`` trains
@@ -27,6 +29,7 @@ two models that differ only in the extra loss and compares their samples.
 
     python examples/torsion_diffusion.py                       # tiny, with the clash term
     python examples/torsion_diffusion.py --clash-weight 0      # FoldingDiff's own loss only
+    python examples/torsion_diffusion.py --term target --clash-weight 3 --chains 8   # last session's term
     python examples/torsion_diffusion.py --guidance 0          # no clash guidance at sampling
     python examples/torsion_diffusion.py --steps 2000 --length 32 --diffusion-steps 200
 """
@@ -133,7 +136,7 @@ class Backbone:
         excluded = same | peptide | peptide.T
         self.exclude = torch.from_numpy(np.stack(np.nonzero(np.triu(excluded, 1)), -1))  # AlphaFold's
         self.allowed = torch.from_numpy(np.triu(~excluded, 1))  # (4 L, 4 L) pairs that may clash
-        self.reach = 2 * float(self.radii.max()) - 1.5  # no pair farther apart can clash
+        self.reach = 2 * float(self.radii.max())  # minus the tolerance: no pair farther apart can clash
         self.mask37 = torch.zeros(L, 37, dtype=torch.bool)
         self.cols37 = [ATOM_ORDER[n] for n in ("N", "CA", "C", "O")]
         self.mask37[:, self.cols37] = True
@@ -151,21 +154,22 @@ class Backbone:
         pos[..., self.cols37, :] = xyz.unflatten(-2, (self.L, 4))
         return pos
 
-    def pairs(self, xyz: torch.Tensor) -> torch.Tensor:
+    def pairs(self, xyz: torch.Tensor, tolerance: float = 1.5) -> torch.Tensor:
         """Pair list of ``(B, 4 L, 3)`` for ``clash_loss(pairs=)``: allowed pairs within reach.
 
         At a few hundred atoms per window, one batched distance matrix without gradient is
         cheaper than a cell list (``zmat.clash.candidate_pairs``); it syncs once (the count).
         """
         with torch.no_grad():
-            near = (torch.cdist(xyz, xyz) < self.reach + 1e-3) & self.allowed
+            near = (torch.cdist(xyz, xyz) < self.reach - tolerance + 1e-3) & self.allowed
             b, i, j = torch.nonzero(near, as_tuple=True)
         n = xyz.shape[-2]
         return torch.stack([b * n + i, b * n + j], -1)
 
-    def clash(self, xyz: torch.Tensor) -> torch.Tensor:
-        """``(B,)`` AlphaFold's between-residue clash amount (A, sum of overlaps)."""
-        return clash_loss(xyz, self.radii, pairs=self.pairs(xyz))
+    def clash(self, xyz: torch.Tensor, tolerance: float = 1.5) -> torch.Tensor:
+        """``(B,)`` AlphaFold's between-residue clash amount (A, sum of overlaps); a smaller
+        ``tolerance`` counts overlaps that start closer to contact (a margin for a loss)."""
+        return clash_loss(xyz, self.radii, pairs=self.pairs(xyz, tolerance), tolerance=tolerance)
 
     def violation_loss(self, xyz: torch.Tensor) -> torch.Tensor:
         """``(B,)`` AlphaFold's peptide-bond length and angle losses (12 sigma tolerance): the
@@ -213,6 +217,35 @@ class Chains:
         done = self.t == 0
         self.t = torch.where(done, self.t0 - 1, self.t - 1)
         self.x = torch.where(done[:, None, None], self._start(self.t), x)
+
+
+class SamplerChains(Chains):
+    """``k`` reverse-diffusion chains from pure noise, staggered over all ``T`` steps (the states
+    the sampler visits, from its first step), restarting from fresh noise after ``t = 0``."""
+
+    def __init__(self, k: int, length: int, sched: Schedule, gen: torch.Generator) -> None:
+        self.length = length
+        super().__init__(None, sched, k, sched.T, gen)
+
+    def _start(self, t: torch.Tensor) -> torch.Tensor:
+        return wrap(torch.randn(len(t), self.length, 6, generator=self.gen))
+
+
+def chain_clash(model, chains: SamplerChains, bb: Backbone, t0: int, tolerance: float = 1.5) -> torch.Tensor:
+    """Advance ``chains`` one step; return the ``(n,)`` penalty (clash amount with ``tolerance``,
+    A, + peptide-bond loss) of the decoded predicted clean angles of its states at ``t < t0``,
+    differentiable in the network through ``x0_hat = (x_t - sqrt(1 - abar) eps_hat) / sqrt(abar)``."""
+    x, t, T = chains.x, chains.t, chains.sched.T
+    low = t < t0
+    eps = torch.zeros_like(x)
+    with torch.no_grad():
+        eps[~low] = model(x[~low], t[~low], T)
+    e = model(x[low], t[low], T)
+    eps[low] = e.detach()
+    chains.advance(eps)
+    a = chains.sched.abar[t[low]][:, None, None]
+    xyz = bb.xyz((x[low] - (1 - a).sqrt() * e) / a.sqrt())
+    return bb.clash(xyz, tolerance) + bb.violation_loss(xyz)
 
 
 def losses(
@@ -294,25 +327,51 @@ def sample(
     return x
 
 
-def trainer(model, data, sched, bb, *, steps, batch, clash_weight, seed, lr=1e-3, chains=0):
+def trainer(
+    model, data, sched, bb, *, steps, batch, clash_weight, seed, lr=1e-3, chains=0, term="states",
+    every=2, start=1 / 3, margin=0.2,
+):  # fmt: skip
     """A closure making one training step of ``model`` on normalised windows ``data`` (n, L, 6)
     per call; returns its :class:`Losses` and its wall time (s). Batches, steps and noise come
-    from its own generator: two trainers with the same seed see the same data."""
+    from its own generator: two trainers with the same seed see the same data.
+
+    The clash term (``clash_weight > 0``), ``term``:
+
+    * ``"states"``: ``clash_weight`` x the mean :func:`chain_clash` penalty of ``chains``
+      reverse-diffusion chains (:class:`SamplerChains`), every ``every`` steps from step
+      ``start * steps`` on (before that the network's samples are noise), with the clash counted
+      from ``margin`` A before AlphaFold's tolerance, so that the push carries states past it;
+    * ``"target"``: the clash-guided noise target of :func:`losses` on the batch and on ``chains``
+      (:class:`Chains`) at every step.
+    """
+    if term not in ("states", "target"):
+        raise ValueError(f"trainer: term must be 'states' or 'target', not {term!r}")
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     warm = max(1, steps // 10)  # linear warm-up, then cosine decay
     decay = lambda k: min(1.0, (k + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(k, steps) / steps))  # noqa: E731
     sch = torch.optim.lr_scheduler.LambdaLR(opt, decay)
-    ch = None  # the clash term's sampler states, on their own generator: both trainings see the same data
-    if chains and clash_weight > 0:
-        ch = Chains(data, sched, chains, max(1, int(0.2 * sched.T)), torch.Generator().manual_seed(seed + 7))
+    on = clash_weight > 0 and chains > 0
+    chain_gen = torch.Generator().manual_seed(seed + 7)  # its own: both trainings see the same data
+    ch = (
+        Chains(data, sched, chains, max(1, int(0.2 * sched.T)), chain_gen)
+        if on and term == "target"
+        else None
+    )
+    sc = SamplerChains(chains, data.shape[1], sched, chain_gen) if on and term == "states" else None
+    count = iter(range(1 << 62))
 
     def step() -> tuple[Losses, float]:
-        t0 = time.perf_counter()
+        t0, k = time.perf_counter(), next(count)
         x0 = data[torch.randint(0, len(data), (batch,), generator=gen)]
-        ls = losses(model, x0, sched, bb, clash_weight, gen, chains=ch)
+        ls = losses(model, x0, sched, bb, clash_weight if term == "target" else 0.0, gen, chains=ch)
+        total = ls.total
+        if sc is not None and k >= start * steps and k % every == 0:
+            per = chain_clash(model, sc, bb, max(1, int(0.2 * sched.T)), 1.5 - margin)
+            total = total + clash_weight * per.mean()
+            ls.extra = per.detach().mean()
         opt.zero_grad(set_to_none=True)
-        ls.total.backward()
+        total.backward()
         opt.step()
         sch.step()
         return ls, time.perf_counter() - t0
@@ -337,8 +396,9 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--diffusion-steps", type=int, default=50, help="T (FoldingDiff: 1000)")
-    p.add_argument("--clash-weight", type=float, default=3.0, help="0: FoldingDiff's own loss only")
-    p.add_argument("--chains", type=int, default=4, help="sampler chains the clash term sees")
+    p.add_argument("--clash-weight", type=float, default=0.03, help="0: FoldingDiff's own loss only")
+    p.add_argument("--term", choices=["states", "target"], default="states", help="the clash term (trainer)")
+    p.add_argument("--chains", type=int, default=16, help="sampler chains the clash term sees")
     p.add_argument("--guidance", type=float, default=3.0, help="clash guidance at sampling; 0: none")
     p.add_argument("--samples", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
@@ -349,7 +409,8 @@ def main(argv=None) -> None:
     bb, sched = Backbone(a.length, mean), Schedule(a.diffusion_steps)
     model = Denoiser(a.length)
     print(f"{len(data)} training windows of {a.length} residues")
-    kw = dict(steps=a.steps, batch=a.batch, clash_weight=a.clash_weight, chains=a.chains, seed=a.seed)
+    kw = dict(steps=a.steps, batch=a.batch, seed=a.seed, clash_weight=a.clash_weight, chains=a.chains)
+    kw["term"] = a.term
     sec = train(model, wrap(data - mean), sched, bb, log=max(1, a.steps // 5), **kw)
     print(f"{1000 * sec:.1f} ms per training step")
     for g in sorted({0.0, a.guidance}):  # the same noise with and without guidance

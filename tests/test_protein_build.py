@@ -221,6 +221,24 @@ def test_the_c_stamps_split_over_trees_give_the_same_bits(monkeypatch):
     assert all(torch.equal(x, y) for x, y in zip(_step_bits(zp.ProteinBatch(seqs)), want, strict=True))
 
 
+@pytest.mark.skipif(_kernel.load() is None, reason="needs the compiled kernel")
+@pytest.mark.parametrize("k", [3, 4])
+def test_the_c_plan_stamp_equals_numpy_with_and_without_a_link_row(k):
+    # the C stamp's loop is compiled once per gather-row count (3: no offset row,
+    # no link row; 4: one); a batch always has offset rows (k = 4), so k = 3 is
+    # asked for directly: the same bits as the numpy reference either way
+    from zmat.protein import pieces
+
+    P = pieces._pieces()
+    st = zp.ProteinBatch(["MKVLAGP", "W", "GAVDE"])._stamp
+    units = (st.piece, st.size, st.atom0, st.last)
+    got = _kernel.stamp_plan(
+        units, (P.head, P.start, P.prev_rank, P.seq, P.parent_where, P.link, P.flags), st.N, k
+    )
+    for a, b in zip(got, pieces._kernel_arrays(st, k), strict=True):
+        assert a.shape == (k + 2, st.N) and a.dtype == b.dtype and np.array_equal(a, b), k
+
+
 def _step_bits(batch, seed: int = 0):
     """``to_xyz`` of random torsions and its gradient (float64)."""
     t = _random_torsions(batch.L_max, len(batch), seed=seed).requires_grad_(True)

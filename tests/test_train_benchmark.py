@@ -62,9 +62,9 @@ def test_decoder_reproduces_the_angles(held):
     assert ((w * v).sum(-1) < 0).all()
 
 
-def af_clash_reference(xyz: np.ndarray, L: int) -> np.ndarray:
+def af_clash_reference(xyz: np.ndarray, L: int, tolerance: float = 1.5) -> np.ndarray:
     """AlphaFold's between-residue clash amount, brute force in numpy: heavy-atom pairs of
-    different residues closer than r_i + r_j - 1.5 A, the peptide C(i)-N(i+1) left out."""
+    different residues closer than r_i + r_j - tolerance (1.5 A), the peptide C(i)-N(i+1) left out."""
     radii = np.tile([1.55, 1.7, 1.7, 1.52], L)
     res, slot = np.repeat(np.arange(L), 4), np.tile(np.arange(4), L)
     out = []
@@ -72,7 +72,7 @@ def af_clash_reference(xyz: np.ndarray, L: int) -> np.ndarray:
         d = np.linalg.norm(x[:, None] - x[None], axis=-1)
         keep = np.triu(res[:, None] != res[None], 1)
         keep &= ~((res[None] == res[:, None] + 1) & (slot[:, None] == 2) & (slot[None] == 0))
-        out.append(np.maximum(radii[:, None] + radii[None] - 1.5 - d, 0)[keep].sum())
+        out.append(np.maximum(radii[:, None] + radii[None] - tolerance - d, 0)[keep].sum())
     return np.array(out)
 
 
@@ -89,6 +89,9 @@ def test_clash_metric_on_clashing_and_clean_windows(held):
     assert (got > 0).all() and got.numpy() == pytest.approx(ref, rel=1e-6)  # float32 radii
     v = bb.violations(bad[:2])  # zmat's AlphaFold violations agree (per-atom sums count each pair twice)
     assert v["clashes_per_atom_loss_sum"].sum((-1, -2)).numpy() / 2 == pytest.approx(ref[:2], rel=1e-6)
+    margin = bb.clash(bad, tolerance=1.2)  # the loss's margin: overlaps counted from 0.3 A earlier
+    assert margin.numpy() == pytest.approx(af_clash_reference(bad.numpy(), 16, 1.2), rel=1e-6)
+    assert (margin > got).all() and (bb.clash(xyz, tolerance=0.0) > 0).all()
 
 
 def test_extra_loss_has_a_gradient(held):
@@ -226,3 +229,69 @@ def test_aggregate_over_seeds():
         np.std([1, 2, 6], ddof=1)
     )
     assert "| 3.0000 ± 2.6458 |" in bench.table(res)
+
+
+def test_sampler_chains_step_like_the_sampler_from_noise():
+    """``SamplerChains``: staggered over all ``T`` steps, the sampler's DDPM step (noise-free at
+    ``t = 0``), and a finished chain restarts from fresh noise at ``T - 1``."""
+    sched = ex.Schedule(10)
+    ch = ex.SamplerChains(3, 5, sched, torch.Generator().manual_seed(0))
+    assert ch.t.tolist() == [9, 6, 3] and ch.x.shape == (3, 5, 6) and ch.x.abs().max() <= math.pi
+    for _ in range(3):
+        ch.advance(torch.zeros_like(ch.x))
+    assert ch.t.tolist() == [6, 3, 0]
+    at0, eps = ch.x[2].clone(), 0.1 * torch.ones_like(ch.x)
+    ch.advance(eps)  # chain 2's last step, then a restart
+    ab, b = sched.abar[0], sched.beta[0]
+    last = ex.wrap((at0 - b / (1 - ab).sqrt() * eps[2]) / (1 - b).sqrt())
+    assert ch.t.tolist() == [5, 2, 9]
+    assert ex.wrap(ch.x[2] - last).abs().max() > 0.5  # fresh noise, not the end point
+    ab, b = sched.abar[2], sched.beta[2]  # chain 1 at t = 2: the mean plus sqrt(beta) noise
+    x1 = ch.x[1].clone()
+    gen = torch.Generator().manual_seed(5)
+    ch.gen = torch.Generator().manual_seed(5)
+    ch.advance(eps)
+    z = torch.randn((3, 5, 6), generator=gen)[1]
+    want = ex.wrap((x1 - b / (1 - ab).sqrt() * eps[1]) / (1 - b).sqrt() + b.sqrt() * z)
+    assert torch.allclose(ch.x[1], want, atol=1e-6)
+
+
+def test_chain_clash_is_the_penalty_of_the_predicted_x0(held):
+    """``chain_clash``: the penalty (clash with the margin + peptide-bond loss) of the decoded
+    ``x0_hat`` of the chains' low-noise states only, differentiable in the network, whose
+    gradient step lowers it; the chains advance one step."""
+    x, bb = held
+    bad = ex.wrap(x[0] + 1.5 * torch.randn(x[0].shape, generator=torch.Generator().manual_seed(1)))
+    sched = ex.Schedule(10)
+    bias = torch.zeros(16, 6, requires_grad=True)
+
+    def net(xt, t, T):  # x0_hat = bad - sqrt((1 - abar) / abar) bias
+        ab = sched.abar[t][:, None, None]
+        return (xt - ab.sqrt() * bad) / (1 - ab).sqrt() + bias
+
+    ch = ex.SamplerChains(5, 16, sched, torch.Generator().manual_seed(0))  # t = 9, 7, 5, 3, 1
+    per = ex.chain_clash(net, ch, bb, 4, tolerance=1.3)
+    assert ch.t.tolist() == [8, 6, 4, 2, 0]
+    xyz = bb.xyz(bad[None].double())
+    want = float(bb.clash(xyz, 1.3) + bb.violation_loss(xyz))
+    assert per.shape == (2,) and per.detach().numpy() == pytest.approx([want, want], rel=1e-4)
+    per.sum().backward()
+    assert bias.grad.abs().max() > 0
+    with torch.no_grad():
+        bias -= 1e-2 * bias.grad / bias.grad.abs().max()
+    after = ex.chain_clash(net, ex.SamplerChains(5, 16, sched, torch.Generator().manual_seed(0)), bb, 4, 1.3)
+    assert (after < per.detach()).all()
+
+
+def test_trainer_terms():
+    """Both clash terms train; a wrong term name is refused."""
+    sched = ex.Schedule(6)
+    data = ex.wrap(ex.load_windows(8, 16, held_out=True)[:16])
+    bb = ex.Backbone(8, torch.zeros(6))
+    for term in ("states", "target"):
+        step = ex.trainer(ex.Denoiser(8, 16, 1), data, sched, bb, steps=6, batch=4, clash_weight=0.03,
+                          seed=0, chains=6, term=term, start=0.0)  # fmt: skip
+        extras = [float(step()[0].extra) for _ in range(3)]
+        assert all(math.isfinite(e) for e in extras) and max(extras) > 0, (term, extras)
+    with pytest.raises(ValueError, match="term must be"):
+        ex.trainer(ex.Denoiser(8, 16, 1), data, sched, bb, steps=2, batch=4, clash_weight=1, seed=0, term="x")

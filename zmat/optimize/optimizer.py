@@ -245,8 +245,8 @@ class InternalStepper:
             return grad.detach().norm(dim=-1).amax(-1)
         x, gx = self._cartesian(xyz, grad)
         q, Bm = values_and_b(self.prims, x)
-        U, Binv, _ = reduced_space(Bm)
-        gq = (Binv.transpose(1, 2) @ gx[..., None])[..., 0]
+        U, Vs, _ = reduced_space(Bm)
+        gq = (U @ (Vs.transpose(1, 2) @ gx[..., None]))[..., 0]
         return self._fmax(Bm, U, self._free_projector(U), gq, gx, q).to(grad.dtype)
 
     def step(
@@ -270,8 +270,8 @@ class InternalStepper:
         x, gx = self._cartesian(xyz, grad)
         E = energy.detach().to(torch.float64) / self.energy_unit
         q, Bm = values_and_b(self.prims, x)
-        U, Binv, keep = reduced_space(Bm)
-        gq = (Binv.transpose(1, 2) @ gx[..., None])[..., 0]
+        U, Vs, keep = reduced_space(Bm)
+        gq = (U @ (Vs.transpose(1, 2) @ gx[..., None]))[..., 0]  # (B^+)^T g_x
         first, upd = self.first, active & ~self.first
 
         H = bfgs(self.H, wrap(q - self.best_q, self.periodic), gq - self.best_g, upd)
@@ -319,7 +319,7 @@ class InternalStepper:
             x,
             q,
             wrap(pred_q - q, self.periodic),
-            Binv,
+            (U, Vs),
             self.periodic,
             self.back_iterations,
             refresh=int(self.constrained),
@@ -332,7 +332,7 @@ class InternalStepper:
 
         better = fresh | (E < self.best_E)
         self.best_off = keep_old(moving, self.best_off)
-        self.H, self.trust = keep_old(H, self.H), trust
+        self.H, self.trust = H, trust  # bfgs leaves H as it was where not upd (a subset of active)
         self.best_q = keep_old(torch.where(better[:, None], q, self.best_q), self.best_q)
         self.best_g = keep_old(torch.where(better[:, None], gq, self.best_g), self.best_g)
         self.best_E = keep_old(torch.where(better, E, self.best_E), self.best_E)

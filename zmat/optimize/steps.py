@@ -15,10 +15,14 @@ stops once converged and the trust-sphere iterations run only when needed).
   with Lindh's ``rho``.
 * :func:`bfgs`: the BFGS update of the Hessian in primitive space.
 * :func:`reduced_space`: the non-redundant (delocalised) space: eigenvectors
-  of ``B^T B``, the pseudo-inverse ``B^+`` and ``U`` with ``B = U S V^T``.
-* :func:`trust_step`: the rational-function (RFO) step, or, where it is
-  longer than the trust radius, the minimum of the quadratic model on the
-  sphere (Newton on the secular equation ``1/|p(mu)| = 1/trust``).
+  of ``B^T B`` and ``U`` with ``B = U S V^T``; :func:`pinv_apply` applies the
+  pseudo-inverse ``B^+ = V S^-1 U^T`` from them (never formed: a ``(3N, P)``
+  product per conformer less).
+* :func:`trust_step`: the rational-function (RFO) step (from the
+  Hessian's eigenpairs by Newton on the secular equation: no second
+  eigendecomposition), or, where it is longer than the trust radius, the
+  minimum of the quadratic model on the sphere (Newton on
+  ``1/|p(mu)| = 1/trust``).
 * :func:`cubic_search`: pyberny's line search between the current and the
   best point (a cubic through two energies and two slopes).
 * :func:`back_transform`: Cartesians for a step in internal coordinates,
@@ -43,6 +47,7 @@ __all__ = [
     "cubic_search",
     "model_hessian",
     "period",
+    "pinv_apply",
     "reduced_space",
     "trust_step",
     "wrap",
@@ -142,41 +147,71 @@ def bfgs(H: torch.Tensor, dq: torch.Tensor, dg: torch.Tensor, on: torch.Tensor) 
     ok = (on & (a.abs() > 1e-14) & (b.abs() > 1e-14))[:, None]
     u = torch.where(ok, dg / torch.where(ok[:, 0], a, 1.0)[:, None], 0.0)
     v = torch.where(ok, Hdq / torch.where(ok[:, 0], b, 1.0)[:, None], 0.0)
-    return torch.baddbmm(torch.baddbmm(H, u[:, :, None], dg[:, None, :]), v[:, :, None], -Hdq[:, None, :])
+    return torch.baddbmm(H, torch.stack([u, v], 2), torch.stack([dg, -Hdq], 1))  # one rank-2 product
 
 
 def reduced_space(Bm: torch.Tensor, rcond: float = 1e-6):
     """The non-redundant space of ``B`` ``(B, P, 3N)``.
 
-    Returns ``(U, Binv, keep)``: ``U`` ``(B, P, 3N)`` orthonormal columns
+    Returns ``(U, Vs, keep)``: ``U`` ``(B, P, 3N)`` orthonormal columns
     spanning the range of ``B`` (zero columns where ``B^T B`` has no
     eigenvalue above ``rcond`` times its largest: translations, rotations),
-    ``Binv`` ``(B, 3N, P)`` the pseudo-inverse ``(B^T B)^+ B^T``, and ``keep``
-    ``(B, 3N)`` bool, the columns in use. ``rcond`` 1e-6 (``B^+`` amplifies
-    at most 1000-fold): with 1e-8 the soft direction of a loosely bound water
-    dimer (one O-H...O contact) stayed in, and a 0.3 step in ``q`` moved atoms
-    by 130 A.
+    ``Vs`` ``(B, 3N, 3N)`` the eigenvectors of ``B^T B`` scaled by
+    ``s^-1/2`` (zero where dropped), so that ``U = B Vs`` and the
+    pseudo-inverse ``(B^T B)^+ B^T`` is ``Vs U^T`` (applied as two
+    products, never formed: :func:`pinv_apply`), and ``keep`` ``(B, 3N)``
+    bool, the columns in use. ``rcond`` 1e-6 (``B^+`` amplifies at most
+    1000-fold): with 1e-8 the soft direction of a loosely bound water dimer
+    (one O-H...O contact) stayed in, and a 0.3 step in ``q`` moved atoms by 130 A.
     """
     s, V = torch.linalg.eigh(Bm.transpose(1, 2) @ Bm)
     keep = s > rcond * s[:, -1:].clamp_min(1e-300)
-    inv_sqrt = torch.where(keep, torch.rsqrt(torch.where(keep, s, 1.0)), 0.0)
-    BV = Bm @ V
-    U = BV * inv_sqrt[:, None, :]
-    Binv = (V * (inv_sqrt * inv_sqrt)[:, None, :]) @ BV.transpose(1, 2)
-    return U, Binv, keep
+    Vs = V * torch.where(keep, torch.rsqrt(torch.where(keep, s, 1.0)), 0.0)[:, None, :]
+    return Bm @ Vs, Vs, keep
 
 
-def _rfo(g: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-    """RFO step in the eigenbasis of H: ``g`` ``(B, r)`` components, ``e`` eigenvalues."""
-    bsz, r = g.shape
-    aug = torch.zeros(bsz, r + 1, r + 1, dtype=g.dtype, device=g.device)
-    aug[:, :r, :r] = torch.diag_embed(e)
-    aug[:, :r, r] = g
-    aug[:, r, :r] = g
-    _, v = torch.linalg.eigh(aug)
-    last = v[:, r, 0]
-    last = torch.where(last.abs() < 1e-12, torch.where(last < 0, -1e-12, 1e-12), last)
-    return v[:, :r, 0] / last[:, None]
+def pinv_apply(U: torch.Tensor, Vs: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """``B^+ r`` ``(B, 3N)`` for ``r`` ``(B, P)``, from :func:`reduced_space`'s factors."""
+    return (Vs @ (U.transpose(1, 2) @ r[..., None]))[..., 0]
+
+
+def _rfo(g: torch.Tensor, e: torch.Tensor, iterations: int = 16) -> torch.Tensor:
+    """RFO step in the eigenbasis of H: ``g`` ``(B, r)`` components, ``e`` ascending eigenvalues.
+
+    The lowest eigenvector ``(y, 1)`` of the augmented matrix ``[[diag(e), g], [g^T, 0]]``
+    without its eigendecomposition: ``y = -g / (e - lambda)`` with ``lambda = e_0 - mu``
+    the root ``mu > 0`` of the secular equation ``e_0 - mu + sum g^2 / (e - e_0 + mu) = 0``.
+    Each iteration keeps the pole at ``mu = 0`` (the lowest modes) exact and the other
+    terms, convex, by their tangent: the model's root is the one positive root of a
+    quadratic and lies left of the true one, so from the second iterate on ``mu``
+    rises monotonically to it (quadratically, in a few iterations). On the CPU the
+    iterations stop once every change is below ``1e-14 mu`` (reading a CPU tensor is no
+    device sync).
+    """
+    e0 = e[:, :1]
+    g2 = g * g
+    gap = e - e0
+    pole = gap <= 1e-12 * e.abs().amax(-1, keepdim=True)
+    rest = g2 * ~pole
+    p = (g2 - rest).sum(-1, keepdim=True)
+    # a start right of the root, from mu^2 - e_0 mu <= |g|^2 (either sign of e_0 without cancellation)
+    g2sum = g2.sum(-1, keepdim=True)
+    root = torch.sqrt(e0 * e0 + 4 * g2sum)
+    mu = torch.where(e0 > 0, 0.5 * (e0 + root), 2 * g2sum / (root - e0).clamp_min(1e-300))
+    p2 = 2 * p
+    for k in range(iterations):
+        d = gap + mu
+        w = rest / d
+        slope = (w / d).sum(-1, keepdim=True)  # minus the tangent's slope
+        b = e0 + w.sum(-1, keepdim=True) + slope * mu
+        # the positive root of (1 + slope) mu^2 - b mu - p = 0, without cancellation
+        t = torch.sqrt(b * b + (2 + 2 * slope) * p2) + b.abs()
+        new = torch.where(b > 0, t / (2 + 2 * slope), p2 / t).clamp_min(1e-300)
+        done = (new - mu).abs() <= 1e-14 * new
+        mu = new
+        if k >= 3 and g.device.type == "cpu" and bool(done.all()):
+            break
+    return -g / (gap + mu)
 
 
 def _sphere(g: torch.Tensor, e: torch.Tensor, trust: torch.Tensor, iterations: int = 12) -> torch.Tensor:
@@ -264,7 +299,7 @@ def back_transform(
     xyz: torch.Tensor,
     q: torch.Tensor,
     dq: torch.Tensor,
-    Binv: torch.Tensor,
+    factors: tuple[torch.Tensor, torch.Tensor],
     periodic: torch.Tensor,
     iterations: int = 10,
     refresh: int = 0,
@@ -274,8 +309,9 @@ def back_transform(
     """Cartesians whose internal coordinates are ``q + dq``.
 
     Iterates ``x <- x + B^+ r`` on the residual ``r = q + dq - q(x)`` (wrapped),
-    ``B^+`` ``(B, 3N, P)`` from the starting geometry (a fixed Jacobian:
-    cheap, and linear convergence for the small steps of an optimisation).
+    ``B^+`` of the starting geometry, given as :func:`reduced_space`'s ``(U, Vs)``
+    (a fixed Jacobian: cheap, and linear convergence for the small steps of an
+    optimisation).
     Keeps, per conformer, the iterate with the smallest residual (so a step
     that diverges falls back to the first, pyberny's rule). A conformer stops
     moving once its Cartesian update is below ``tol`` (bohr) everywhere or,
@@ -298,10 +334,10 @@ def back_transform(
     for round_ in range(1 + refresh):
         if round_:
             x, r = best_x, wrap(target - best_q, periodic)
-            Binv = reduced_space(wilson_b(prims, x))[1]
+            factors = reduced_space(wilson_b(prims, x))[:2]
         done = torch.zeros(bsz, dtype=torch.bool, device=xyz.device)
         for _ in range(iterations):
-            dx = torch.where(done[:, None, None], 0.0, (Binv @ r[..., None]).reshape(bsz, n, 3))
+            dx = torch.where(done[:, None, None], 0.0, pinv_apply(*factors, r).reshape(bsz, n, 3))
             x = x + dx
             qx = values(prims, x)
             r = wrap(target - qx, periodic)
