@@ -309,7 +309,7 @@ class InternalStepper:
             y, _, on_sphere = trust_step(g_free, Pz @ Hr @ Pz + 1000 * (eye - Pz), trust)
         else:
             y, _, on_sphere = trust_step(gr, Hr, trust)
-        y, capped = _cap_cartesian(y, U, Binv, trust)
+        y, capped = _cap_cartesian(y, Vs, trust)
         on_sphere = on_sphere | capped
         s = s0 + y
         dE = (gr * s).sum(-1) + 0.5 * (s * (Hr @ s[..., None])[..., 0]).sum(-1)
@@ -349,8 +349,9 @@ class InternalStepper:
 CARTESIAN_CAP = 2.0
 
 
-def _cap_cartesian(y: torch.Tensor, U: torch.Tensor, Binv: torch.Tensor, trust: torch.Tensor):
-    """``y`` ``(B, r)`` scaled so that no atom of its Cartesian image ``B^+ U y`` moves more than
+def _cap_cartesian(y: torch.Tensor, Vs: torch.Tensor, trust: torch.Tensor):
+    """``y`` ``(B, r)`` scaled so that no atom of its Cartesian image ``B^+ U y = Vs y`` (``Vs``:
+    :func:`.steps.reduced_space`'s) moves more than
     :data:`CARTESIAN_CAP` trust radii, and ``(B,)`` bool where it was.
 
     A direction of ``B^T B`` just above the cut of :func:`.steps.reduced_space`
@@ -358,7 +359,7 @@ def _cap_cartesian(y: torch.Tensor, U: torch.Tensor, Binv: torch.Tensor, trust: 
     whose two O-H...O became linear moved 50 A in one step); covalent steps
     stay far below the cap.
     """
-    dx = (Binv @ (U @ y[..., None]))[..., 0].unflatten(-1, (-1, 3)).norm(dim=-1).amax(-1)
+    dx = (Vs @ y[..., None])[..., 0].unflatten(-1, (-1, 3)).norm(dim=-1).amax(-1)
     cap = CARTESIAN_CAP * trust
     capped = dx > cap
     return y * torch.where(capped, cap / dx.clamp_min(1e-300), 1.0)[:, None], capped
