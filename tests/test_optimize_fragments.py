@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 from ase import Atoms
+from ase.data import covalent_radii
 from ase.optimize import BFGS
 from scipy.spatial.transform import Rotation
 from test_optimize import WATER_DIMER, TorchCalculator, fd_jacobian, rattled
@@ -69,20 +70,50 @@ def test_tric_values_and_b_agree_with_geometric():
     np.testing.assert_allclose(B, ref_b, atol=1e-9)
 
 
-def water_dimer_energy(x):
+def water_cluster_energy(x):
     """A flexible three-site water model (TIP3P charges and O-O Lennard-Jones, harmonic O-H and H-O-H, a
-    short-range repulsion between the molecules' atoms), eV and Angstrom, atoms O H H O H H; ``(B, 6, 3)
-    -> (B,)``."""
-    w = x.unflatten(1, (2, 3))  # (B, 2 molecules, O H H, 3)
+    short-range repulsion between the molecules' atoms), eV and Angstrom, atoms (O H H) per molecule;
+    ``(B, 3n, 3) -> (B,)``."""
+    n = x.shape[1] // 3
+    w = x.unflatten(1, (n, 3))  # (B, n molecules, O H H, 3)
     u, v = w[:, :, 1] - w[:, :, 0], w[:, :, 2] - w[:, :, 0]
     r1, r2 = u.norm(dim=-1), v.norm(dim=-1)
     cos = (u * v).sum(-1) / (r1 * r2)
     intra = 20.0 * ((r1 - 0.9572) ** 2 + (r2 - 0.9572) ** 2) + 2.0 * (cos - math.cos(1.8242)) ** 2
-    q = x.new_tensor([-0.834, 0.417, 0.417])
-    r = (w[:, 0, :, None] - w[:, 1, None, :]).norm(dim=-1)  # (B, 3, 3) between the molecules
-    inter = 14.3996 * q[:, None] * q[None, :] / r + 0.01 * (1.5 / r) ** 12  # repulsion: H stays off O
-    lj = 4 * 0.006596 * ((3.1507 / r[:, 0, 0]) ** 12 - (3.1507 / r[:, 0, 0]) ** 6)
-    return intra.sum(-1) + inter.sum((-1, -2)) + lj
+    i, j = torch.triu_indices(3 * n, 3 * n, 1)
+    i, j = i[i // 3 != j // 3], j[i // 3 != j // 3]  # atom pairs of different molecules
+    q = x.new_tensor([-0.834, 0.417, 0.417]).repeat(n)
+    r = (x[:, i] - x[:, j]).norm(dim=-1)
+    inter = 14.3996 * q[i] * q[j] / r + 0.01 * (1.5 / r) ** 12  # repulsion: H stays off O
+    oo = r[:, (i % 3 == 0) & (j % 3 == 0)]
+    lj = 4 * 0.006596 * ((3.1507 / oo) ** 12 - (3.1507 / oo) ** 6)
+    return intra.sum(-1) + inter.sum(-1) + lj.sum(-1)
+
+
+water_dimer_energy = water_cluster_energy
+
+#: the first three molecules of geomeTRIC's water12.xyz (geometric/data, BSD): a chain of two hydrogen bonds
+WATER_TRIMER = Atoms(
+    "OHHOHHOHH",
+    positions=[
+        [0.3, -1.091, -0.633], [-0.439, -0.862, -0.019], [0.174, -2.012, -0.896],
+        [2.739, -0.286, 0.486], [3.039, -1.153, 0.877], [2.002, -0.611, -0.056],
+        [-1.983, -0.305, 0.796], [-2.337, 0.56, 0.692], [-1.957, -0.476, 1.725],
+    ],
+)  # fmt: skip
+
+
+def test_water_trimer_with_linear_hydrogen_bonds_reaches_the_minimum_of_ase_bfgs():
+    """Both O-H...O turn linear on the way (linear bends at the donor H): a step then moved atoms 50 A
+    (a near-singular direction of B^T B) and the run diverged; the Cartesian cap keeps it in place."""
+    ref = WATER_TRIMER.copy()
+    ref.calc = TorchCalculator(water_cluster_energy)
+    BFGS(ref, logfile=None).run(fmax=1e-3, steps=2000)
+    e_ref = float(water_cluster_energy(torch.tensor(ref.positions)[None])[0])
+    x = torch.tensor(WATER_TRIMER.positions)
+    res = minimize(water_cluster_energy, x, fmax=1e-3, max_steps=150, numbers=WATER_TRIMER.numbers)
+    assert bool(res.converged[0])
+    assert abs(float(res.energy[0]) - e_ref) < 1e-5
 
 
 @pytest.mark.parametrize("coords", ["tric", "redundant"])  # redundant: one O-H...O contact, a soft direction
@@ -102,3 +133,20 @@ def test_water_dimer_reaches_the_minimum_of_ase_bfgs(coords):
     torch.testing.assert_close(d(res.xyz[0]), d(torch.tensor(ref.positions)), atol=1e-3, rtol=0)
     with pytest.raises(ValueError, match="coords"):
         minimize(water_dimer_energy, x, numbers=start.numbers, coords="delocalised")
+
+
+def test_model_hessian_hydrogen_bond_follows_lindhs_decay():
+    """The O-H...O stretch gets 0.45 exp(alpha (r_ref^2 - r^2)) (Lindh: H-O alpha 0.3949 bohr^-2, r_ref 2.10
+    bohr): about 0.015 hartree/bohr^2 at 1.9 A, near its real curvature (Swart's rho gave 0.17)."""
+    from zmat.optimize.steps import model_hessian, period
+
+    prims = build_primitives(WATER_TRIMER.positions, WATER_TRIMER.numbers)
+    x = torch.tensor(WATER_TRIMER.positions / BOHR)[None]
+    radii = torch.tensor(covalent_radii[WATER_TRIMER.numbers] / BOHR)
+    h = model_hessian(prims, x, radii, period(WATER_TRIMER.numbers)).diagonal(dim1=1, dim2=2)[0]
+    weak = (prims.weak[: len(prims.bond)] > 0).nonzero()[:, 0]
+    assert len(weak) == 2  # the two hydrogen bonds
+    i, j = prims.bond[weak].T
+    r = (x[0, i] - x[0, j]).norm(dim=-1)
+    torch.testing.assert_close(h[weak], 0.45 * torch.exp(0.3949 * (2.10**2 - r**2)), rtol=1e-12, atol=0)
+    assert h[weak].max() < 0.03

@@ -301,15 +301,17 @@ class InternalStepper:
         Hr = U.transpose(1, 2) @ H @ U + big
         gr = (U.transpose(1, 2) @ ig[..., None])[..., 0]
         Pz = None
+        s0 = torch.zeros_like(gr)
         if self.constrained:  # the constrained coordinates go to their targets; the rest is free
             Pz, s0 = self._free_projector(U), self._to_targets(U, iq)
             eye = torch.eye(Pz.shape[-1], dtype=Pz.dtype, device=Pz.device)
             g_free = (Pz @ (gr + (Hr @ s0[..., None])[..., 0])[..., None])[..., 0]
             y, _, on_sphere = trust_step(g_free, Pz @ Hr @ Pz + 1000 * (eye - Pz), trust)
-            s = s0 + y
         else:
-            s, _, on_sphere = trust_step(gr, Hr, trust)
-            y = s
+            y, _, on_sphere = trust_step(gr, Hr, trust)
+        y, capped = _cap_cartesian(y, Vs, trust)
+        on_sphere = on_sphere | capped
+        s = s0 + y
         dE = (gr * s).sum(-1) + 0.5 * (s * (Hr @ s[..., None])[..., 0]).sum(-1)
         pred_q = iq + (U @ s[..., None])[..., 0]
         x_new, _ = back_transform(
@@ -341,6 +343,26 @@ class InternalStepper:
         fmax = self._fmax(Bm, U, Pz, gq, gx, q).to(grad.dtype)
         x_new = keep_old(x_new, x) * self.length_unit
         return fmax, x_new.to(xyz.dtype)
+
+
+#: the largest atom displacement of a step's linear Cartesian image, in trust radii
+CARTESIAN_CAP = 2.0
+
+
+def _cap_cartesian(y: torch.Tensor, Vs: torch.Tensor, trust: torch.Tensor):
+    """``y`` ``(B, r)`` scaled so that no atom of its Cartesian image ``B^+ U y = Vs y`` (``Vs``:
+    :func:`.steps.reduced_space`'s) moves more than
+    :data:`CARTESIAN_CAP` trust radii, and ``(B,)`` bool where it was.
+
+    A direction of ``B^T B`` just above the cut of :func:`.steps.reduced_space`
+    turns a small internal step into a jump of many Angstrom (a water trimer
+    whose two O-H...O became linear moved 50 A in one step); covalent steps
+    stay far below the cap.
+    """
+    dx = (Vs @ y[..., None])[..., 0].unflatten(-1, (-1, 3)).norm(dim=-1).amax(-1)
+    cap = CARTESIAN_CAP * trust
+    capped = dx > cap
+    return y * torch.where(capped, cap / dx.clamp_min(1e-300), 1.0)[:, None], capped
 
 
 def _evaluate(energy, xyz: torch.Tensor):

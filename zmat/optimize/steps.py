@@ -8,7 +8,8 @@ the CPU, where reading a tensor costs no device sync, the back-transformation
 stops once converged and the trust-sphere iterations run only when needed).
 
 * :func:`model_hessian`: a diagonal model Hessian, Schlegel's
-  ``1.734 / (r - b)^3`` for covalent bonds, ``0.15 rho_ij rho_jk`` for
+  ``1.734 / (r - b)^3`` for covalent bonds, ``0.45 rho_ij`` (Lindh's ``rho``)
+  for non-covalent ones, ``0.15 rho_ij rho_jk`` for
   angles with Swart and Bickelhaupt's ``rho_ij = exp(1 - r_ij / (r_i^cov +
   r_j^cov))`` (pyberny's), and ``0.005 rho_ij rho_jk rho_kl`` for dihedrals
   with Lindh's ``rho``.
@@ -81,7 +82,11 @@ def model_hessian(
     Covalent bonds ``1.734 / (r - b)^3`` (Schlegel's, geomeTRIC's: ``b`` by
     the periods; it follows the bond order, which Swart's ``0.45 rho_ij``
     misses: half the curvature of acetylene's C-C, whose second step then
-    overshot uphill); non-covalent bonds ``0.45 rho_ij`` and angles
+    overshot uphill); non-covalent bonds (hydrogen bonds and contacts between
+    fragments) ``0.45 rho_ij`` with Lindh's ``rho`` (below; about 0.015 for an
+    O-H...O at 1.9 A, near its curvature, where Swart's gave 0.17 and the
+    stiff model held water clusters in their starting hydrogen-bond network);
+    angles
     ``0.15 rho_ij rho_jk`` with Swart and Bickelhaupt's
     ``rho_ij = exp(1 - r_ij / (r_i + r_j))`` (pyberny's;
     ``radii`` ``(N,)`` covalent radii in bohr); dihedrals and out-of-plane
@@ -110,7 +115,7 @@ def model_hessian(
         r = (xyz[:, i] - xyz[:, j]).norm(dim=-1)
         schlegel = 1.734 * (r - b_ref[rows[i], rows[j]]).clamp_min(0.5) ** -3
         weak = prims.weak[: len(prims.bond)].to(xyz.device) > 0
-        parts.append(torch.where(weak, 0.45 * rho(i, j), schlegel))
+        parts.append(torch.where(weak, 0.45 * lindh(i, j), schlegel))
     if len(prims.angle):
         a = prims.angle
         parts.append(0.15 * rho(a[:, 0], a[:, 1]) * rho(a[:, 1], a[:, 2]))
