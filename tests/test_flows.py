@@ -455,7 +455,7 @@ def test_compiled_tree_pose_is_the_torch_one(spy, dtype):
     t = T._tensors(x.device, dtype)
     fast, ref = flows._tree_pose(x, t), flows._tree_pose_torch(x, t)
     assert spy.calls["pose_forward"] == 1
-    gR, gE = torch.randn(ref[0].shape, generator=gen).to(dtype), torch.randn(ref[1].shape, generator=gen).to(dtype)
+    gR, gE = (torch.randn(r.shape, generator=gen).to(dtype) for r in ref)
     grads = [torch.autograd.grad((out[0] * gR).sum() + (out[1] * gE).sum(), x)[0] for out in (fast, ref)]
     assert spy.calls["pose_backward"] == 1
     tol = 1e-12 if dtype == torch.float64 else 1e-5
