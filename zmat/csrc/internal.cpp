@@ -502,7 +502,10 @@ void pose_backward(const T* p, int64_t bn, const int64_t* ps, int64_t n, int64_t
       // the cotangents
       T gu[3], gv[3], ge[3], gd[3] = {T(0), T(0), T(0)}, gw[3] = {T(0), T(0), T(0)}, t[3];
       const T* gr = gR + s * rs[0] + j * rs[1];
-      for (int c = 0; c < 3; ++c) gu[c] = gr[c * rs[2]], gv[c] = gr[c * rs[2] + rs[3]], ge[c] = gr[c * rs[2] + 2 * rs[3]];
+      for (int c = 0; c < 3; ++c) {
+        const T* row = gr + c * rs[2];  // (u, v, u x v)_c
+        gu[c] = row[0], gv[c] = row[rs[3]], ge[c] = row[2 * rs[3]];
+      }
       const T* gq = gE + s * es[0] + j * es[2];
       T ga = gq[0], gcb = gq[es[1]], gg = gq[2 * es[1]], gca = T(0), gsa = T(0);
       {  // gamma = atan2(Y = ca v1 - sa v0, X = ca e1 - sa e0)
