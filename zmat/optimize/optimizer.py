@@ -42,6 +42,7 @@ from .steps import (
     cubic_search,
     model_hessian,
     period,
+    pinv_t_apply,
     reduced_space,
     trust_step,
     wrap,
@@ -246,7 +247,7 @@ class InternalStepper:
         x, gx = self._cartesian(xyz, grad)
         q, Bm = values_and_b(self.prims, x)
         U, Vs, _ = reduced_space(Bm)
-        gq = (U @ (Vs.transpose(1, 2) @ gx[..., None]))[..., 0]
+        gq = pinv_t_apply(U, Vs, gx)
         return self._fmax(Bm, U, self._free_projector(U), gq, gx, q).to(grad.dtype)
 
     def step(
@@ -271,7 +272,7 @@ class InternalStepper:
         E = energy.detach().to(torch.float64) / self.energy_unit
         q, Bm = values_and_b(self.prims, x)
         U, Vs, keep = reduced_space(Bm)
-        gq = (U @ (Vs.transpose(1, 2) @ gx[..., None]))[..., 0]  # (B^+)^T g_x
+        gq = pinv_t_apply(U, Vs, gx)
         first, upd = self.first, active & ~self.first
 
         H = bfgs(self.H, wrap(q - self.best_q, self.periodic), gq - self.best_g, upd)

@@ -48,6 +48,7 @@ __all__ = [
     "model_hessian",
     "period",
     "pinv_apply",
+    "pinv_t_apply",
     "reduced_space",
     "trust_step",
     "wrap",
@@ -173,6 +174,12 @@ def reduced_space(Bm: torch.Tensor, rcond: float = 1e-6):
 def pinv_apply(U: torch.Tensor, Vs: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
     """``B^+ r`` ``(B, 3N)`` for ``r`` ``(B, P)``, from :func:`reduced_space`'s factors."""
     return (Vs @ (U.transpose(1, 2) @ r[..., None]))[..., 0]
+
+
+def pinv_t_apply(U: torch.Tensor, Vs: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """``(B^+)^T g`` ``(B, P)`` for ``g`` ``(B, 3N)`` (a Cartesian gradient into internal
+    coordinates), from :func:`reduced_space`'s factors."""
+    return (U @ (Vs.transpose(1, 2) @ g[..., None]))[..., 0]
 
 
 def _rfo(g: torch.Tensor, e: torch.Tensor, iterations: int = 16) -> torch.Tensor:
