@@ -20,7 +20,9 @@ builds the backbone from them with fixed bond lengths (NeRF). Here:
   levels of the states the sampler visits (which clash far more often than noised training
   windows). ``--term states`` (the default): added to the loss on reverse-diffusion chains run
   alongside training (:class:`SamplerChains`, :func:`chain_clash`), differentiable in the
-  network; ``--term target``: it moves the noise target to the clash-guided one
+  network; ``--term unroll``: the same states run ``--unroll`` more sampler steps with their
+  graph kept and the clash of the state reached is the loss (reward fine-tuning, DRaFT-K style,
+  :func:`unroll_steps`); ``--term target``: it moves the noise target to the clash-guided one
   (:func:`losses`, :class:`Chains`);
 * sampling-time clash guidance (``--guidance``): the same gradient on the DDPM mean.
 
@@ -30,6 +32,7 @@ two models that differ only in the extra loss and compares their samples.
     python examples/torsion_diffusion.py                       # tiny, with the clash term
     python examples/torsion_diffusion.py --clash-weight 0      # FoldingDiff's own loss only
     python examples/torsion_diffusion.py --term target --clash-weight 3 --chains 8   # last session's term
+    python examples/torsion_diffusion.py --term unroll --clash-weight 0.1   # through 4 sampler steps
     python examples/torsion_diffusion.py --guidance 0          # no clash guidance at sampling
     python examples/torsion_diffusion.py --steps 2000 --length 32 --diffusion-steps 200
 """
