@@ -292,11 +292,14 @@ def test_trainer_terms():
     sched = ex.Schedule(6)
     data = ex.wrap(ex.load_windows(8, 16, held_out=True)[:16])
     bb = ex.Backbone(8, torch.zeros(6))
+    seen = {}
     for term in ex.TERMS:
+        torch.manual_seed(0)  # the same weights: "unroll" starts from the same chains as "states"
         step = ex.trainer(ex.Denoiser(8, 16, 1), data, sched, bb, steps=6, batch=4, clash_weight=0.03,
-                          seed=0, chains=6, term=term, start=0.0)  # fmt: skip
-        extras = [float(step()[0].extra) for _ in range(3)]
+                          seed=0, chains=6, term=term, start=0.0, unroll=2, low=0.5)  # fmt: skip
+        extras = seen[term] = [float(step()[0].extra) for _ in range(3)]
         assert all(math.isfinite(e) for e in extras) and max(extras) > 0, (term, extras)
+    assert seen["unroll"][0] != pytest.approx(seen["states"][0], rel=1e-3)  # the unrolled states' clash
     with pytest.raises(ValueError, match="term must be"):
         ex.trainer(ex.Denoiser(8, 16, 1), data, sched, bb, steps=2, batch=4, clash_weight=1, seed=0, term="x")
 
