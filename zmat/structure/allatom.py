@@ -108,7 +108,8 @@ class ComplexAtoms:
     ``bonds`` ``(E, 2)`` and ``bond_orders`` ``(E,)`` (biotite ``BondType``
     codes); ``refs`` ``(N, 3)`` the construction rows; ``quads`` ``(L, Q, 4)``
     the atoms of every ``QUAD_NAMES`` dihedral, -1 where undefined; ``key``
-    the template torsion atoms. Ligand torsions (``zmat/structure/ligands.py``):
+    the template torsion atoms. Ligand torsions (``zmat/structure/ligands.py``; a modified
+    residue's rotatable bonds beyond its parent's too, ``modified.beyond_parent``):
     ``ligand_rows`` ``(T,)`` the atom whose dihedral column each is,
     ``ligand_quads`` ``(T, 4)``, ``ligand_residue`` ``(T,)``. ``linked``
     ``(R,)``: residue ``k`` is bonded to ``k - 1`` in its polymer.
