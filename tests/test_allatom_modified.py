@@ -361,3 +361,50 @@ def test_modified_cysteine_makes_its_disulfide():
     assert disulfides(c) == [(6, 127), (30, 115), (64, 80), (76, 94)]  # hen lysozyme's four
     x = zmat.to_xyz(c.internal, c.table)
     assert float((zmat.superpose(x, c.xyz) - c.xyz).abs().max()) < 1e-10
+
+
+def _phosphoserine():
+    """1aki with SER 36 phosphorylated: SEP's CCD phosphate (P, O1P, O2P, O3P) put on the file's
+    N, CA, CB, OG by superposing the CCD's ideal coordinates (no real SEP file at hand)."""
+    import biotite.structure.info as info
+
+    atoms = pdbx.get_structure(pdbx.CIFFile.read(os.path.join(DATA, "1aki.cif")), model=1)
+    atoms = atoms[(atoms.res_name != "HOH") & (atoms.element != "H")]
+    sel = np.flatnonzero(atoms.res_id == 36)
+    ideal = info.residue("SEP")
+    fit = ["N", "CA", "CB", "OG"]
+    pick = [int(np.flatnonzero(ideal.atom_name == a)[0]) for a in fit]
+    mine = [int(sel[np.flatnonzero(atoms.atom_name[sel] == a)[0]]) for a in fit]
+    _, move = struc.superimpose(atoms.coord[mine], ideal.coord[pick])
+    atoms.res_name[sel], atoms.hetero[sel] = "SEP", True
+    phosphate = ideal[np.isin(ideal.atom_name, ["P", "O1P", "O2P", "O3P"])]
+    new = atoms[np.repeat(sel[-1], len(phosphate))].copy()  # the residue's annotations
+    new.atom_name, new.element = phosphate.atom_name, phosphate.element
+    new.coord = move.apply(phosphate.coord)
+    return atoms[: sel[-1] + 1] + new + atoms[sel[-1] + 1 :]
+
+
+def test_phosphoserine_phosphate_torsions_turn_only_the_phosphate():
+    """A SEP in a real chain (1aki, its phosphate from the CCD), with hydrogens: chi1 is SER's,
+    CB-OG and OG-P are its own torsions; each edit is the atoms beyond the bond turned rigidly
+    about it (numpy), every other atom in place; the rebuild is exact."""
+    atoms = _phosphoserine()
+    c = from_structure(atoms, hydrogens=True)
+    k, l_ = _polymer_row(c, "SEP", 36)
+    assert c.res_types[k] == "SER" and c.torsion_rows()["chi1"][l_] >= 0
+    quads, owner = np.asarray(c.ligand_quads), np.asarray(c.ligand_residue)
+    names = [tuple(str(c.atom_names[i]) for i in q) for q in quads[owner == k]]
+    assert names == [("CA", "CB", "OG", "P"), ("CB", "OG", "P", "O1P")]
+    x, bonds = c.xyz.numpy(), np.asarray(c.parsed.bonds)
+    for t in np.flatnonzero(owner == k).tolist():
+        v = torch.full((len(quads),), float("nan"), dtype=torch.float64)
+        v[t] = c.ligand_torsions[t] - 0.8
+        y = c.xyz_from_torsions({"ligand": v}).numpy()
+        b, cc = int(quads[t, 1]), int(quads[t, 2])
+        idx = sorted(_far_side(bonds, b, cc) - {cc})
+        assert {str(c.atom_names[i]) for i in idx} >= {"O1P", "O2P", "O3P"}
+        want = x.copy()
+        want[idx] = _rotate(x[idx], x[b], x[cc], -0.8)
+        assert np.abs(y - want).max() < 1e-9, names
+    xr = zmat.to_xyz(c.internal, c.table)
+    assert float((zmat.superpose(xr, c.xyz) - c.xyz).abs().max()) < 1e-10
