@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from .._geometry import dihedral_from_bonds, rigid_from_three_points
+from .modified import parent_atoms, parent_name
 
 __all__ = [
     "DEFAULT_TORSIONS",
@@ -248,8 +249,6 @@ def nucleotide_positions(c):
         in RhoFold's layout and are left out; any other atom of a standard nucleotide that the
         layout lacks raises ``ValueError``.
     """
-    from .modified import parent_atoms, parent_name
-
     names, types = [str(n) for n in c.res_names], [str(n) for n in c.res_types]
     keep = [i for i, n in enumerate(types) if n in NUCLEIC_RESTYPES]
     pos = torch.zeros(len(keep), N_SLOTS, 3, dtype=c.xyz.dtype)
