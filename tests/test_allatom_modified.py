@@ -295,6 +295,7 @@ KINDS = {
     "KCX": ({}, [("CE", "NZ")]),  # NZ-CX: a carbamate, amide-like
     "LLP": ({}, [("CE", "NZ"), ("C4", "C4'"), ("C5", "C5'"), ("C5'", "OP4"), ("OP4", "P")]),  # NZ=C4'
     "CSO": ({}, [("CB", "SG")]),
+    "CSD": ({}, [("CB", "SG")]),
     "CME": ({}, [("CB", "SG"), ("SG", "SD"), ("SD", "CE"), ("CE", "CZ")]),
     "HYP": ({}, []),
     "PCA": ({"OE1": "OE"}, []),
