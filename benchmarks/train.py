@@ -169,7 +169,7 @@ def run(
         cfg.update(term=term, **TERM_SIZES.get(term, {}))
     if weight is not None:
         cfg["weight"] = weight
-    cfg.update({k: v for k, v in over.items() if v is not None})  # chains, unroll, every, low
+    cfg.update({k: v for k, v in over.items() if v is not None})  # any SIZES key; unroll, every, low
     if guidance is not None:
         cfg["guidance"] = tuple(guidance)
     L = cfg["length"]
