@@ -255,12 +255,13 @@ def _sphere(g, e, trust, iterations: int = 12):
     inv_trust = 1.0 / trust
     mu = xp.maximum(abs(g[:, :1]) * inv_trust, 1e-12 * (1 + xp.sqrt(g2.sum(-1, keepdims=True)))) * 0.9
     for _ in range(iterations):
-        inv_d2 = (gap + mu) ** -2
-        p2 = (g2 * inv_d2).sum(-1, keepdims=True)
+        inv_d = 1 / (gap + mu)
+        w = g2 * inv_d * inv_d  # (numpy's general power is slow on (B, r))
+        p2 = w.sum(-1, keepdims=True)
         psi = 1 / xp.sqrt(p2) - inv_trust
         if xp is np and (abs(psi) < 1e-10 * inv_trust).all():
             break
-        dpsi = (g2 * inv_d2 / (gap + mu)).sum(-1, keepdims=True) * p2**-1.5
+        dpsi = (w * inv_d).sum(-1, keepdims=True) * p2**-1.5
         mu = xp.where(psi < 0, mu - psi / _floor(dpsi, 1e-300), mu)
     return -g / (gap + mu)
 
