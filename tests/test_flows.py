@@ -451,8 +451,8 @@ def test_compiled_forward_at_extreme_bonds_and_angles_is_the_torch_one(spy):
     T = InternalCoordinateTransform(table, fixed_atoms=[0, 1, 2])
     gen = torch.Generator().manual_seed(12)
     q = T.inv(torch.randn(15, 3, generator=gen, dtype=torch.float64) * 2).reshape(15, 3).repeat(3, 1, 1)
-    q[0, 3:, 1] = torch.tensor([math.pi / 2, 1e-3, math.pi - 1e-3, 2.0, 0.5, 3.0] * 2)  # in (0, pi): a bijection
-    q[0, 3:, 2] = torch.tensor([-1e3, 7 * math.pi / 2, 1e-300, -1e6, 823549.7, -8e5, 1e3, 2.5, -250.5, 5.0, 0, 1])
+    q[0, 3:, 1] = torch.tensor([math.pi / 2, 1e-3, math.pi - 1e-3, 2.0, 0.5, 3.0] * 2)  # in (0, pi)
+    q[0, 3:, 2] = torch.tensor([-1e3, 3.5 * math.pi, 1e-300, -1e6, 823549.7, -8e5, 1e3, 2.5, -250.5, 5, 0, 1])
     q[1, 3:9, 0] = torch.tensor([1e30, 1e30, 1e30, 1e70, 2e70, 1.0])
     q[2, 3:, 0] = torch.tensor([0.0, 1e-30] * 6)
     q = q.reshape(3, 45)
