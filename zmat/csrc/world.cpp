@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "parallel.h"
-#include "sincos.h"
+#include "trig.h"
 #include "vec3.h"
 
 namespace {
