@@ -43,7 +43,7 @@ from ase.data import covalent_radii, vdw_radii
 from scipy.sparse.csgraph import connected_components
 
 from .._geometry import safe_atan2, safe_norm
-from . import fragments
+from . import _compiled, fragments
 
 __all__ = ["KINDS", "Primitives", "build_primitives", "values", "values_and_b", "wilson_b"]
 
@@ -211,10 +211,18 @@ def values(prims: Primitives, xyz: torch.Tensor) -> torch.Tensor:
     """The primitives' values ``q``, ``(B, P)``, at positions ``xyz`` ``(B, N, 3)``.
 
     Lengths in the unit of ``xyz``, angles in radians (dihedrals in ``(-pi, pi]``).
+    On plain CPU tensors (no autograd through ``xyz``) the geometric and Cartesian
+    rows come from the compiled kernel (:mod:`._compiled`), one call.
     """
+    others = _others(prims)
+    if _compiled.usable(xyz) and not others:
+        return _compiled.values(prims, xyz)
     atoms, masks, ref, _, cart = _layout(prims, xyz.device)
-    out = [_fused(masks, ref.to(xyz.dtype), xyz[:, atoms])]
-    out += [_fragment_values(prims, k, xyz[:, getattr(prims, k)]) for k in _others(prims)]
+    if _compiled.usable(xyz):
+        out = [_compiled.values(prims, xyz, cartesian=False)]
+    else:
+        out = [_fused(masks, ref.to(xyz.dtype), xyz[:, atoms])]
+    out += [_fragment_values(prims, k, xyz[:, getattr(prims, k)]) for k in others]
     if len(cart):
         out.append(xyz.flatten(1)[:, cart])
     return torch.cat(out, 1) if len(out) > 1 else out[0]
@@ -226,23 +234,36 @@ def values_and_b(prims: Primitives, xyz: torch.Tensor) -> tuple[torch.Tensor, to
     One backward pass for every primitive at once: each row's atoms are a
     separate copy in a gathered leaf (``(B, G, 4, 3)`` for the fused kinds, one
     more per fragment kind), so the gradient of the summed values is every
-    row's own derivative, scattered into its columns.
+    row's own derivative, scattered into its columns. On plain CPU tensors the
+    geometric and Cartesian rows come from the compiled kernel instead
+    (:mod:`._compiled`: forward-mode derivatives of the same formula, one call);
+    the fragments' rows stay in torch.
     """
+    others = _others(prims)
+    compiled = _compiled.usable(xyz)
+    if compiled and not others:
+        return _compiled.values_and_b(prims, xyz)
     atoms, masks, ref, cols, cart = _layout(prims, xyz.device)
     bsz, n3, x = xyz.shape[0], 3 * prims.n_atoms, xyz.detach()
-    idx = [atoms] + [getattr(prims, k) for k in _others(prims)]
+    idx = ([] if compiled else [atoms]) + [getattr(prims, k) for k in others]
     with torch.enable_grad():
         leaves = [x[:, i].requires_grad_(True) for i in idx]
-        qs = [_fused(masks, ref.to(xyz.dtype), leaves[0])]
-        qs += [_fragment_values(prims, k, leaf) for k, leaf in zip(_others(prims), leaves[1:], strict=True)]
+        qs = [] if compiled else [_fused(masks, ref.to(xyz.dtype), leaves[0])]
+        qs += [_fragment_values(prims, k, leaf) for k, leaf in zip(others, leaves[len(qs) :], strict=True)]
         local = torch.autograd.grad(sum(q.sum() for q in qs), leaves)
     blocks = []
-    for i, g, c in zip(idx, local, [cols] + [None] * len(idx[1:]), strict=True):
-        if c is None:
-            c = (3 * i[:, :, None] + torch.arange(3, device=xyz.device)).flatten(1)
+    for k, (i, g) in enumerate(zip(idx, local, strict=True)):
+        c = (
+            cols
+            if k == 0 and not compiled
+            else (3 * i[:, :, None] + torch.arange(3, device=xyz.device)).flatten(1)
+        )
         block = xyz.new_zeros(bsz, len(i), n3)
         blocks.append(block.scatter_add_(2, c.expand(bsz, -1, -1), g.reshape(bsz, len(i), -1)))
     q = [t.detach() for t in qs]
+    if compiled:
+        q0, b0 = _compiled.values_and_b(prims, x, cartesian=False)
+        q, blocks = [q0, *q], [b0, *blocks]
     if len(cart):
         one = torch.zeros(len(cart), n3, dtype=xyz.dtype, device=xyz.device)
         one[torch.arange(len(cart), device=xyz.device), cart] = 1.0
