@@ -28,7 +28,9 @@ over conformers where a batch is given); values and B then run on the device
 for ``(B, N, 3)`` positions at once, every kind in one fused formula. B comes
 from autograd: each primitive's atoms are gathered into a leaf ``(B, G, 4, 3)``,
 one backward of the summed values gives every primitive's local gradient,
-scattered into ``(B, P, 3N)``.
+scattered into ``(B, P, 3N)``. On plain CPU tensors the same formula and its
+forward-mode derivatives run in zmat's compiled kernel (:mod:`._compiled`), one
+call for the values, one for values and B.
 """
 
 from __future__ import annotations
@@ -251,13 +253,13 @@ def values_and_b(prims: Primitives, xyz: torch.Tensor) -> tuple[torch.Tensor, to
         qs = [] if compiled else [_fused(masks, ref.to(xyz.dtype), leaves[0])]
         qs += [_fragment_values(prims, k, leaf) for k, leaf in zip(others, leaves[len(qs) :], strict=True)]
         local = torch.autograd.grad(sum(q.sum() for q in qs), leaves)
+    fragment_cols = [
+        (3 * i[:, :, None] + torch.arange(3, device=xyz.device)).flatten(1)
+        for i in idx[len(qs) - len(others) :]
+    ]
+    cols = ([] if compiled else [cols]) + fragment_cols
     blocks = []
-    for k, (i, g) in enumerate(zip(idx, local, strict=True)):
-        c = (
-            cols
-            if k == 0 and not compiled
-            else (3 * i[:, :, None] + torch.arange(3, device=xyz.device)).flatten(1)
-        )
+    for i, g, c in zip(idx, local, cols, strict=True):
         block = xyz.new_zeros(bsz, len(i), n3)
         blocks.append(block.scatter_add_(2, c.expand(bsz, -1, -1), g.reshape(bsz, len(i), -1)))
     q = [t.detach() for t in qs]
