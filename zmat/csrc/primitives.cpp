@@ -189,7 +189,7 @@ N primitive(int64_t kind, const V<N>* p, const T* ref, T tiny) {
   }
 }
 
-// The rows' layout (coordinates.py, _kernel_layout).
+// The rows' layout (coordinates.py, kernel_layout).
 template <typename T>
 struct Layout {
   int64_t g, c;                      // geometric rows, Cartesian rows

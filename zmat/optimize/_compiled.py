@@ -56,26 +56,6 @@ def _fn(name: str, dtype: torch.dtype):
     return _fns[key]
 
 
-def layout(prims, dtype: torch.dtype, cartesian: bool) -> tuple:
-    """``(atoms, kind, ref, cart)`` contiguous CPU arrays of the geometric rows (kind codes 0-4 in
-    :data:`.coordinates.GEOMETRIC`'s order) and, if ``cartesian``, the frozen atoms' flat
-    components; cached on ``prims``."""
-    cache = prims.__dict__.setdefault("_layouts", {})
-    key = "kernel", dtype, cartesian
-    if key not in cache:
-        from .coordinates import GEOMETRIC
-
-        rows = [getattr(prims, k).cpu() for k in GEOMETRIC]
-        atoms = torch.cat([torch.cat([r, r[:, -1:].expand(-1, 4 - r.shape[1])], 1) for r in rows])
-        kind = torch.cat([torch.full((len(r),), k, dtype=torch.long) for k, r in enumerate(rows)])
-        ref = torch.zeros(len(atoms), 3, dtype=dtype)
-        ref[kind == GEOMETRIC.index("linear")] = prims.linear_ref.cpu().to(dtype)
-        c = prims.cartesian.cpu()
-        cart = 3 * c[:, 0] + c[:, 1] if cartesian else c.new_zeros(0)
-        cache[key] = tuple(t.contiguous() for t in (atoms, kind, ref, cart))
-    return cache[key]
-
-
 def _args(x: torch.Tensor, lay: tuple) -> tuple:
     atoms, kind, ref, cart = lay
     return (x.shape[0], x.shape[1], len(atoms), atoms.data_ptr(), kind.data_ptr(), ref.data_ptr(), len(cart),
@@ -86,30 +66,28 @@ def _threads(x: torch.Tensor, rows: int) -> int:
     return _kernel.threads(x.shape[0], rows * x.shape[1])
 
 
-def values(prims, x: torch.Tensor, cartesian: bool = True) -> torch.Tensor:
-    """``(B, G + C)`` values of the geometric rows (and the Cartesian ones if ``cartesian``) at ``x``."""
+def values(lay: tuple, x: torch.Tensor) -> torch.Tensor:
+    """``(B, G + C)`` values at ``x`` of the rows of ``lay`` (:func:`.coordinates.kernel_layout`)."""
     x = x.contiguous()
-    lay = layout(prims, x.dtype, cartesian)
     q = x.new_empty((x.shape[0], len(lay[0]) + len(lay[3])))
     _fn("prims_values", x.dtype)(x.data_ptr(), *_args(x, lay), q.data_ptr(), _threads(x, 1))
     return q
 
 
-def values_and_b(prims, x: torch.Tensor, cartesian: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """``q`` ``(B, G + C)`` and their rows of B ``(B, G + C, 3N)`` at ``x``."""
+def values_and_b(lay: tuple, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``q`` ``(B, G + C)`` and their rows of B ``(B, G + C, 3N)`` at ``x`` (rows as :func:`values`)."""
     x = x.contiguous()
-    lay = layout(prims, x.dtype, cartesian)
     p = len(lay[0]) + len(lay[3])
     q, bm = x.new_empty((x.shape[0], p)), x.new_empty((x.shape[0], p, 3 * x.shape[1]))
     _fn("prims_b", x.dtype)(x.data_ptr(), *_args(x, lay), q.data_ptr(), bm.data_ptr(), _threads(x, 12))
     return q, bm
 
 
-def back_round(prims, x, r, target, U, Vs, periodic, iterations, tol, stall, stall_on, best, best_x, best_q):
+def back_round(lay, x, r, target, U, Vs, periodic, iterations, tol, stall, stall_on, best, best_x, best_q):
     """One round of :func:`.steps.back_transform` from ``x`` ``(B, N, 3)`` and the residual ``r``
-    ``(B, P)``; ``best`` ``(B,)``, ``best_x``, ``best_q`` (contiguous) are updated in place."""
+    ``(B, P)`` (every row in ``lay``); ``best`` ``(B,)``, ``best_x``, ``best_q`` (contiguous) are
+    updated in place."""
     x, r, target, U, Vs = (t.contiguous() for t in (x, r, target, U, Vs))
-    lay = layout(prims, x.dtype, True)
     _fn("back_round", x.dtype)(
         x.data_ptr(), r.data_ptr(), target.data_ptr(), U.data_ptr(), Vs.data_ptr(), periodic.data_ptr(),
         *_args(x, lay), iterations, tol, stall, int(stall_on), best.data_ptr(), best_x.data_ptr(),

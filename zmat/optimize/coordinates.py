@@ -166,6 +166,19 @@ def _layout(prims: Primitives, device) -> tuple:
     return cache[device]
 
 
+def kernel_layout(prims: Primitives, dtype: torch.dtype, cartesian: bool = True) -> tuple:
+    """The rows as the compiled kernel (:mod:`._compiled`) takes them, cached: ``(atoms, kind, ref, cart)``
+    contiguous CPU arrays, :func:`_layout`'s with ``kind`` ``(G,)`` the row's index in :data:`GEOMETRIC`,
+    ``ref`` in ``dtype`` and ``cart`` empty unless ``cartesian``."""
+    cache = prims.__dict__.setdefault("_layouts", {})
+    key = "kernel", dtype, cartesian
+    if key not in cache:
+        atoms, masks, ref, _, cart = _layout(prims, torch.device("cpu"))
+        rows = (atoms, masks.long().argmax(0), ref.to(dtype), cart if cartesian else cart[:0])
+        cache[key] = tuple(t.contiguous() for t in rows)
+    return cache[key]
+
+
 def _fused(masks: torch.Tensor, ref: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """Values of every geometric primitive from its four gathered points ``p`` ``(B, G, 4, 3)``.
 
@@ -218,10 +231,10 @@ def values(prims: Primitives, xyz: torch.Tensor) -> torch.Tensor:
     """
     others = _others(prims)
     if _compiled.usable(xyz) and not others:
-        return _compiled.values(prims, xyz)
+        return _compiled.values(kernel_layout(prims, xyz.dtype), xyz)
     atoms, masks, ref, _, cart = _layout(prims, xyz.device)
     if _compiled.usable(xyz):
-        out = [_compiled.values(prims, xyz, cartesian=False)]
+        out = [_compiled.values(kernel_layout(prims, xyz.dtype, cartesian=False), xyz)]
     else:
         out = [_fused(masks, ref.to(xyz.dtype), xyz[:, atoms])]
     out += [_fragment_values(prims, k, xyz[:, getattr(prims, k)]) for k in others]
@@ -244,7 +257,7 @@ def values_and_b(prims: Primitives, xyz: torch.Tensor) -> tuple[torch.Tensor, to
     others = _others(prims)
     compiled = _compiled.usable(xyz)
     if compiled and not others:
-        return _compiled.values_and_b(prims, xyz)
+        return _compiled.values_and_b(kernel_layout(prims, xyz.dtype), xyz)
     atoms, masks, ref, cols, cart = _layout(prims, xyz.device)
     bsz, n3, x = xyz.shape[0], 3 * prims.n_atoms, xyz.detach()
     idx = ([] if compiled else [atoms]) + [getattr(prims, k) for k in others]
@@ -264,7 +277,7 @@ def values_and_b(prims: Primitives, xyz: torch.Tensor) -> tuple[torch.Tensor, to
         blocks.append(block.scatter_add_(2, c.expand(bsz, -1, -1), g.reshape(bsz, len(i), -1)))
     q = [t.detach() for t in qs]
     if compiled:
-        q0, b0 = _compiled.values_and_b(prims, x, cartesian=False)
+        q0, b0 = _compiled.values_and_b(kernel_layout(prims, x.dtype, cartesian=False), x)
         q, blocks = [q0, *q], [b0, *blocks]
     if len(cart):
         one = torch.zeros(len(cart), n3, dtype=xyz.dtype, device=xyz.device)

@@ -37,7 +37,7 @@ import math
 import torch
 
 from . import _compiled
-from .coordinates import Primitives, values, wilson_b
+from .coordinates import Primitives, kernel_layout, values, wilson_b
 
 BOHR = 0.52917721092  # Angstrom
 HARTREE = 27.211386245988  # eV
@@ -375,5 +375,5 @@ def _back_compiled(prims, xyz, q, target, dq, factors, periodic, iterations, ref
             x, r = best_x, wrap(target - best_q, periodic)
             factors = reduced_space(wilson_b(prims, x))[:2]
         args = (iterations, tol, stall, not round_, best, best_x, best_q)
-        _compiled.back_round(prims, x, r, target, *factors, periodic, *args)
+        _compiled.back_round(kernel_layout(prims, x.dtype), x, r, target, *factors, periodic, *args)
     return best_x, best_q
