@@ -279,6 +279,12 @@ class InternalCoordinateTransform(Transform):
 
     def _place(self, q: torch.Tensor, shape) -> torch.Tensor:
         """``T(q)``: each tree and anchored group placed by ``to_xyz`` in its frame, then moved."""
+        if not len(self.fixed_atoms) and _kernel.usable(q) and not torch.compiler.is_compiling():
+            t = self._tensors(q.device, q.dtype)
+            q3 = q.reshape(-1, self.n_atoms, 3)
+            R, origin = self._tree_frames(q3, t)  # the chart's clamp and the scale in the kernel
+            c = self._scale(q3, t)
+            return _moved(R, origin, to_xyz(c, self._plan.placement), c, t, False).reshape(shape)
         if self._plan.n_trees:  # (no tree, no cos beta)
             q = _in_chart(self, q)
         t = self._tensors(q.device, q.dtype)
@@ -308,6 +314,19 @@ class InternalCoordinateTransform(Transform):
         if len(Rs) == 1:
             return Rs[0], origins[0]
         return torch.cat(Rs, 1), torch.cat(origins, 1)
+
+    def _tree_frames(self, q3: torch.Tensor, t: dict):
+        """The free trees' rotations ``(B, T, 3, 3)`` and origins ``(B, T, 3)`` from ``q3``
+        ``(B, N, 3)`` before the chart's clamp and the scale, in one call of the compiled kernel
+        (``zmat._kernel.euler``; :meth:`_tree_frames_torch` its reference). Global mode only."""
+        scaled = (t["scale"], t["shift"]) if self.normalize_angles else (None, None)
+        return _kernel.euler(q3, t["pose_index"], t["tree_chart"], *scaled, self._tree_frames_torch)
+
+    def _tree_frames_torch(self, q3: torch.Tensor):
+        """:meth:`_tree_frames` in torch ops."""
+        t = self._tensors(q3.device, q3.dtype)
+        c = self._scale(_in_chart(self, q3.reshape(q3.shape[0], -1)).view_as(q3), t)
+        return self._frames(c, t)
 
     def _copies(self, c: torch.Tensor, R: torch.Tensor, origin: torch.Tensor, t: dict) -> list:
         """Internal coordinates ``(B, M, 3)`` of the copies of fixed atoms in the placement table:
@@ -710,6 +729,7 @@ class _Plan:
             "copy_present": cm(copy_refs >= 0),
             "flags": _row_flags(refs, cartesian[:, 0]),
             "copy_flags": _row_flags(copy_refs, np.zeros(len(copy_refs), bool)),
+            "tree_chart": (tree_atoms[:, 1] < n).astype(np.uint8),  # cos beta is a chart entry
             "third_on_second": third_on_second[:, None],  # row (second, root), else (root, second)
         }
         if self.world is not None:
