@@ -498,6 +498,27 @@ def test_compiled_tree_frames_are_the_torch_ones(spy, dtype):
     assert spy.calls["euler_forward"] == 2 and spy.calls["euler_backward"] == 2
 
 
+def test_fused_global_inverse_is_the_three_calls(spy):
+    """The global inverse in one Function (zmat._kernel.global_inverse) gives the same bits as
+    its three calls apart (poses, carried rows, orientations), values and gradients, normalised
+    or not, float64 and float32, on two trees (each chain end on its own tree's +z)."""
+    table = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0], [3, 2, 1], [2, 1, 3]]
+    table += [[-1, -1, -1], [6, -1, -1], [7, 6, -1], [8, 7, 6]]
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(3, 10, 3, generator=gen, dtype=torch.float64) * 2
+    w = torch.randn(3, 30, generator=gen, dtype=torch.float64)
+    for normalize in (False, True):
+        T = InternalCoordinateTransform(table, normalize_angles=normalize)
+        for dtype in (torch.float64, torch.float32):
+            v = x.to(dtype).requires_grad_(True)
+            calls = spy.calls["carried_forward"]
+            outs = [T._inverse(v, fuse=fuse) for fuse in (True, False)]
+            grads = [torch.autograd.grad((q * w.to(dtype)).sum(), v)[0] for q in outs]
+            assert torch.equal(outs[0], outs[1]) and torch.equal(grads[0], grads[1])
+            assert spy.calls["carried_forward"] == calls + 2
+    assert T._fused_inverse(x, T._tensors(x.device, x.dtype)) is not None
+
+
 def test_first_bond_along_z_round_trips_exactly():
     """The chart's poles: molecules in a standard orientation (diatomics along z) round trip to
     rounding, because cos beta is +-1 exactly there (a rounded unit vector would lose sin beta

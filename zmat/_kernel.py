@@ -1053,6 +1053,62 @@ class _Euler(torch.autograd.Function):
         return _state["module"].euler_backward(q, *ctx.arrays, gR, go), None, None, None, None, None
 
 
+def global_inverse(x: torch.Tensor, atoms, k, flags: torch.Tensor, z_frames, slots, scaled, reference):
+    """The flows' global inverse rows ``(B, N, 3)`` from positions ``x`` ``(B, N, 3)`` in one
+    Function: the trees' poses (:func:`pose`), the carried rows against their axes (:func:`carried`,
+    the chains ending on ``+z`` of their tree only) and the trees' orientations in their slots,
+    forward and backward (the same calls and sums as those Functions apart). Eager CPU float
+    calls only (as :func:`internal`).
+
+    Args:
+        atoms: as for :func:`pose`; k, flags: as for :func:`carried`.
+        z_frames: ``(L,)`` int64, the tree of each chain end.
+        slots: ``(euler_index (N 3,) int64, orientation (N, 3) bool)``: where each entry of the
+            ``(3 T,)`` orientations goes, and which entries take it.
+        scaled: ``(scale, shift)`` ``(N, 3)``, the rows are ``(q - shift) / scale``, or ``None``.
+        reference: ``x -> (B, N, 3)`` differentiable, for double backward.
+    """
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _GlobalInverse.apply(x, atoms, k, flags, z_frames, slots, scaled, reference)
+    return _global_inverse(x, atoms, k, flags, z_frames, slots, scaled)[0]
+
+
+def _global_inverse(x, atoms, k, flags, z_frames, slots, scaled):
+    lib = _state["module"]
+    R, E = lib.pose_forward(x, atoms)
+    Ez = R.index_select(1, z_frames)[..., 2]
+    q = lib.carried_forward(x, Ez, k, flags)
+    euler_index, orientation = slots
+    q = torch.where(orientation, E.flatten(1).index_select(1, euler_index).view_as(q), q)
+    return (q if scaled is None else (q - scaled[1]) / scaled[0]), Ez
+
+
+class _GlobalInverse(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, atoms, k, flags, z_frames, slots, scaled, reference):
+        ctx.arrays, ctx.reference = (atoms, k, flags, z_frames, slots, scaled), reference
+        q, Ez = _global_inverse(x, atoms, k, flags, z_frames, slots, scaled)
+        ctx.save_for_backward(x, Ez)
+        ctx.set_materialize_grads(False)
+        return q
+
+    @staticmethod
+    def backward(ctx, g):
+        if g is None:
+            return (None,) * 8
+        x, Ez = ctx.saved_tensors
+        if _differentiable_backward(g):  # the reference's gradient, itself differentiable
+            return torch.autograd.grad(ctx.reference(x), x, g, create_graph=True)[0], *(None,) * 7
+        atoms, k, flags, z_frames, (euler_index, orientation), scaled = ctx.arrays
+        lib, b, nt = _state["module"], x.shape[0], atoms.shape[0] // 3
+        g = g if scaled is None else g / scaled[0]
+        gx, gEz = lib.carried_backward(x, Ez, k, flags, torch.where(orientation, 0.0, g))
+        gE = x.new_zeros((b, 3 * nt)).index_add_(1, euler_index, torch.where(orientation, g, 0.0).flatten(1))
+        gR = x.new_zeros((b, nt, 3, 3))
+        gR[..., 2].index_add_(1, z_frames, gEz)
+        return gx.add_(lib.pose_backward(x, atoms, gR, gE.view(b, 3, nt))), *(None,) * 7
+
+
 def move(R, o, y, c, frame_of: torch.Tensor, cartesian: torch.Tensor, reference) -> torch.Tensor:
     """``x_i = o_f + R_f y_i`` (``f = frame_of[i]``), or ``c_i`` where ``cartesian[i]``
     (``zmat/csrc/move.cpp``): the flows' rigid motions in one pass, with the exact gradient.
