@@ -228,7 +228,7 @@ OPS_PER_CALL = {"global": (8, 12, 32), "fixed": (3, 3, 10)}
 
 
 @pytest.mark.parametrize("mode", ["global", "fixed"])
-def test_ops_per_call_at_batch_one(mode):
+def test_ops_per_call_at_batch_one(spy, mode):  # the pins are the compiled path's
     with np.load(DATA / "bgflow_reference.npz") as f:
         table, xyz, fixed = f["ala2/table"], torch.as_tensor(f["ala2/xyz"][:1]), f["ala2/fixed"]
     T = InternalCoordinateTransform(table, fixed_atoms=fixed if mode == "fixed" else None)
