@@ -56,7 +56,10 @@ The tables are stamped: bonds, template parents, key atoms and torsion atoms fro
 each residue type and variant's template, compiled once
 (``zmat/structure/templates.py``); every component whose atoms all have a template
 parent (a chain of template residues, an ion) takes those parents as its tree, and the
-rows come from the parents in one vectorised pass (:func:`_rows`). Only components
+rows come from the parents in one vectorised pass (:func:`_rows`). The standard amino
+acids' heavy atoms take their parents (a missing template parent's fallback included) and
+OFFSET siblings from ``Protein``'s own routine (:func:`_amino_rule`,
+``zmat.protein.layout.amino_tree``): one rule for both views. Only components
 with atoms that have no template parent (ligands, residues missing atoms, extra
 atoms) are grown atom by atom (:func:`_grow`); ``parse_complex(..., stamped=False)``
 grows every one, and gives the same arrays.
@@ -80,7 +83,7 @@ from ..protein.topology import RESIDUES
 from .ccd import ccd_residue
 from .hydrogens import LINK_ATOMS, Protonation, extra_names, file_names, missing, place
 from .ligands import rotatable_bonds, torsion_rows
-from .modified import parent_type, residue_type
+from .modified import parent_name, parent_type, residue_type
 from .nucleic import NUCLEOTIDES
 from .templates import AMINO_TYPE, N_DIHEDRALS, QUAD_NAMES, SLOTS_PER_RESIDUE, stamp
 
@@ -622,16 +625,23 @@ def _amino_rule(residues: list[_Res], linked, residue, names, heavy, extra, brea
     template parent, else a bonded atom placed earlier, else a virtual link (the residue's
     ``C, CA, N``, the previous one's, the nearest earlier atom of depth >= 2); OFFSET only on
     the template's sibling. ``breaks="continue"`` links every amino acid to the amino acid
-    before it in the file (``Protein``'s one tree), ``"pieces"`` only those ``linked``."""
+    before it in the file (``Protein``'s one tree), ``"pieces"`` only those ``linked``. An
+    in-chain modified amino acid (``MSE``) is in that tree as its parent type, so that its
+    neighbours' rows see it, but keeps its own template's parents and rows."""
     n = len(residue)
     parent, rule = np.full(n, -1, np.int64), np.full(n, -2, np.int64)
-    types = np.array([AMINO_TYPE.get(r.name, -1) for r in residues], np.int64)  # standard names
+    rtypes = [residue_type(r.name, r.family) if r.family == "protein" else "" for r in residues]
+    types = np.array([AMINO_TYPE.get(t, -1) for t in rtypes], np.int64)
     aa = np.flatnonzero(types >= 0)
     if not len(aa):
         return parent, rule
     index = np.full(len(residues), -1, np.int64)
     index[aa] = np.arange(len(aa))
     sel = np.flatnonzero((types[residue] >= 0) & heavy & ~extra)
+    modified = np.array([r.name != t for r, t in zip(residues, rtypes, strict=True)])
+    names = names.copy()
+    for i in sel[modified[residue[sel]]].tolist():  # MSE's SE in SD's slot (few atoms)
+        names[i] = parent_name(residues[residue[i]].name, str(names[i]))
     slot = template_slots(types[residue[sel]], names[sel])
     sel, slot = sel[slot >= 0], slot[slot >= 0]
     where = np.full((len(aa), SLOTS_PER_RESIDUE), -1, np.int64)  # atom of each residue slot
@@ -640,10 +650,12 @@ def _amino_rule(residues: list[_Res], linked, residue, names, heavy, extra, brea
     link = follows if breaks == "continue" else follows & linked[aa]
     t = amino_tree(types[aa], where >= 0, link, np.zeros(len(aa), bool))
     g = where[t.atoms.res_of, t.atoms.slot]  # atom of each of the tree's atoms
-    parent[g] = np.where(t.parent >= 0, g[t.parent], -1)
     s = t.refs[:, 2]
     sibling = (s >= 0) & (t.parent[np.maximum(s, 0)] == t.parent)
-    rule[g] = np.where(sibling, g[np.maximum(s, 0)], -1)
+    std = ~modified[aa[t.atoms.res_of]]  # a modified residue is in the tree for its neighbours
+    g_std = g[std]  # only: its own rows are its template's
+    parent[g_std] = np.where(t.parent >= 0, g[t.parent], -1)[std]
+    rule[g_std] = np.where(sibling, g[np.maximum(s, 0)], -1)[std]
     return parent, rule
 
 

@@ -218,7 +218,9 @@ class ResidueTemplate:
             parent is the previous residue's atom ``name`` (when linked).
         tree: ``(n,)`` the tree parents: ``parent``, and for the atoms without one (a
             ligand's, a modified residue's, those whose template parent is missing) the
-            parents growth over the residue's bonds gives them (:func:`_local_growth`).
+            parents growth over the residue's bonds gives them (:func:`_local_growth`); a
+            standard amino acid's heavy atoms are given ``Protein``'s instead when a structure
+            is stamped (``allatom._amino_rule``).
         key: ``(n,)`` bool, the atoms a template torsion ends on.
         quads: ``(Q, 4)`` local atoms of each ``QUAD_NAMES`` dihedral (-1: a missing
             atom, the dihedral is undefined; ``-2``: in a neighbour), ``cross``:
