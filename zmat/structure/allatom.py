@@ -274,6 +274,9 @@ def _residues(atoms, modified: np.ndarray) -> list[_Res]:
     # code (biotite's 1xnr has U129 / G129) stay two
     starts = struc.get_residue_starts(atoms, add_exclusive_stop=True, extra_categories=("res_name",))
     out = []
+    # the per-atom annotations read once (an AtomArray's attribute access costs ~10 us a call)
+    atom_name, element = atoms.atom_name.tolist(), atoms.element.tolist()
+    coord = list(atoms.coord.astype(np.float64))
     for s, e in zip(starts[:-1], starts[1:], strict=True):
         name = str(atoms.res_name[s])
         fam = family_of(name)
@@ -299,7 +302,7 @@ def _residues(atoms, modified: np.ndarray) -> list[_Res]:
             [],
         )
         for i in range(s, e):
-            a = str(atoms.atom_name[i])
+            a = str(atom_name[i])
             if a in res.names:
                 warnings.warn(
                     f"residue {label}: atom {a!r} appears again (a repeated residue number?); the "
@@ -308,8 +311,8 @@ def _residues(atoms, modified: np.ndarray) -> list[_Res]:
                 )
                 continue
             res.names.append(a)
-            res.elements.append(str(atoms.element[i]).capitalize())
-            res.xyz.append(atoms.coord[i].astype(np.float64))
+            res.elements.append(str(element[i]).capitalize())
+            res.xyz.append(coord[i])
             res.added.append(False)
             res.extra.append(a not in known)
         if any(res.extra):

@@ -506,7 +506,11 @@ def stamp(residues, linked: np.ndarray, disulfides, cache: bool = True):
 
 def _offset(local: list, first: np.ndarray) -> np.ndarray:
     """Residues' local atom indices (-1: none) made global, back to back."""
-    return np.concatenate([np.where(a >= 0, a + f, -1) for a, f in zip(local, first.tolist(), strict=True)])
+    if not local:
+        return np.zeros(0, np.int64)
+    a = np.concatenate(local)
+    f = np.repeat(first, [len(x) for x in local])
+    return np.where(a >= 0, a + f, -1)
 
 
 def _stamp_quads(tmpl: list, first: np.ndarray, linked: np.ndarray) -> np.ndarray:
