@@ -186,3 +186,18 @@ def test_a_residue_cut_by_missing_atoms_moves_as_one_with_its_chain():
         assert (x[own] - xyz[own]).norm(dim=-1).min() > 0.1  # all of the residue moves
         d0, d1 = torch.cdist(xyz[own], xyz[own]), torch.cdist(x[own], x[own])
         assert (d1 - d0).abs().max() < 1e-9, f"residue {r}: its pieces moved apart"
+
+
+def test_every_torsion_stays_a_row_beside_a_residue_cut_by_missing_atoms():
+    """1a8o with 5% of its atoms dropped: GLU 213 loses CG, so its CD hangs off its C beside
+    the psi atom, MSE 214's N; psi stays that N's own row (not OFFSET on CD), as does every
+    torsion that exists."""
+    atoms = read_atoms(os.path.join(DATA, "1a8o_modified.cif"))
+    atoms = atoms[np.random.default_rng(0).random(atoms.array_length()) > 0.05]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        c = parse_complex(atoms)
+    q = c.quads[:, : templates.N_DIHEDRALS]
+    exists = q[..., 3] >= 0
+    is_row = exists & (c.refs[np.maximum(q[..., 3], 0)] == q[..., 2::-1]).all(-1)
+    assert exists.sum() > 250 and np.array_equal(is_row, exists)

@@ -629,8 +629,9 @@ def _amino_rule(residues: list[_Res], linked, residue, names, heavy, extra, brea
     ``C, CA, N``, the previous one's, the nearest earlier atom of depth >= 2); OFFSET only on
     the template's sibling. ``breaks="continue"`` links every amino acid to the amino acid
     before it in the file (``Protein``'s one tree), ``"pieces"`` only those ``linked``. An
-    in-chain modified amino acid (``MSE``) is in that tree as its parent type, so that its
-    neighbours' rows see it, but keeps its own template's parents and rows."""
+    in-chain modified amino acid (``MSE``) is in that tree as its parent type (its neighbours'
+    rows see it; its torsion atoms are never OFFSET on a virtual link's child), but keeps its
+    own template's parents."""
     n = len(residue)
     parent, rule = np.full(n, -1, np.int64), np.full(n, -2, np.int64)
     rtypes = [residue_type(r.name, r.family) if r.family == "protein" else "" for r in residues]
@@ -655,10 +656,9 @@ def _amino_rule(residues: list[_Res], linked, residue, names, heavy, extra, brea
     g = where[t.atoms.res_of, t.atoms.slot]  # atom of each of the tree's atoms
     s = t.refs[:, 2]
     sibling = (s >= 0) & (t.parent[np.maximum(s, 0)] == t.parent)
-    std = ~modified[aa[t.atoms.res_of]]  # a modified residue is in the tree for its neighbours
-    g_std = g[std]  # only: its own rows are its template's
-    parent[g_std] = np.where(t.parent >= 0, g[t.parent], -1)[std]
-    rule[g_std] = np.where(sibling, g[np.maximum(s, 0)], -1)[std]
+    std = ~modified[aa[t.atoms.res_of]]  # a modified residue's parents are its template's
+    parent[g[std]] = np.where(t.parent >= 0, g[t.parent], -1)[std]
+    rule[g] = np.where(sibling, g[np.maximum(s, 0)], -1)  # (_rows checks a sibling is one)
     return parent, rule
 
 
