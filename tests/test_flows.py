@@ -224,11 +224,11 @@ def test_batch_dims_dtypes_and_no_host_sync():
 #: the log-determinant one compiled call (world.cpp's log_det): global forward 49 -> 42
 #: the global inverse's tree poses one compiled call (internal.cpp's pose): 108 -> 12, inverse and
 #: its backward 308 -> 32 (the third number; with fixed atoms 10)
-OPS_PER_CALL = {"global": (42, 12, 32), "fixed": (3, 3, 10)}
+OPS_PER_CALL = {"global": (8, 12, 32), "fixed": (3, 3, 10)}
 
 
 @pytest.mark.parametrize("mode", ["global", "fixed"])
-def test_ops_per_call_at_batch_one(mode):
+def test_ops_per_call_at_batch_one(spy, mode):  # the pins are the compiled path's
     with np.load(DATA / "bgflow_reference.npz") as f:
         table, xyz, fixed = f["ala2/table"], torch.as_tensor(f["ala2/xyz"][:1]), f["ala2/fixed"]
     T = InternalCoordinateTransform(table, fixed_atoms=fixed if mode == "fixed" else None)
@@ -440,6 +440,30 @@ def test_compiled_log_det_is_the_torch_one(spy, dtype):
         torch.testing.assert_close(fast_g, ref_g, atol=tol, rtol=tol)
 
 
+def test_compiled_forward_at_extreme_bonds_and_angles_is_the_torch_one(spy):
+    """world.cpp's inline sin/cos and its log-det as the log of a product, rescaled by powers of
+    two, against the torch reference (float64): dihedrals far from [-pi, pi] (past the inline
+    reduction's range too) and at multiples of pi/2, angles near 0 and pi, bonds from 0 to 1e70
+    (the product leaves [2^-400, 2^400] and comes back)."""
+    from zmat import flows
+
+    table = [[-1, -1, -1], [0, -1, -1], [1, 0, -1]] + [[i - 1, i - 2, i - 3] for i in range(3, 15)]
+    T = InternalCoordinateTransform(table, fixed_atoms=[0, 1, 2])
+    gen = torch.Generator().manual_seed(12)
+    q = T.inv(torch.randn(15, 3, generator=gen, dtype=torch.float64) * 2).reshape(15, 3).repeat(3, 1, 1)
+    q[0, 3:, 1] = torch.tensor([math.pi / 2, 1e-3, math.pi - 1e-3, 2.0, 0.5, 3.0] * 2)  # in (0, pi)
+    q[0, 3:, 2] = torch.tensor([-1e3, 3.5 * math.pi, 1e-300, -1e6, 823549.7, -8e5, 1e3, 2.5, -250.5, 5, 0, 1])
+    q[1, 3:9, 0] = torch.tensor([1e30, 1e30, 1e30, 1e70, 2e70, 1.0])
+    q[2, 3:, 0] = torch.tensor([0.0, 1e-30] * 6)
+    q = q.reshape(3, 45)
+    x, ld = T.call_and_ladj(q)
+    torch.testing.assert_close(x[0], T._place(q, (3, 15, 3))[0], atol=1e-10, rtol=0)
+    ref = flows._log_det(q.reshape(3, 15, 3), T._tensors(q.device, q.dtype)["ld_weights"])  # torch ops
+    torch.testing.assert_close(ld, ref, atol=1e-11, rtol=1e-14)
+    torch.testing.assert_close(T.log_abs_det_jacobian(q), ref, atol=1e-11, rtol=1e-14)
+    assert spy.calls["world_forward"] == 1 and spy.calls["log_det"] == 1
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_compiled_tree_pose_is_the_torch_one(spy, dtype):
     """The global inverse's tree poses in the compiled kernel (internal.cpp's pose) against
@@ -468,6 +492,55 @@ def test_compiled_tree_pose_is_the_torch_one(spy, dtype):
     for a, b in zip([*fast, grads[0]], [*ref, grads[1]], strict=True):
         torch.testing.assert_close(a, b, atol=tol, rtol=tol)
     assert fast[1][0, 1, 2] == 1 and fast[1][1, 1, 4] == -1  # cos beta exactly at the poles
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_compiled_tree_frames_are_the_torch_ones(spy, dtype):
+    """The global forward's tree rotations and origins in the compiled kernel (euler.cpp)
+    against zmat.flows' torch path (_in_chart, _scale, _euler_to_matrix), values and gradients,
+    normalised or not: cos beta outside the chart (clamped, no gradient), at the poles (sin beta
+    0, no gradient through it), inside; a tree of one atom and one of two atoms (their unread
+    entries are Cartesian: not clamped)."""
+    table = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0], [-1, -1, -1], [-1, -1, -1], [5, -1, -1]]
+    gen = torch.Generator().manual_seed(5)
+    for normalize in (False, True):
+        T = InternalCoordinateTransform(table, normalize_angles=normalize)
+        q = torch.randn(5, 21, generator=gen, dtype=torch.float64) * 2
+        q[:, 4] = torch.tensor([1.3, -1.0, 1.0, -1.7, 0.4])  # tree 0's cos beta
+        q[:, 19] = torch.tensor([0.2, 1.5, -1.0, 0.9, -2.0])  # tree 2's
+        q[:, 13] = 4.0  # the lone root's y (the slot of a cos beta it does not have)
+        q = q.to(dtype).requires_grad_(True)
+        t = T._tensors(q.device, dtype)
+        q3 = q.view(5, 7, 3)
+        fast, ref = T._tree_frames(q3, t), T._tree_frames_torch(q3)
+        gR, go = (torch.randn(r.shape, generator=gen, dtype=torch.float64).to(dtype) for r in ref)
+        grads = [torch.autograd.grad((R * gR).sum() + (o * go).sum(), q)[0] for R, o in (fast, ref)]
+        tol = 1e-12 if dtype == torch.float64 else 1e-5
+        for a, b in zip([*fast, grads[0]], [*ref, grads[1]], strict=True):
+            torch.testing.assert_close(a, b, atol=tol, rtol=tol)
+        assert (grads[0][[0, 3], 4] == 0).all() and (grads[0][[1, 4], 19] == 0).all()  # clamped
+    assert spy.calls["euler_forward"] == 2 and spy.calls["euler_backward"] == 2
+
+
+def test_fused_global_inverse_is_the_three_calls(spy):
+    """The global inverse in one Function (zmat._kernel.global_inverse) gives the same bits as
+    its three calls apart (poses, carried rows, orientations), values and gradients, normalised
+    or not, float64 and float32, on two trees (each chain end on its own tree's +z)."""
+    table = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0], [3, 2, 1], [2, 1, 3]]
+    table += [[-1, -1, -1], [6, -1, -1], [7, 6, -1], [8, 7, 6]]
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(3, 10, 3, generator=gen, dtype=torch.float64) * 2
+    w = torch.randn(3, 30, generator=gen, dtype=torch.float64)
+    for normalize in (False, True):
+        T = InternalCoordinateTransform(table, normalize_angles=normalize)
+        for dtype in (torch.float64, torch.float32):
+            v = x.to(dtype).requires_grad_(True)
+            calls = spy.calls["carried_forward"]
+            outs = [T._inverse(v, fuse=fuse) for fuse in (True, False)]
+            grads = [torch.autograd.grad((q * w.to(dtype)).sum(), v)[0] for q in outs]
+            assert torch.equal(outs[0], outs[1]) and torch.equal(grads[0], grads[1])
+            assert spy.calls["carried_forward"] == calls + 2
+    assert T._fused_inverse(x, T._tensors(x.device, x.dtype)) is not None
 
 
 def test_first_bond_along_z_round_trips_exactly():
