@@ -30,6 +30,7 @@ import torch
 from torch.distributions import Transform, constraints
 
 from . import _kernel
+from ._analytic import _kernel_plan
 from ._carried import carried_kernel, carried_plan, internal_coordinates, kernel_rows
 from ._geometry import safe_atan2, safe_norm, tiny
 from .table import ConstructionTable, as_table, index_tensor
@@ -255,18 +256,23 @@ class InternalCoordinateTransform(Transform):
         return self._forward(q, False)[0]
 
     def _forward(self, q: torch.Tensor, log_det: bool):
-        """``(T(q), log|det| or None)``. With fixed atoms on the CPU: one call of the compiled
-        kernel placing every atom in world coordinates, the log-determinant in the same pass
-        (``zmat._kernel.world``; :meth:`_place` and :meth:`log_abs_det_jacobian` its reference)."""
+        """``(T(q), log|det| or None)``. On eager CPU float calls, one check of the kernel for all:
+        with fixed atoms, one call of the compiled kernel placing every atom in world coordinates,
+        the log-determinant in the same pass (``zmat._kernel.world``); without, :meth:`_placed`
+        and one call for the log-determinant. :meth:`_place` and :meth:`log_abs_det_jacobian` are
+        their reference."""
         _check_tensor(q, "q")
         shape = self.forward_shape(q.shape)  # before the chart's select: a bad shape names itself
-        if self._plan.world is None or not _kernel.usable(q) or torch.compiler.is_compiling():
+        if not _kernel.usable(q) or torch.compiler.is_compiling():
             return self._place(q, shape), self.log_abs_det_jacobian(q) if log_det else None
+        # the compiled path, checked once here: each call below is one kernel call
         t = self._tensors(q.device, q.dtype)
+        q3 = q.reshape(-1, self.n_atoms, 3)
         scaled = (t["scale"], t["shift"]) if self.normalize_angles else (None, None)
-        x, ld = _kernel.world(
-            q.reshape(-1, self.n_atoms, 3), t["world"], t["world_kind"], *scaled, self._reference
-        )
+        if self._plan.world is None:  # global: the trees' frames, to_xyz in them, the move
+            x, ld = self._placed(q3, t), self._compiled_log_det(q3, t) if log_det else None
+        else:
+            x, ld = _kernel.world(q3, t["world"], t["world_kind"], *scaled, self._reference)
         if not log_det:
             return x.reshape(shape), None
         ld = ld.reshape(shape[:-2])
@@ -278,13 +284,8 @@ class InternalCoordinateTransform(Transform):
         return self._place(q, q3.shape), self.log_abs_det_jacobian(q) - self._constant
 
     def _place(self, q: torch.Tensor, shape) -> torch.Tensor:
-        """``T(q)``: each tree and anchored group placed by ``to_xyz`` in its frame, then moved."""
-        if not len(self.fixed_atoms) and _kernel.usable(q) and not torch.compiler.is_compiling():
-            t = self._tensors(q.device, q.dtype)
-            q3 = q.reshape(-1, self.n_atoms, 3)
-            R, origin = self._tree_frames(q3, t)  # the chart's clamp and the scale in the kernel
-            c = self._scale(q3, t)
-            return _moved(R, origin, to_xyz(c, self._plan.placement), c, t, False).reshape(shape)
+        """``T(q)``: each tree and anchored group placed by ``to_xyz`` in its frame, then moved, in
+        torch ops (the reference of :meth:`_forward`'s compiled path)."""
         if self._plan.n_trees:  # (no tree, no cos beta)
             q = _in_chart(self, q)
         t = self._tensors(q.device, q.dtype)
@@ -297,6 +298,22 @@ class InternalCoordinateTransform(Transform):
         if p.n_copies or p.n_tree_copies:  # the fixed atoms groups and trees refer to, in their frames
             C = torch.cat([c, *self._copies(c, R, origin, t)], 1)
         return _moved(R, origin, to_xyz(C, p.placement), c, t, len(self.fixed_atoms) > 0).reshape(shape)
+
+    def _placed(self, q3: torch.Tensor, t: dict) -> torch.Tensor:
+        """:meth:`_place` without fixed atoms, ``q3`` ``(B, N, 3)`` -> ``(B, N, 3)``, for eager CPU
+        float calls (checked by the caller): the trees' frames, ``to_xyz`` in them and the move,
+        each one compiled call."""
+        R, origin = self._tree_frames(q3, t)  # the chart's clamp and the scale in the kernel
+        c = self._scale(q3, t)
+        placement = self._plan.placement
+        if placement.constant_anchors:  # to_xyz's kernel call without its checks, made above
+            if "placement_kernel" not in t:
+                t["placement_kernel"] = placement.cached(_kernel_plan, q3.device)
+            y = _kernel.positions(c, t["placement_kernel"], placement)
+        else:
+            y = to_xyz(c, placement)
+        reference = lambda *v: _moved_torch(*v, t, False)  # noqa: E731
+        return _kernel.move(R, origin, y, c, t["frame_all"], t["no_cartesian_atoms"], reference)
 
     def _frames(self, c: torch.Tensor, t: dict):
         """Rotations ``(B, F, 3, 3)`` and origins ``(B, F, 3)`` of the free trees, then of the
@@ -415,14 +432,18 @@ class InternalCoordinateTransform(Transform):
         """``log|det d xyz / d q|``, ``(...)``, from ``q`` (``xyz`` is not read)."""
         shape = self.forward_shape(q.shape)
         t = self._tensors(q.device, q.dtype)
-        w = t["ld_weights"]
         if _kernel.usable(q) and not torch.compiler.is_compiling():  # one compiled call
-            scaled = (t["scale"], t["shift"]) if self.normalize_angles else (None, None)
-            reference = lambda v: _log_det(self._scale(v, t), w)  # noqa: E731
-            out = _kernel.log_det(q.reshape(-1, self.n_atoms, 3), w, *scaled, reference).reshape(shape[:-2])
+            out = self._compiled_log_det(q.reshape(-1, self.n_atoms, 3), t).reshape(shape[:-2])
         else:
-            out = _log_det(self._scale(q.unflatten(-1, shape[-2:]), t), w)
+            out = _log_det(self._scale(q.unflatten(-1, shape[-2:]), t), t["ld_weights"])
         return out + self._constant if self._constant else out
+
+    def _compiled_log_det(self, q3: torch.Tensor, t: dict) -> torch.Tensor:
+        """:meth:`log_abs_det_jacobian` less its constant, ``(B,)`` from ``q3`` ``(B, N, 3)``, in one
+        call of the compiled kernel (``zmat._kernel.log_det``)."""
+        w = t["ld_weights"]
+        scaled = (t["scale"], t["shift"]) if self.normalize_angles else (None, None)
+        return _kernel.log_det(q3, w, *scaled, lambda v: _log_det(self._scale(v, t), w))
 
     def call_and_ladj(self, q: torch.Tensor):
         """``(T(q), T.log_abs_det_jacobian(q, T(q)))`` in one call (as zuko's transforms)."""
