@@ -215,14 +215,14 @@ struct Carried {
 // Per structure: geometry and resolved axes of every atom.
 template <typename A>
 struct Walk {
-  std::vector<A> b2, b3, n, nh, s, nb;  // 3 N, 3 N, 3 N, 3 N, N, N
+  std::vector<A> b2, b3, n, nh, s, nb, r;  // 3 N, 3 N, 3 N, 3 N, N, N, N: |n|, |b2|, |b3|
   std::vector<int64_t> src;            // (N,) source of atom i's axis: j < N own normal, N + e an end
   std::vector<int8_t> sgn;             // (N,) its sign
   std::vector<uint8_t> def;            // (N,)
   template <typename T>
   void fill(const Carried& q, const T* p, int64_t s1, int64_t s2, A c) {  // kept per thread: no allocation
     for (auto* v : {&b2, &b3, &n, &nh}) v->resize(3 * q.n);
-    s.resize(q.n), nb.resize(q.n), src.resize(q.n), sgn.resize(q.n), def.resize(q.n);
+    s.resize(q.n), nb.resize(q.n), r.resize(q.n), src.resize(q.n), sgn.resize(q.n), def.resize(q.n);
     auto at = [&](int64_t j, int k) { return j < 0 ? A(0) : A(p[j * s1 + k * s2]); };
     for (int64_t o = 0; o < q.n; ++o) {
       const int64_t i = q.order[o];
@@ -237,9 +237,10 @@ struct Walk {
       const A tiny_ = std::is_same<A, float>::value ? A(1e-12f) : A(1e-24);
       s[i] = safe_sqrt(dot(&n[3 * i], &n[3 * i]), tiny_);
       nb[i] = safe_sqrt(dot(B2, B2), tiny_);
-      const A r = safe_sqrt(dot(B3, B3), tiny_);
-      def[i] = s[i] > c * nb[i] * r;
-      for (int k = 0; k < 3; ++k) nh[3 * i + k] = def[i] ? n[3 * i + k] / s[i] : n[3 * i + k];
+      r[i] = safe_sqrt(dot(B3, B3), tiny_);
+      def[i] = s[i] > c * nb[i] * r[i];
+      const A scale = def[i] ? A(1) / s[i] : A(1);  // one division, not three
+      for (int k = 0; k < 3; ++k) nh[3 * i + k] = n[3 * i + k] * scale;
       const uint8_t md = q.mode[i];
       if (def[i] || (md & 8)) {
         const bool end = (md & 1) || ((md & 2) && !def[i]);
@@ -287,7 +288,7 @@ void carried_forward(const T* p, int64_t bn, const int64_t* ps, const T* e, cons
       }
       o[0] = o[1] = o[2] = T(0);
       const A *b2 = &w.b2[3 * i], *b3 = &w.b3[3 * i], *nh = &w.nh[3 * i];
-      if (f & 1) o[0] = static_cast<T>(safe_sqrt(dot(b3, b3), tiny));
+      if (f & 1) o[0] = static_cast<T>(w.r[i]);  // (the same tiny as fill's)
       if (f & 2) {
         const A y = w.s[i], x = -dot(b2, b3);
         o[1] = static_cast<T>(x * x + y * y <= tiny ? A(0) : zmat::fast_atan2(y, x));
