@@ -329,10 +329,9 @@ void carried_backward(const T* p, int64_t bn, const int64_t* ps, const T* e, con
       }
       const A *b2 = &w.b2[3 * i], *b3 = &w.b3[3 * i], *nh = &w.nh[3 * i], *nn = &w.n[3 * i];
       A *g2 = &G2[3 * i], *g3 = &G3[3 * i], t[3], u[3];
-      if (f & 1) {  // r = |b3|
-        const A sq = dot(b3, b3);
-        if (!(sq <= tiny))
-          for (int k = 0; k < 3; ++k) g3[k] += gr / std::sqrt(sq) * b3[k];
+      if ((f & 1) && w.r[i] != A(0)) {  // r = |b3| (0 where |b3|^2 <= tiny: no gradient)
+        const A wr = gr / w.r[i];
+        for (int k = 0; k < 3; ++k) g3[k] += wr * b3[k];
       }
       if (f & 2) theta_backward(gt, b2, b3, nn, tiny, g2, g3);
       if ((f & 4) && w.def[i]) {  // phi = atan2(Y = (b2 x m) . nh, X = |b2| m . nh)
@@ -342,7 +341,7 @@ void carried_backward(const T* p, int64_t bn, const int64_t* ps, const T* e, con
         cross(b2, m, t);
         const A nb = w.nb[i], mn = dot(m, nh), y = dot(t, nh), x = nb * mn, h = x * x + y * y;
         if (!(h <= tiny)) {
-          const A gy = gf * x / h, gx_ = -gf * y / h;
+          const A gh = gf / h, gy = gh * x, gx_ = -gh * y;
           A* gm = &gV[3 * so];
           A* gn = &gV[3 * i];
           cross(m, nh, u);  // dY = db2 . (m x nh) + dm . (nh x b2) + dnh . (b2 x m)
@@ -360,8 +359,8 @@ void carried_backward(const T* p, int64_t bn, const int64_t* ps, const T* e, con
       if (gv[0] == A(0) && gv[1] == A(0) && gv[2] == A(0)) continue;
       const A *nh = &w.nh[3 * i], *b2 = &w.b2[3 * i], *b3 = &w.b3[3 * i];
       A gn[3], t[3];
-      const A pr = w.def[i] ? dot(nh, gv) : A(0), sc = w.def[i] ? w.s[i] : A(1);
-      for (int k = 0; k < 3; ++k) gn[k] = (gv[k] - pr * nh[k]) / sc;
+      const A pr = w.def[i] ? dot(nh, gv) : A(0), sc = w.def[i] ? A(1) / w.s[i] : A(1);
+      for (int k = 0; k < 3; ++k) gn[k] = (gv[k] - pr * nh[k]) * sc;
       cross(b3, gn, t);  // dn = db2 x b3 + b2 x db3
       for (int k = 0; k < 3; ++k) G2[3 * i + k] += t[k];
       cross(gn, b2, t);
