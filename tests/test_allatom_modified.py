@@ -194,3 +194,218 @@ def test_parent_atoms_bonded_otherwise_leave_their_torsions_out(monkeypatch):
         assert abs(float(c.torsions[name][l_] - c0.torsions[name][l_])) < 1e-12, name
     x = zmat.to_xyz(c.internal, c.table)
     assert float((zmat.superpose(x, c.xyz) - c.xyz).abs().max()) < 1e-10
+
+
+TRNA = os.path.join(DATA, "1ehz_trna.pdb")  # yeast tRNA-Phe, 76 nt, 14 modified ones of 11 kinds
+TRNA_MODIFIED = {
+    "2MG": "G", "H2U": "U", "M2G": "G", "OMC": "C", "OMG": "G", "YYG": "G",
+    "PSU": "U", "5MC": "C", "7MG": "G", "5MU": "U", "1MA": "A",
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def trna():
+    return from_pdb(TRNA, hydrogens=True)
+
+
+def _far_side(bonds: np.ndarray, b: int, c: int) -> set:
+    """The atoms reached from ``c`` over ``bonds`` without crossing ``b-c`` (a bridge)."""
+    adj: dict[int, list[int]] = {}
+    for i, j in bonds.tolist():
+        adj.setdefault(i, []).append(j)
+        adj.setdefault(j, []).append(i)
+    seen, todo = {c}, [c]
+    while todo:
+        for v in adj[todo.pop()]:
+            if v not in seen and v != b:
+                seen.add(v)
+                todo.append(v)
+    return seen
+
+
+def test_trna_modified_nucleotides_are_their_parents(trna):
+    """1ehz: the 14 modified nucleotides (11 kinds) are polymer residues of their CCD parent, every named
+    torsion that exists is a row, and the structure rebuilds exactly."""
+    c = trna
+    assert len(c) == 76 and int(c.polymer.sum()) == 76
+    got = {str(n): str(t) for n, t in zip(c.res_names, c.res_types, strict=True) if n != t}
+    assert got == TRNA_MODIFIED
+    rows = c.torsion_rows()
+    for name, t in c.torsions.items():
+        if name in rows:
+            assert bool((rows[name][~torch.isnan(t)] >= 0).all()), name
+    x = zmat.to_xyz(c.internal, c.table)
+    assert float((zmat.superpose(x, c.xyz) - c.xyz).abs().max()) < 1e-10
+
+
+def test_rotatable_bonds_beyond_the_parent_are_torsions_that_turn_their_far_side(trna):
+    """1ehz with hydrogens: OMC's and OMG's 2'-O-methyl (C2'-O2') and wybutosine's side chain are
+    torsions of their own (``ligand_torsions``); each + 0.6 rad is the file's atoms on the far side
+    of its bond (found over the bonds here) turned rigidly about it, every other atom in place."""
+    c = trna
+    quads, owner = np.asarray(c.ligand_quads), np.asarray(c.ligand_residue)
+    names = [
+        (str(c.res_names[k]), tuple(str(c.atom_names[i]) for i in q))
+        for q, k in zip(quads, owner, strict=True)
+    ]
+    assert ("OMC", ("C1'", "C2'", "O2'", "CM2")) in names and ("OMG", ("C1'", "C2'", "O2'", "CM2")) in names
+    assert sum(n == "YYG" for n, _ in names) == 5 and len(names) == 7  # no other residue has one
+    x, bonds = c.xyz.numpy(), np.asarray(c.parsed.bonds)
+    for t in range(len(names)):
+        v = torch.full((len(names),), float("nan"), dtype=torch.float64)
+        v[t] = c.ligand_torsions[t] + 0.6
+        y = c.xyz_from_torsions({"ligand": v}).numpy()
+        b, cc = int(quads[t, 1]), int(quads[t, 2])
+        idx = sorted(_far_side(bonds, b, cc) - {cc})
+        want = x.copy()
+        want[idx] = _rotate(x[idx], x[b], x[cc], 0.6)
+        assert np.abs(y - want).max() < 1e-9, names[t]
+
+
+def test_modified_nucleotides_in_the_rhofold_layout(trna):
+    """``nucleotide_positions`` has all 76 nucleotides of 1ehz, a modified one in its parent's slots
+    (pseudouridine's C5 in the glycosidic N1 slot) with the file's coordinates."""
+    from zmat.structure.nucleic_frames import NUCLEIC_ATOM_NAMES, NUCLEIC_RESTYPES
+
+    pos, mask, restype, residue = zmat.protein.nucleotide_positions(trna)
+    assert residue.tolist() == list(range(76))
+    x = trna.xyz
+    for k in np.flatnonzero(trna.res_names != trna.res_types).tolist():
+        parent = str(trna.res_types[k])
+        assert NUCLEIC_RESTYPES[int(restype[k])] == parent
+        own = {str(trna.atom_names[i]): int(i) for i in np.flatnonzero(trna.parsed.residue == k)}
+        rename = modified.ALIASES.get(str(trna.res_names[k]), {})
+        for s, a in enumerate(NUCLEIC_ATOM_NAMES[parent]):
+            a = rename.get(a, a)
+            assert bool(mask[k, s]) == (a in own), (k, a)
+            if a in own:
+                assert torch.equal(pos[k, s], x[own[a]]), (k, a)
+    assert int(mask[trna.res_names == "PSU"].sum(1).min()) == len(NUCLEIC_ATOM_NAMES["U"])
+
+
+# per kind: its renamings (parent -> own) and the rotatable bonds its parent does not have
+KINDS = {
+    "MSE": ({"SD": "SE"}, []),
+    "SEP": ({}, [("CB", "OG"), ("OG", "P")]),
+    "TPO": ({}, [("CB", "OG1"), ("OG1", "P")]),
+    "PTR": ({}, [("CZ", "OH"), ("OH", "P")]),
+    "MLY": ({}, [("CE", "NZ")]),
+    "M3L": ({}, [("CE", "NZ")]),
+    "ALY": ({}, [("CE", "NZ")]),
+    "KCX": ({}, [("CE", "NZ")]),  # NZ-CX: a carbamate, amide-like
+    "LLP": ({}, [("CE", "NZ"), ("C4", "C4'"), ("C5", "C5'"), ("C5'", "OP4"), ("OP4", "P")]),  # NZ=C4'
+    "CSO": ({}, [("CB", "SG")]),
+    "CSD": ({}, [("CB", "SG")]),
+    "CME": ({}, [("CB", "SG"), ("SG", "SD"), ("SD", "CE"), ("CE", "CZ")]),
+    "HYP": ({}, []),
+    "PCA": ({"OE1": "OE"}, []),
+    "5MU": ({}, []),
+    "PSU": (modified.ALIASES["PSU"], []),
+    "H2U": ({}, []),
+    "OMC": ({}, [("C2'", "O2'")]),
+    "OMG": ({}, [("C2'", "O2'")]),
+    "1MA": ({}, []),
+    "2MG": ({}, []),
+    "M2G": ({}, []),
+    "7MG": ({}, []),
+}
+
+
+@pytest.mark.parametrize("name", sorted(KINDS))
+def test_atoms_matched_to_the_parent_by_the_ccd(name):
+    """Each common kind on its own CCD entry: the renamings the graphs give, every parent heavy atom
+    (but leaving ones, and pyroglutamate's NE2, its ring N) matched and bonded as in the parent, and
+    the residue's own torsions (``beyond_parent``)."""
+    import biotite.structure.info as info
+
+    rename, own_bonds = KINDS[name]
+    assert modified.aliases(name) == rename
+    parent = modified.parent_type(name)
+    mine, theirs = info.residue(name), info.residue(parent)
+
+    def heavy_bonds(r, key):
+        names, heavy = r.atom_name, r.element != "H"
+        return {frozenset(key(str(names[i])) for i in b) for b in r.bonds.as_array()[:, :2] if heavy[b].all()}
+
+    flags = info.get_from_ccd("chem_comp_atom", parent, "pdbx_leaving_atom_flag").as_array(str)
+    leaving = {str(a) for a, f in zip(theirs.atom_name, flags, strict=True) if f == "Y"}
+    want = {str(a) for a, e in zip(theirs.atom_name, theirs.element, strict=True) if e != "H"} - leaving
+    have = {modified.parent_name(name, a) for a in modified.parent_atoms(name)}
+    assert want - have == ({"NE2"} if name == "PCA" else set())
+    inside = {b for b in heavy_bonds(theirs, str) if b <= want & have}
+    assert inside <= heavy_bonds(mine, lambda a: modified.parent_name(name, a))
+    atoms = np.arange(mine.array_length())
+    bonds = mine.bonds.as_array()
+    rot = modified.beyond_parent(name, atoms, mine.atom_name, bonds[:, :2], bonds[:, 2], mine.element)
+    got = {frozenset(str(mine.atom_name[i]) for i in b) for b in rot}
+    assert got == {frozenset(b) for b in own_bonds}
+
+
+def test_modified_cysteine_makes_its_disulfide():
+    """1aki (hen lysozyme, 4 disulfides) with CYS 30 written as S-hydroxycysteine (CSO, parent CYS; no
+    real file at hand, and its OD left unresolved): its SG-SG bond to CYS 115 is kept, as the
+    CYS's is, a bond and not a tree edge (the rebuild stays exact)."""
+    atoms = pdbx.get_structure(pdbx.CIFFile.read(os.path.join(DATA, "1aki.cif")), model=1)
+    atoms = atoms[atoms.res_name != "HOH"]
+    sel = atoms.res_id == 30
+    atoms.res_name[sel], atoms.hetero[sel] = "CSO", True
+
+    def disulfides(c):
+        sg = np.flatnonzero(c.atom_names == "SG")
+        res = np.asarray(c.parsed.residue)
+        bonds = np.asarray(c.parsed.bonds)
+        pairs = bonds[np.isin(bonds, sg).all(1)]
+        return sorted(tuple(sorted(int(c.res_ids[res[i]]) for i in p)) for p in pairs)
+
+    c = from_structure(atoms)
+    assert c.res_types[c.res_names == "CSO"].tolist() == ["CYS"]
+    assert disulfides(c) == [(6, 127), (30, 115), (64, 80), (76, 94)]  # hen lysozyme's four
+    x = zmat.to_xyz(c.internal, c.table)
+    assert float((zmat.superpose(x, c.xyz) - c.xyz).abs().max()) < 1e-10
+
+
+def _phosphoserine():
+    """1aki with SER 36 phosphorylated: SEP's CCD phosphate (P, O1P, O2P, O3P) put on the file's
+    N, CA, CB, OG by superposing the CCD's ideal coordinates (no real SEP file at hand)."""
+    import biotite.structure.info as info
+
+    atoms = pdbx.get_structure(pdbx.CIFFile.read(os.path.join(DATA, "1aki.cif")), model=1)
+    atoms = atoms[(atoms.res_name != "HOH") & (atoms.element != "H")]
+    sel = np.flatnonzero(atoms.res_id == 36)
+    ideal = info.residue("SEP")
+    fit = ["N", "CA", "CB", "OG"]
+    pick = [int(np.flatnonzero(ideal.atom_name == a)[0]) for a in fit]
+    mine = [int(sel[np.flatnonzero(atoms.atom_name[sel] == a)[0]]) for a in fit]
+    _, move = struc.superimpose(atoms.coord[mine], ideal.coord[pick])
+    atoms.res_name[sel], atoms.hetero[sel] = "SEP", True
+    phosphate = ideal[np.isin(ideal.atom_name, ["P", "O1P", "O2P", "O3P"])]
+    new = atoms[np.repeat(sel[-1], len(phosphate))].copy()  # the residue's annotations
+    new.atom_name, new.element = phosphate.atom_name, phosphate.element
+    new.coord = move.apply(phosphate.coord)
+    return atoms[: sel[-1] + 1] + new + atoms[sel[-1] + 1 :]
+
+
+def test_phosphoserine_phosphate_torsions_turn_only_the_phosphate():
+    """A SEP in a real chain (1aki, its phosphate from the CCD), with hydrogens: chi1 is SER's,
+    CB-OG and OG-P are its own torsions; each edit is the atoms beyond the bond turned rigidly
+    about it (numpy), every other atom in place; the rebuild is exact."""
+    atoms = _phosphoserine()
+    c = from_structure(atoms, hydrogens=True)
+    k, l_ = _polymer_row(c, "SEP", 36)
+    assert c.res_types[k] == "SER" and c.torsion_rows()["chi1"][l_] >= 0
+    quads, owner = np.asarray(c.ligand_quads), np.asarray(c.ligand_residue)
+    names = [tuple(str(c.atom_names[i]) for i in q) for q in quads[owner == k]]
+    assert names == [("CA", "CB", "OG", "P"), ("CB", "OG", "P", "O1P")]
+    x, bonds = c.xyz.numpy(), np.asarray(c.parsed.bonds)
+    for t in np.flatnonzero(owner == k).tolist():
+        v = torch.full((len(quads),), float("nan"), dtype=torch.float64)
+        v[t] = c.ligand_torsions[t] - 0.8
+        y = c.xyz_from_torsions({"ligand": v}).numpy()
+        b, cc = int(quads[t, 1]), int(quads[t, 2])
+        idx = sorted(_far_side(bonds, b, cc) - {cc})
+        assert {str(c.atom_names[i]) for i in idx} >= {"O1P", "O2P", "O3P"}
+        want = x.copy()
+        want[idx] = _rotate(x[idx], x[b], x[cc], -0.8)
+        assert np.abs(y - want).max() < 1e-9, names
+    xr = zmat.to_xyz(c.internal, c.table)
+    assert float((zmat.superpose(xr, c.xyz) - c.xyz).abs().max()) < 1e-10

@@ -440,6 +440,30 @@ def test_compiled_log_det_is_the_torch_one(spy, dtype):
         torch.testing.assert_close(fast_g, ref_g, atol=tol, rtol=tol)
 
 
+def test_compiled_forward_at_extreme_bonds_and_angles_is_the_torch_one(spy):
+    """world.cpp's inline sin/cos and its log-det as the log of a product, rescaled by powers of
+    two, against the torch reference (float64): dihedrals far from [-pi, pi] (past the inline
+    reduction's range too) and at multiples of pi/2, angles near 0 and pi, bonds from 0 to 1e70
+    (the product leaves [2^-400, 2^400] and comes back)."""
+    from zmat import flows
+
+    table = [[-1, -1, -1], [0, -1, -1], [1, 0, -1]] + [[i - 1, i - 2, i - 3] for i in range(3, 15)]
+    T = InternalCoordinateTransform(table, fixed_atoms=[0, 1, 2])
+    gen = torch.Generator().manual_seed(12)
+    q = T.inv(torch.randn(15, 3, generator=gen, dtype=torch.float64) * 2).reshape(15, 3).repeat(3, 1, 1)
+    q[0, 3:, 1] = torch.tensor([math.pi / 2, 1e-3, math.pi - 1e-3, 2.0, 0.5, 3.0] * 2)  # in (0, pi)
+    q[0, 3:, 2] = torch.tensor([-1e3, 3.5 * math.pi, 1e-300, -1e6, 823549.7, -8e5, 1e3, 2.5, -250.5, 5, 0, 1])
+    q[1, 3:9, 0] = torch.tensor([1e30, 1e30, 1e30, 1e70, 2e70, 1.0])
+    q[2, 3:, 0] = torch.tensor([0.0, 1e-30] * 6)
+    q = q.reshape(3, 45)
+    x, ld = T.call_and_ladj(q)
+    torch.testing.assert_close(x[0], T._place(q, (3, 15, 3))[0], atol=1e-10, rtol=0)
+    ref = flows._log_det(q.reshape(3, 15, 3), T._tensors(q.device, q.dtype)["ld_weights"])  # torch ops
+    torch.testing.assert_close(ld, ref, atol=1e-11, rtol=1e-14)
+    torch.testing.assert_close(T.log_abs_det_jacobian(q), ref, atol=1e-11, rtol=1e-14)
+    assert spy.calls["world_forward"] == 1 and spy.calls["log_det"] == 1
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_compiled_tree_pose_is_the_torch_one(spy, dtype):
     """The global inverse's tree poses in the compiled kernel (internal.cpp's pose) against

@@ -52,7 +52,9 @@ def test_frames_and_torsions_round_trip(nucleotides):
 
 # per atom group, the largest rebuild error (A) measured on 4p5j / 1bna / 5ugo, with a margin
 _TOL = {"frame": 1.0, "base": 0.6, "sugar": 3.0, "O5'": 2.3, "phosphate": 4.0}
-_RMSD = {"4p5j.cif": 0.55, "1bna.cif": 0.73, "5ugo.cif": 0.75}  # measured 0.534, 0.715, 0.734
+# measured 0.551 (with its modified A23, whose OP1/OP2 are named the other way round; 0.534 without),
+# 0.715, 0.734
+_RMSD = {"4p5j.cif": 0.57, "1bna.cif": 0.73, "5ugo.cif": 0.75}
 
 
 def test_rebuild_from_file_frames_and_torsions(nucleotides):

@@ -65,8 +65,10 @@ def fd_jacobian(prims, x, eps=1e-6):
     return torch.stack(cols, -1) / (2 * eps)
 
 
+@pytest.mark.parametrize("no_kernel", ["0", "1"], ids=["kernel", "torch"])
 @pytest.mark.parametrize("atoms", ["C6H6", "HCN", "CO2", "CH3CH2OH", WATER_DIMER], ids=str)
-def test_wilson_b_matches_finite_differences(atoms):
+def test_wilson_b_matches_finite_differences(atoms, no_kernel, monkeypatch):
+    monkeypatch.setenv("ZMAT_NO_KERNEL", no_kernel)  # the compiled CPU path and torch's (CUDA, the fallback)
     m = rattled(atoms, 0.03)
     prims = build_primitives(m.positions, m.numbers, frozen=(0,))
     x = torch.tensor(m.positions, dtype=torch.float64)[None].expand(2, -1, -1).contiguous()
@@ -76,11 +78,13 @@ def test_wilson_b_matches_finite_differences(atoms):
     torch.testing.assert_close(B, fd_jacobian(prims, x), atol=1e-7, rtol=1e-6)
 
 
-def test_a_step_dispatches_a_bounded_number_of_ops():
-    """Batch-1 steps are dispatch-bound: every kind of primitive in one fused formula (a fixed
+def test_a_step_dispatches_a_bounded_number_of_ops(monkeypatch):
+    """Batch-1 steps are dispatch-bound: on the torch path (CUDA, the fallback of the compiled CPU
+    kernel: tests/test_optimize_kernel.py) every kind of primitive in one fused formula (a fixed
     count whatever the kinds), q and B from one backward, a step within a budget (the per-kind
     loops of before: 164, 485 and 3202 ops on allene); two eigendecompositions a step (the RFO
     step solves its secular equation: three before)."""
+    monkeypatch.setenv("ZMAT_NO_KERNEL", "1")
     from zmat.optimize.coordinates import values_and_b
     from zmat.optimize.optimizer import InternalStepper, _evaluate
     from zmat.testing import DispatchAudit

@@ -216,6 +216,19 @@ def test_pickle_drops_device_plans():
     torch.testing.assert_close(zmat.to_xyz(c, copy), want, rtol=0, atol=0)
 
 
+def test_a_device_spelled_as_a_string_or_a_device_shares_one_plan():
+    table = ConstructionTable(chain_table(6))
+    calls = []
+
+    def build(t, device):
+        calls.append(device)
+        return object()
+
+    plans = [table.cached(build, d) for d in ("cpu", torch.device("cpu"), "cpu", torch.device("cpu"))]
+    assert calls == [torch.device("cpu")]  # built once, for a torch.device
+    assert all(p is plans[0] for p in plans)
+
+
 def test_lazy_arrays_are_safe_to_read_from_threads():
     # a trusted table's array made on first access: threads that ask at once
     # all get it (one may make it again), none sees a missing attribute

@@ -84,6 +84,7 @@ from .table import ConstructionTable
 _CSRC = Path(__file__).with_name("csrc")
 # compiled into one library; headers hashed too
 _SOURCES = ("rigid_forest.cpp", "torsions.cpp", "stamp.cpp", "internal.cpp", "move.cpp", "world.cpp")
+_SOURCES += ("primitives.cpp",)  # the optimiser's coordinates (zmat/optimize/_compiled.py)
 _FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-pthread")
 _DTYPES = (torch.float32, torch.float64)
 _PLAIN = (torch.Tensor, torch.nn.Parameter)

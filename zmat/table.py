@@ -468,11 +468,14 @@ def _cache_name(build) -> str:
 def _build(table: ConstructionTable, build, device: torch.device | str):
     """``build(table, device)``, cached on ``table`` (``ConstructionTable.cached``)."""
     plans = table.__dict__.setdefault(_cache_name(build), {})
-    plan = plans.get(device)
+    key = torch.device(device)  # "cpu" and torch.device("cpu") share one plan
+    plan = plans.get(key)
     if plan is None:
-        plan = build(table, torch.device(device))
-        if torch._guards.detect_fake_mode() is None:  # never cache torch.export's fake tensors
-            plans[device] = plan
+        plan = build(table, key)
+        if torch._guards.detect_fake_mode() is not None:  # never cache torch.export's fake tensors
+            return plan
+        plans[key] = plan
+    plans[device] = plan  # the caller's spelling, for the next lookup
     return plan
 
 

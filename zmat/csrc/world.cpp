@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "parallel.h"
+#include "trig.h"
 #include "vec3.h"
 
 namespace {
@@ -29,6 +30,13 @@ enum : uint8_t { CART = 0, SECOND = 1, THIRD_ON_SECOND = 2, THIRD_ON_ROOT = 3, N
 
 using zmat::cross;
 using zmat::dot;
+
+template <typename T>
+inline void sin_cos(T x, T& s, T& c) {  // zmat::sin_cos in double, for both dtypes
+  double a, b;
+  zmat::sin_cos(static_cast<double>(x), a, b);
+  s = static_cast<T>(a), c = static_cast<T>(b);
+}
 
 struct Plan {
   int64_t n;
@@ -65,7 +73,7 @@ struct Pose {
     const bool ok = s2 > q.k.tiny;
     s = ok ? std::sqrt(s2) : T(0);
     ds = ok ? -c / s : T(0);
-    ca = std::cos(al), sa = std::sin(al);
+    sin_cos(al, sa, ca);
   }
   void u(T* o) const { o[0] = s * ca, o[1] = s * sa, o[2] = c; }
   // gradient g of u into (g cos b, g a)
@@ -99,7 +107,8 @@ struct Frame {
     const T sw = dot(w, w);
     zero_bond = sw <= k.tiny;
     nw = zero_bond ? T(1) : std::sqrt(sw);
-    for (int c = 0; c < 3; ++c) e1[c] = zero_bond ? T(c == 0) : w[c] / nw;
+    const T iw = T(1) / nw;  // (one division, not three)
+    for (int c = 0; c < 3; ++c) e1[c] = zero_bond ? T(c == 0) : w[c] * iw;
     T n[3];
     cross(v, e1, n);
     const T sn = dot(n, n);
@@ -117,7 +126,8 @@ struct Frame {
     } else {
       nn = std::sqrt(sn);
     }
-    for (int c = 0; c < 3; ++c) e3[c] = n[c] / nn;
+    const T in = T(1) / nn;
+    for (int c = 0; c < 3; ++c) e3[c] = n[c] * in;
     cross(e3, e1, e2);
   }
   // gradients of e1, e2, e3 (ge1, ge3 changed) into the positions' gradient gx
@@ -149,13 +159,74 @@ struct Frame {
 };
 
 template <typename T>
-inline T log_floor(T v, T clamp) {
+inline double floor_abs(T v, T clamp) {  // max(|v|, clamp), in double
   const T a = std::fabs(v);
-  return std::log(a < clamp ? clamp : a);
+  return a < clamp ? clamp : a;
 }
+
+// A sum of logarithms as the log of a product: one log per structure, not two per atom. The
+// product is kept in [2^-400, 2^400] by exact powers of two (frexp), so it neither overflows nor
+// underflows; a factor above 2^400 (a bond of 1e60) adds its own log. Factors are floored
+// (>= 1e-36) or NaN (which the product carries on). In double for both dtypes.
+struct LogSum {
+  double p = 1, extra = 0;
+  int64_t e = 0;
+  void add(double v) {
+    if (v > 0x1p400) {
+      extra += std::log(v);
+      return;
+    }
+    p *= v;
+    if (p > 0x1p400 || p < 0x1p-400) {
+      int k;
+      p = std::frexp(p, &k);
+      e += k;
+    }
+  }
+  double value() const { return std::log(p) + static_cast<double>(e) * 0.6931471805599453 + extra; }
+};
 template <typename T>
 inline T dlog_floor(T v, T clamp) {  // d log max(|v|, clamp) / dv
   return std::fabs(v) >= clamp ? T(1) / v : T(0);
+}
+
+// Atom p of the placement order of one structure (q, its positions xs), its log-det factor into sum.
+template <typename T>
+inline void place(const Q<T>& qq, T* xs, const Plan& pl, int64_t p, LogSum* sum) {
+  const Consts<T>& k = qq.k;
+  const int64_t i = pl.atom[p], b = pl.b[p];
+  const uint8_t kind = pl.kind[p];
+  T* xi = xs + 3 * i;
+  if (kind == CART) {
+    for (int c = 0; c < 3; ++c) xi[c] = qq.raw(i, c);
+    return;
+  }
+  const T r = qq.val(i, 0);
+  const double r2 = sum ? floor_abs(r, k.clamp) * floor_abs(r, k.clamp) : 1.0;
+  if (kind == SECOND) {
+    if (sum) sum->add(r2);
+    T u[3];
+    Pose<T>(qq, i).u(u);
+    for (int c = 0; c < 3; ++c) xi[c] = xs[3 * b + c] + r * u[c];
+    return;
+  }
+  const T t = qq.val(i, 1), ph = qq.val(i, 2);
+  T ct, st, cp, sp;
+  sin_cos(t, st, ct);
+  sin_cos(ph, sp, cp);
+  if (sum) sum->add(r2 * floor_abs(st, k.clamp));
+  if (kind == NERF) {
+    const Frame<T> f(xs, b, pl.a[p], pl.d[p], k);
+    for (int c = 0; c < 3; ++c)
+      xi[c] = xs[3 * b + c] + r * (-ct * f.e1[c] + st * cp * f.e2[c] + st * sp * f.e3[c]);
+    return;
+  }
+  const Pose<T> pose(qq, pl.d[p]);
+  T u[3], e2[3];
+  pose.u(u);
+  e2_of(pose, cp, sp, e2);
+  const T sign = kind == THIRD_ON_SECOND ? T(1) : T(-1);
+  for (int c = 0; c < 3; ++c) xi[c] = xs[3 * b + c] + r * (-ct * sign * u[c] + st * e2[c]);
 }
 
 template <typename T>
@@ -164,41 +235,9 @@ void forward(const T* q, int64_t bn, const int64_t* qs, const Plan& pl, const Co
   const int64_t n = pl.n;
   zmat::parallel_for(bn, threads, [&](int64_t s) {
     const Q<T> qq{q + s * qs[0], qs[1], qs[2], k};
-    T* xs = x + s * 3 * n;
-    T sum = 0;
-    for (int64_t p = 0; p < n; ++p) {
-      const int64_t i = pl.atom[p], b = pl.b[p];
-      const uint8_t kind = pl.kind[p];
-      T* xi = xs + 3 * i;
-      if (kind == CART) {
-        for (int c = 0; c < 3; ++c) xi[c] = qq.raw(i, c);
-        continue;
-      }
-      const T r = qq.val(i, 0);
-      sum += 2 * log_floor(r, k.clamp);
-      if (kind == SECOND) {
-        T u[3];
-        Pose<T>(qq, i).u(u);
-        for (int c = 0; c < 3; ++c) xi[c] = xs[3 * b + c] + r * u[c];
-        continue;
-      }
-      const T t = qq.val(i, 1), ct = std::cos(t), st = std::sin(t), ph = qq.val(i, 2);
-      sum += log_floor(st, k.clamp);
-      const T cp = std::cos(ph), sp = std::sin(ph);
-      if (kind == NERF) {
-        const Frame<T> f(xs, b, pl.a[p], pl.d[p], k);
-        for (int c = 0; c < 3; ++c)
-          xi[c] = xs[3 * b + c] + r * (-ct * f.e1[c] + st * cp * f.e2[c] + st * sp * f.e3[c]);
-        continue;
-      }
-      const Pose<T> pose(qq, pl.d[p]);
-      T u[3], e2[3];
-      pose.u(u);
-      e2_of(pose, cp, sp, e2);
-      const T sign = kind == THIRD_ON_SECOND ? T(1) : T(-1);
-      for (int c = 0; c < 3; ++c) xi[c] = xs[3 * b + c] + r * (-ct * sign * u[c] + st * e2[c]);
-    }
-    if (ld) ld[s] = sum;
+    LogSum sum;
+    for (int64_t p = 0; p < n; ++p) place(qq, x + s * 3 * n, pl, p, ld ? &sum : nullptr);
+    if (ld) ld[s] = static_cast<T>(sum.value());
   });
 }
 
@@ -240,8 +279,10 @@ void backward(const T* q, int64_t bn, const int64_t* qs, const Plan& pl, const C
         if (!pose.inside) gi[1] = T(0);  // (every use of cos b is summed by now: its third comes later)
         continue;
       }
-      const T t = qq.val(i, 1), ct = std::cos(t), st = std::sin(t), ph = qq.val(i, 2);
-      const T cp = std::cos(ph), sp = std::sin(ph);
+      const T t = qq.val(i, 1), ph = qq.val(i, 2);
+      T ct, st, cp, sp;
+      sin_cos(t, st, ct);
+      sin_cos(ph, sp, cp);
       gi[1] += gl_s * ct * dlog_floor(st, k.clamp);
       if (kind == NERF) {
         const Frame<T> f(xs, b, pl.a[p], pl.d[p], k);
@@ -278,29 +319,44 @@ void backward(const T* q, int64_t bn, const int64_t* qs, const Plan& pl, const C
 // The log-determinant alone (zmat/flows.py, _log_det): sum_i w_i log|r_i| + w'_i log|sin t_i|,
 // w (N, 2) the weights (0: not read), r, t the scaled q; and its gradient gq (B, N, 3).
 template <typename T>
+inline double power(double a, T w) {  // a^w, the log-det's weights being 2 and 1
+  return w == T(2) ? a * a : (w == T(1) ? a : std::pow(a, static_cast<double>(w)));
+}
+
+template <typename T>
 void log_det(const T* q, int64_t bn, const int64_t* qs, int64_t n, const T* w, const Consts<T>& k, T* ld,
              const T* gld, int64_t gl, T* gq, int64_t threads) {
   zmat::parallel_for(bn, threads, [&](int64_t s) {
     const Q<T> qq{q + s * qs[0], qs[1], qs[2], k};
-    T sum = 0, g = gq ? gld[s * gl] : T(0), *gs = gq ? gq + s * 3 * n : nullptr;
+    if (!gq) {  // the value
+      LogSum sum;
+      for (int64_t i = 0; i < n; ++i) {
+        double v = 1;
+        if (w[2 * i] != T(0)) v = power(floor_abs(qq.val(i, 0), k.clamp), w[2 * i]);
+        if (w[2 * i + 1] != T(0)) {
+          T st, ct;
+          sin_cos(qq.val(i, 1), st, ct);
+          v *= power(floor_abs(st, k.clamp), w[2 * i + 1]);
+        }
+        sum.add(v);
+      }
+      ld[s] = static_cast<T>(sum.value());
+      return;
+    }
+    const T g = gld[s * gl];
+    T* gs = gq + s * 3 * n;
     for (int64_t i = 0; i < n; ++i) {
       T gr = 0, gt = 0;
-      if (w[2 * i] != T(0)) {
-        const T r = qq.val(i, 0);
-        sum += w[2 * i] * log_floor(r, k.clamp);
-        gr = g * w[2 * i] * dlog_floor(r, k.clamp);
-      }
+      if (w[2 * i] != T(0)) gr = g * w[2 * i] * dlog_floor(qq.val(i, 0), k.clamp);
       if (w[2 * i + 1] != T(0)) {
-        const T t = qq.val(i, 1), st = std::sin(t);
-        sum += w[2 * i + 1] * log_floor(st, k.clamp);
-        if (gs) gt = g * w[2 * i + 1] * std::cos(t) * dlog_floor(st, k.clamp);
+        T st, ct;
+        sin_cos(qq.val(i, 1), st, ct);
+        gt = g * w[2 * i + 1] * ct * dlog_floor(st, k.clamp);
       }
-      if (!gs) continue;
       gs[3 * i] = k.scale ? gr * k.scale[3 * i] : gr;
       gs[3 * i + 1] = k.scale ? gt * k.scale[3 * i + 1] : gt;
       gs[3 * i + 2] = T(0);
     }
-    if (ld) ld[s] = sum;
   });
 }
 

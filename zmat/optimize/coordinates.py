@@ -28,7 +28,9 @@ over conformers where a batch is given); values and B then run on the device
 for ``(B, N, 3)`` positions at once, every kind in one fused formula. B comes
 from autograd: each primitive's atoms are gathered into a leaf ``(B, G, 4, 3)``,
 one backward of the summed values gives every primitive's local gradient,
-scattered into ``(B, P, 3N)``.
+scattered into ``(B, P, 3N)``. On plain CPU tensors the same formula and its
+forward-mode derivatives run in zmat's compiled kernel (:mod:`._compiled`), one
+call for the values, one for values and B.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from ase.data import covalent_radii, vdw_radii
 from scipy.sparse.csgraph import connected_components
 
 from .._geometry import safe_atan2, safe_norm
-from . import fragments
+from . import _compiled, fragments
 
 __all__ = ["KINDS", "Primitives", "build_primitives", "values", "values_and_b", "wilson_b"]
 
@@ -164,6 +166,19 @@ def _layout(prims: Primitives, device) -> tuple:
     return cache[device]
 
 
+def kernel_layout(prims: Primitives, dtype: torch.dtype, cartesian: bool = True) -> tuple:
+    """The rows as the compiled kernel (:mod:`._compiled`) takes them, cached: ``(atoms, kind, ref, cart)``
+    contiguous CPU arrays, :func:`_layout`'s with ``kind`` ``(G,)`` the row's index in :data:`GEOMETRIC`,
+    ``ref`` in ``dtype`` and ``cart`` empty unless ``cartesian``."""
+    cache = prims.__dict__.setdefault("_layouts", {})
+    key = "kernel", dtype, cartesian
+    if key not in cache:
+        atoms, masks, ref, _, cart = _layout(prims, torch.device("cpu"))
+        rows = (atoms, masks.long().argmax(0), ref.to(dtype), cart if cartesian else cart[:0])
+        cache[key] = tuple(t.contiguous() for t in rows)
+    return cache[key]
+
+
 def _fused(masks: torch.Tensor, ref: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """Values of every geometric primitive from its four gathered points ``p`` ``(B, G, 4, 3)``.
 
@@ -211,10 +226,18 @@ def values(prims: Primitives, xyz: torch.Tensor) -> torch.Tensor:
     """The primitives' values ``q``, ``(B, P)``, at positions ``xyz`` ``(B, N, 3)``.
 
     Lengths in the unit of ``xyz``, angles in radians (dihedrals in ``(-pi, pi]``).
+    On plain CPU tensors (no autograd through ``xyz``) the geometric and Cartesian
+    rows come from the compiled kernel (:mod:`._compiled`), one call.
     """
+    others = _others(prims)
+    if _compiled.usable(xyz) and not others:
+        return _compiled.values(kernel_layout(prims, xyz.dtype), xyz)
     atoms, masks, ref, _, cart = _layout(prims, xyz.device)
-    out = [_fused(masks, ref.to(xyz.dtype), xyz[:, atoms])]
-    out += [_fragment_values(prims, k, xyz[:, getattr(prims, k)]) for k in _others(prims)]
+    if _compiled.usable(xyz):
+        out = [_compiled.values(kernel_layout(prims, xyz.dtype, cartesian=False), xyz)]
+    else:
+        out = [_fused(masks, ref.to(xyz.dtype), xyz[:, atoms])]
+    out += [_fragment_values(prims, k, xyz[:, getattr(prims, k)]) for k in others]
     if len(cart):
         out.append(xyz.flatten(1)[:, cart])
     return torch.cat(out, 1) if len(out) > 1 else out[0]
@@ -226,23 +249,36 @@ def values_and_b(prims: Primitives, xyz: torch.Tensor) -> tuple[torch.Tensor, to
     One backward pass for every primitive at once: each row's atoms are a
     separate copy in a gathered leaf (``(B, G, 4, 3)`` for the fused kinds, one
     more per fragment kind), so the gradient of the summed values is every
-    row's own derivative, scattered into its columns.
+    row's own derivative, scattered into its columns. On plain CPU tensors the
+    geometric and Cartesian rows come from the compiled kernel instead
+    (:mod:`._compiled`: forward-mode derivatives of the same formula, one call);
+    the fragments' rows stay in torch.
     """
+    others = _others(prims)
+    compiled = _compiled.usable(xyz)
+    if compiled and not others:
+        return _compiled.values_and_b(kernel_layout(prims, xyz.dtype), xyz)
     atoms, masks, ref, cols, cart = _layout(prims, xyz.device)
     bsz, n3, x = xyz.shape[0], 3 * prims.n_atoms, xyz.detach()
-    idx = [atoms] + [getattr(prims, k) for k in _others(prims)]
+    idx = ([] if compiled else [atoms]) + [getattr(prims, k) for k in others]
     with torch.enable_grad():
         leaves = [x[:, i].requires_grad_(True) for i in idx]
-        qs = [_fused(masks, ref.to(xyz.dtype), leaves[0])]
-        qs += [_fragment_values(prims, k, leaf) for k, leaf in zip(_others(prims), leaves[1:], strict=True)]
+        qs = [] if compiled else [_fused(masks, ref.to(xyz.dtype), leaves[0])]
+        qs += [_fragment_values(prims, k, leaf) for k, leaf in zip(others, leaves[len(qs) :], strict=True)]
         local = torch.autograd.grad(sum(q.sum() for q in qs), leaves)
+    fragment_cols = [
+        (3 * i[:, :, None] + torch.arange(3, device=xyz.device)).flatten(1)
+        for i in idx[len(qs) - len(others) :]
+    ]
+    cols = ([] if compiled else [cols]) + fragment_cols
     blocks = []
-    for i, g, c in zip(idx, local, [cols] + [None] * len(idx[1:]), strict=True):
-        if c is None:
-            c = (3 * i[:, :, None] + torch.arange(3, device=xyz.device)).flatten(1)
+    for i, g, c in zip(idx, local, cols, strict=True):
         block = xyz.new_zeros(bsz, len(i), n3)
         blocks.append(block.scatter_add_(2, c.expand(bsz, -1, -1), g.reshape(bsz, len(i), -1)))
     q = [t.detach() for t in qs]
+    if compiled:
+        q0, b0 = _compiled.values_and_b(kernel_layout(prims, x.dtype, cartesian=False), x)
+        q, blocks = [q0, *q], [b0, *blocks]
     if len(cart):
         one = torch.zeros(len(cart), n3, dtype=xyz.dtype, device=xyz.device)
         one[torch.arange(len(cart), device=xyz.device), cart] = 1.0

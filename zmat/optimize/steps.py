@@ -36,7 +36,8 @@ import math
 
 import torch
 
-from .coordinates import Primitives, values, wilson_b
+from . import _compiled
+from .coordinates import Primitives, kernel_layout, values, wilson_b
 
 BOHR = 0.52917721092  # Angstrom
 HARTREE = 27.211386245988  # eV
@@ -334,6 +335,8 @@ def back_transform(
     """
     bsz, n = xyz.shape[:2]
     target = q + dq
+    if _compiled.usable(xyz) and factors[0].dtype == xyz.dtype and not _compiled.has_fragments(prims):
+        return _back_compiled(prims, xyz, q, target, dq, factors, periodic, iterations, refresh, tol, stall)
     x, r = xyz, dq
     best_x, best_q = xyz, q
     best = torch.full((bsz,), float("inf"), dtype=xyz.dtype, device=xyz.device)
@@ -358,4 +361,19 @@ def back_transform(
             done = done | (dx.abs().flatten(1).amax(-1) < tol)
             if host and bool(done.all()):
                 break
+    return best_x, best_q
+
+
+def _back_compiled(prims, xyz, q, target, dq, factors, periodic, iterations, refresh, tol, stall):
+    """:func:`back_transform` in the compiled kernel: each round one call, every conformer iterated on its
+    own until done (the torch loop's iterates: a conformer that is done no longer moves there)."""
+    best = torch.full((xyz.shape[0],), float("inf"), dtype=xyz.dtype, device=xyz.device)
+    best_x, best_q = xyz.clone(memory_format=torch.contiguous_format), q.contiguous().clone()
+    periodic, x, r = periodic.contiguous(), xyz, dq
+    for round_ in range(1 + refresh):
+        if round_:  # (the kernel reads each conformer's x before it writes its best_x)
+            x, r = best_x, wrap(target - best_q, periodic)
+            factors = reduced_space(wilson_b(prims, x))[:2]
+        args = (iterations, tol, stall, not round_, best, best_x, best_q)
+        _compiled.back_round(kernel_layout(prims, x.dtype), x, r, target, *factors, periodic, *args)
     return best_x, best_q

@@ -79,7 +79,7 @@ from ..protein.topology import RESIDUES
 from .ccd import ccd_residue
 from .hydrogens import LINK_ATOMS, Protonation, extra_names, file_names, missing, place
 from .ligands import rotatable_bonds, torsion_rows
-from .modified import parent_type, residue_type
+from .modified import beyond_parent, is_cysteine, own_name, parent_type, residue_type
 from .nucleic import NUCLEOTIDES
 from .templates import N_DIHEDRALS, QUAD_NAMES, stamp
 
@@ -108,7 +108,8 @@ class ComplexAtoms:
     ``bonds`` ``(E, 2)`` and ``bond_orders`` ``(E,)`` (biotite ``BondType``
     codes); ``refs`` ``(N, 3)`` the construction rows; ``quads`` ``(L, Q, 4)``
     the atoms of every ``QUAD_NAMES`` dihedral, -1 where undefined; ``key``
-    the template torsion atoms. Ligand torsions (``zmat/structure/ligands.py``):
+    the template torsion atoms. Ligand torsions (``zmat/structure/ligands.py``; a modified
+    residue's rotatable bonds beyond its parent's too, ``modified.beyond_parent``):
     ``ligand_rows`` ``(T,)`` the atom whose dihedral column each is,
     ``ligand_quads`` ``(T, 4)``, ``ligand_residue`` ``(T,)``. ``linked``
     ``(R,)``: residue ``k`` is bonded to ``k - 1`` in its polymer.
@@ -370,9 +371,10 @@ def _linked(residues: list[_Res]) -> np.ndarray:
 
 
 def _disulfides(residues: list[_Res]) -> list[tuple[int, int]]:
-    """Pairs of cysteines (residue indices) whose SG atoms are closer than ``DISULFIDE_MAX``."""
-    cys = [k for k, r in enumerate(residues) if r.name == "CYS" and "SG" in r.names]
-    sg = [residues[k].xyz[residues[k].names.index("SG")] for k in cys]
+    """Pairs of cysteines (residue indices) whose SG atoms are closer than ``DISULFIDE_MAX``;
+    a modified cysteine in a chain (CSO, CME, CSD: parent type ``CYS``) counts as one."""
+    cys = [k for k, r in enumerate(residues) if is_cysteine(r.name, r.family, r.names)]
+    sg = [residues[k].xyz[residues[k].names.index(own_name(residues[k].name, "SG"))] for k in cys]
     return [
         (cys[i], cys[j])
         for i in range(len(cys))
@@ -687,8 +689,9 @@ def parse_complex(
     poly = np.cumsum(fam != "ligand") - 1
     extra = np.array([x for r in residues for x in r.extra], bool)
     plain = ~extra[bonds].any(1)  # no torsion about a bond by distance
+    own = (fam == "ligand") | np.array([r.name != residue_type(r.name, r.family) for r in residues])
     lig_rows, lig_quads, lig_res = _ligand_torsions(
-        fam, residue, bonds[plain], orders[plain], elements, parent, refs
+        own, residues, residue, bonds[plain], orders[plain], elements, atom_names, parent, refs
     )
     return ComplexAtoms(
         atom_names=atom_names,
@@ -729,21 +732,25 @@ def _continued(residues: list[_Res], linked: np.ndarray, sizes: np.ndarray) -> n
     return hang
 
 
-def _ligand_torsions(fam, residue, bonds, orders, elements, parent, refs):
-    """The ligands' rotatable-bond torsions (``ComplexAtoms.ligand_rows`` .. ``ligand_residue``),
-    each ligand's bonds grouped once (linear in atoms and ligands)."""
+def _ligand_torsions(own, residues, residue, bonds, orders, elements, atom_names, parent, refs):
+    """The rotatable-bond torsions (``ComplexAtoms.ligand_rows`` .. ``ligand_residue``) of the
+    residues ``own`` (ligands; modified residues, their bonds beyond their parent's:
+    ``modified.beyond_parent``), each one's bonds grouped once (linear in atoms and ligands)."""
     ri = residue[bonds[:, 0]]
-    inside = np.flatnonzero((ri == residue[bonds[:, 1]]) & (fam[ri] == "ligand"))
+    inside = np.flatnonzero((ri == residue[bonds[:, 1]]) & own[ri])
     inside = inside[np.argsort(ri[inside], kind="stable")]
-    cuts = np.searchsorted(ri[inside], np.flatnonzero(fam == "ligand"), side="left")
-    ends = np.searchsorted(ri[inside], np.flatnonzero(fam == "ligand"), side="right")
+    cuts = np.searchsorted(ri[inside], np.flatnonzero(own), side="left")
+    ends = np.searchsorted(ri[inside], np.flatnonzero(own), side="right")
     rot, owner = [np.zeros((0, 2), np.int64)], [np.zeros(0, np.int64)]
-    for k, s, e in zip(np.flatnonzero(fam == "ligand").tolist(), cuts.tolist(), ends.tolist(), strict=True):
+    for k, s, e in zip(np.flatnonzero(own).tolist(), cuts.tolist(), ends.tolist(), strict=True):
         if e - s < 3:  # no rotatable bond with fewer than three bonds
             continue
         sel = inside[s:e]
         atoms = np.unique(bonds[sel])
-        r = rotatable_bonds(atoms, bonds[sel], orders[sel], elements)
+        if residues[k].family == "ligand":
+            r = rotatable_bonds(atoms, bonds[sel], orders[sel], elements)
+        else:
+            r = beyond_parent(residues[k].name, atoms, atom_names, bonds[sel], orders[sel], elements)
         rot.append(r)
         owner.append(np.full(len(r), k, np.int64))
     rot, owner = np.concatenate(rot), np.concatenate(owner)

@@ -21,7 +21,7 @@ import torch
 from ..protein.build import close_proline_rings
 from ..protein.layout import ProlineRing, SharedTensors
 from ..protein.topology import RESIDUES, TORSION_NAMES
-from .modified import ALIASES, own_name
+from .modified import aliases, own_name
 from .nucleic_ideal import ccd_row_values, heavy_neighbours
 
 __all__ = ["AminoIdeal", "amino_ideal", "apply"]
@@ -76,7 +76,7 @@ def amino_ideal(parsed, linked_prev: np.ndarray) -> AminoIdeal:
                 continue
             r, theta, phi = t.ideal[j]
             # a modified residue's renamed atoms (MSE's Se) keep their own bond and angle
-            if not {name, *t.rows[j][:2]} & set(ALIASES.get(res_name, ())):
+            if not {name, *t.rows[j][:2]} & set(aliases(res_name)):
                 const += [(i, 0, r), (i, 1, theta)]
             if refs[i, 2] != d or d < 0:
                 continue  # another dihedral reference: the measured value stays

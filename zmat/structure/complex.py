@@ -88,8 +88,9 @@ class Complex:
         torsions: dict of ``(L,)`` float64 tensors over the polymer residues,
             keys ``TORSION_KEYS``, radians, NaN where absent.
         ligand_torsions: ``(T,)`` the torsions of the ligands' rotatable bonds
-            (``zmat/structure/ligands.py``); ``ligand_quads`` ``(T, 4)`` their
-            atoms, ``ligand_residue`` ``(T,)`` their residue.
+            (``zmat/structure/ligands.py``) and of modified residues' bonds beyond their
+            parent's (SEP's ``CB-OG``, ``OG-P``: ``modified.beyond_parent``); ``ligand_quads``
+            ``(T, 4)`` their atoms, ``ligand_residue`` ``(T,)`` their residue.
     """
 
     def __init__(self, parsed: ComplexAtoms) -> None:

@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from .._geometry import dihedral_from_bonds, rigid_from_three_points
+from .modified import parent_atoms, parent_name
 
 __all__ = [
     "DEFAULT_TORSIONS",
@@ -232,20 +233,24 @@ def _check_pos(pos, who: str) -> None:
 
 
 def nucleotide_positions(c):
-    """The standard nucleotides of a structure in the slot layout.
+    """The nucleotides of a structure in the slot layout, modified ones as their parent.
 
     Args:
         c: a :class:`~zmat.structure.complex.Complex` (``zmat.protein.from_pdb`` of a file with
-            DNA or RNA); residues of other names (proteins, modified nucleotides) are left out.
+            DNA or RNA). A modified nucleotide in a chain (5MU, PSU, OMC, 2MG: ``c.res_types``, its
+            CCD parent) takes its parent's slots, its atoms under their parent's names
+            (``zmat/structure/modified.py``: pseudouridine's ``C5`` in the ``N1`` slot); its atoms
+            beyond its parent's (methyls, 2'-O-methyl, wybutosine's side chain) are left out.
 
     Returns:
         ``pos`` ``(L, 23, 3)`` (0 where absent), ``mask`` ``(L, 23)`` bool, ``restype`` ``(L,)``
-        int64 (:data:`NUCLEIC_RESTYPES` order) and ``residue`` ``(L,)``: each one's residue index
-        in ``c``. Hydrogens and a 5' phosphate's ``OP3`` are not in RhoFold's layout and are left out;
-        any other atom of a standard nucleotide that the layout lacks raises ``ValueError``.
+        int64 (:data:`NUCLEIC_RESTYPES` order, a modified one its parent's) and ``residue``
+        ``(L,)``: each one's residue index in ``c``. Hydrogens and a 5' phosphate's ``OP3`` are not
+        in RhoFold's layout and are left out; any other atom of a standard nucleotide that the
+        layout lacks raises ``ValueError``.
     """
-    names = [str(n) for n in c.res_names]
-    keep = [i for i, n in enumerate(names) if n in NUCLEIC_RESTYPES]
+    names, types = [str(n) for n in c.res_names], [str(n) for n in c.res_types]
+    keep = [i for i, n in enumerate(types) if n in NUCLEIC_RESTYPES]
     pos = torch.zeros(len(keep), N_SLOTS, 3, dtype=c.xyz.dtype)
     mask = torch.zeros(len(keep), N_SLOTS, dtype=torch.bool)
     row = {r: k for k, r in enumerate(keep)}
@@ -253,7 +258,12 @@ def nucleotide_positions(c):
     for a, (i, name) in enumerate(zip(res, c.atom_names, strict=True)):
         if i not in row:
             continue
-        slots = NUCLEIC_ATOM_NAMES[names[i]]
+        slots = NUCLEIC_ATOM_NAMES[types[i]]
+        modified = names[i] != types[i]
+        if modified:  # its own atoms beyond its parent's: not in the layout
+            if name not in parent_atoms(names[i]):
+                continue
+            name = parent_name(names[i], name)
         if name not in slots:
             if not name.startswith("H") and name != "OP3":  # hydrogens, 5' OP3: not modelled
                 raise ValueError(
@@ -262,7 +272,7 @@ def nucleotide_positions(c):
             continue
         k = slots.index(name)
         pos[row[i], k], mask[row[i], k] = c.xyz[a], True
-    restype = torch.tensor([NUCLEIC_RESTYPES.index(names[i]) for i in keep], dtype=torch.long)
+    restype = torch.tensor([NUCLEIC_RESTYPES.index(types[i]) for i in keep], dtype=torch.long)
     return pos, mask, restype, torch.tensor(keep, dtype=torch.long)
 
 
