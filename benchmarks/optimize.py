@@ -327,9 +327,9 @@ def baker_table(rows: dict, optimizers) -> str:
     for n, row in rows.items():
         cells = []
         for o in optimizers:
-            r = row[o]
+            r = row.get(o, {})  # absent: a stopped run had not reached it
             if "steps" not in r:
-                cells.append("skip")
+                cells.append("skip" if r else "-")
                 continue
             totals[o] += r["steps"]
             own[o].append(r["own_ms_per_step"])
