@@ -134,3 +134,70 @@ def test_protein_is_the_heavy_atom_view_with_the_continue_rule(name):
     assert (name == "1igy.pdb") == (len(new_piece) == 9)
     with pytest.raises(ValueError, match="breaks must be"):
         parse_complex(atoms, breaks="chains")
+
+
+def _partially_resolved(name, frac=0.03):
+    """``name`` with a ``frac`` of its atoms dropped at random (its first residue kept whole):
+    residues missing side-chain and backbone atoms, cut into pieces, and chain breaks."""
+    atoms = read_atoms(os.path.join(DATA, name))
+    keep = np.random.default_rng(0).random(atoms.array_length()) > frac
+    keep[atoms.res_id == atoms.res_id[0]] = True
+    return atoms[keep]
+
+
+@pytest.mark.parametrize("name", ["1aki.pdb", "7pfl.pdb"])
+def test_the_views_agree_row_for_row_on_partially_resolved_residues(name):
+    """One rule for a missing template parent (the fallback of ``zmat.protein.layout``) and for
+    OFFSET siblings: with "continue" the all-atom rows are ``Protein``'s on residues cut into
+    pieces by missing atoms too (on the code before, they differed)."""
+    atoms = _partially_resolved(name)
+    lay = parse_atoms(atoms).layout
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        c = parse_complex(atoms, breaks="continue")
+    cut = ~lay.ideal_mask[:, 0] & (lay.atom_names != "N") & (lay.refs[:, 0] >= 0)
+    assert cut.sum() > 10  # atoms whose template parent is missing: the case at stake
+    assert np.array_equal(c.atom_names, lay.atom_names)
+    assert np.array_equal(c.refs, lay.refs)
+    assert np.array_equal(c.quads[:, : len(TORSION_NAMES)], lay.torsion_atoms)
+
+
+def test_a_residue_cut_by_missing_atoms_moves_as_one_with_its_chain():
+    """A side-chain piece cut off its residue by a missing atom hangs off its own residue (not
+    off the frame as a rigid body of its own): turning the previous residue's psi turns the
+    whole residue rigidly, the piece included (on the code before, the piece stayed put)."""
+    atoms = _partially_resolved("1aki.pdb")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        c = parse_complex(atoms)
+    lay = parse_atoms(atoms).layout
+    cut = np.flatnonzero(~lay.ideal_mask[:, 0] & ~np.isin(lay.atom_names, ["N", "CA", "C", "O"]))
+    psi = c.quads[:, TORSION_NAMES.index("psi"), 3]  # the next residue's N
+    res = [r for r in np.unique(lay.residue_index[cut]) if r > 0 and psi[r - 1] >= 0]
+    assert len(res) >= 3
+    table = zmat.ConstructionTable(c.refs)
+    xyz = torch.from_numpy(c.xyz)
+    internal = zmat.to_internal(xyz, table)
+    for r in res:
+        moved = internal.clone()
+        moved[psi[r - 1], 2] += 0.5
+        x = zmat.to_xyz(moved, table)
+        own = c.residue == r
+        assert (x[own] - xyz[own]).norm(dim=-1).min() > 0.1  # all of the residue moves
+        d0, d1 = torch.cdist(xyz[own], xyz[own]), torch.cdist(x[own], x[own])
+        assert (d1 - d0).abs().max() < 1e-9, f"residue {r}: its pieces moved apart"
+
+
+def test_every_torsion_stays_a_row_beside_a_residue_cut_by_missing_atoms():
+    """1a8o with 5% of its atoms dropped: GLU 213 loses CG, so its CD hangs off its C beside
+    the psi atom, MSE 214's N; psi stays that N's own row (not OFFSET on CD), as does every
+    torsion that exists."""
+    atoms = read_atoms(os.path.join(DATA, "1a8o_modified.cif"))
+    atoms = atoms[np.random.default_rng(0).random(atoms.array_length()) > 0.05]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        c = parse_complex(atoms)
+    q = c.quads[:, : templates.N_DIHEDRALS]
+    exists = q[..., 3] >= 0
+    is_row = exists & (c.refs[np.maximum(q[..., 3], 0)] == q[..., 2::-1]).all(-1)
+    assert exists.sum() > 250 and np.array_equal(is_row, exists)

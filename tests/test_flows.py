@@ -224,11 +224,11 @@ def test_batch_dims_dtypes_and_no_host_sync():
 #: the log-determinant one compiled call (world.cpp's log_det): global forward 49 -> 42
 #: the global inverse's tree poses one compiled call (internal.cpp's pose): 108 -> 12, inverse and
 #: its backward 308 -> 32 (the third number; with fixed atoms 10)
-OPS_PER_CALL = {"global": (42, 12, 32), "fixed": (3, 3, 10)}
+OPS_PER_CALL = {"global": (8, 12, 32), "fixed": (3, 3, 10)}
 
 
 @pytest.mark.parametrize("mode", ["global", "fixed"])
-def test_ops_per_call_at_batch_one(mode):
+def test_ops_per_call_at_batch_one(spy, mode):  # the pins are the compiled path's
     with np.load(DATA / "bgflow_reference.npz") as f:
         table, xyz, fixed = f["ala2/table"], torch.as_tensor(f["ala2/xyz"][:1]), f["ala2/fixed"]
     T = InternalCoordinateTransform(table, fixed_atoms=fixed if mode == "fixed" else None)
@@ -492,6 +492,55 @@ def test_compiled_tree_pose_is_the_torch_one(spy, dtype):
     for a, b in zip([*fast, grads[0]], [*ref, grads[1]], strict=True):
         torch.testing.assert_close(a, b, atol=tol, rtol=tol)
     assert fast[1][0, 1, 2] == 1 and fast[1][1, 1, 4] == -1  # cos beta exactly at the poles
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_compiled_tree_frames_are_the_torch_ones(spy, dtype):
+    """The global forward's tree rotations and origins in the compiled kernel (euler.cpp)
+    against zmat.flows' torch path (_in_chart, _scale, _euler_to_matrix), values and gradients,
+    normalised or not: cos beta outside the chart (clamped, no gradient), at the poles (sin beta
+    0, no gradient through it), inside; a tree of one atom and one of two atoms (their unread
+    entries are Cartesian: not clamped)."""
+    table = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0], [-1, -1, -1], [-1, -1, -1], [5, -1, -1]]
+    gen = torch.Generator().manual_seed(5)
+    for normalize in (False, True):
+        T = InternalCoordinateTransform(table, normalize_angles=normalize)
+        q = torch.randn(5, 21, generator=gen, dtype=torch.float64) * 2
+        q[:, 4] = torch.tensor([1.3, -1.0, 1.0, -1.7, 0.4])  # tree 0's cos beta
+        q[:, 19] = torch.tensor([0.2, 1.5, -1.0, 0.9, -2.0])  # tree 2's
+        q[:, 13] = 4.0  # the lone root's y (the slot of a cos beta it does not have)
+        q = q.to(dtype).requires_grad_(True)
+        t = T._tensors(q.device, dtype)
+        q3 = q.view(5, 7, 3)
+        fast, ref = T._tree_frames(q3, t), T._tree_frames_torch(q3)
+        gR, go = (torch.randn(r.shape, generator=gen, dtype=torch.float64).to(dtype) for r in ref)
+        grads = [torch.autograd.grad((R * gR).sum() + (o * go).sum(), q)[0] for R, o in (fast, ref)]
+        tol = 1e-12 if dtype == torch.float64 else 1e-5
+        for a, b in zip([*fast, grads[0]], [*ref, grads[1]], strict=True):
+            torch.testing.assert_close(a, b, atol=tol, rtol=tol)
+        assert (grads[0][[0, 3], 4] == 0).all() and (grads[0][[1, 4], 19] == 0).all()  # clamped
+    assert spy.calls["euler_forward"] == 2 and spy.calls["euler_backward"] == 2
+
+
+def test_fused_global_inverse_is_the_three_calls(spy):
+    """The global inverse in one Function (zmat._kernel.global_inverse) gives the same bits as
+    its three calls apart (poses, carried rows, orientations), values and gradients, normalised
+    or not, float64 and float32, on two trees (each chain end on its own tree's +z)."""
+    table = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0], [3, 2, 1], [2, 1, 3]]
+    table += [[-1, -1, -1], [6, -1, -1], [7, 6, -1], [8, 7, 6]]
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(3, 10, 3, generator=gen, dtype=torch.float64) * 2
+    w = torch.randn(3, 30, generator=gen, dtype=torch.float64)
+    for normalize in (False, True):
+        T = InternalCoordinateTransform(table, normalize_angles=normalize)
+        for dtype in (torch.float64, torch.float32):
+            v = x.to(dtype).requires_grad_(True)
+            calls = spy.calls["carried_forward"]
+            outs = [T._inverse(v, fuse=fuse) for fuse in (True, False)]
+            grads = [torch.autograd.grad((q * w.to(dtype)).sum(), v)[0] for q in outs]
+            assert torch.equal(outs[0], outs[1]) and torch.equal(grads[0], grads[1])
+            assert spy.calls["carried_forward"] == calls + 2
+    assert T._fused_inverse(x, T._tensors(x.device, x.dtype)) is not None
 
 
 def test_first_bond_along_z_round_trips_exactly():

@@ -20,7 +20,8 @@ loops of C++ (``zmat/csrc/rigid_forest.cpp``):
   ``TorsionSpace.to_xyz``'s rigid route and its gradient;
 * the normalizing flows' Cartesian -> internal rows (:func:`internal`,
   ``zmat/csrc/internal.cpp``), their rigid motions (:func:`move`,
-  ``zmat/csrc/move.cpp``) and the gradients.
+  ``zmat/csrc/move.cpp``), the global forward's tree rotations (:func:`euler`,
+  ``zmat/csrc/euler.cpp``) and the gradients.
 
 Calls of at least :data:`PARALLEL_ATOMS` atoms in all split over
 ``torch.get_num_threads()`` threads (``zmat/csrc/parallel.h``: torch's own
@@ -84,6 +85,7 @@ from .table import ConstructionTable
 _CSRC = Path(__file__).with_name("csrc")
 # compiled into one library; headers hashed too
 _SOURCES = ("rigid_forest.cpp", "torsions.cpp", "stamp.cpp", "internal.cpp", "move.cpp", "world.cpp")
+_SOURCES += ("euler.cpp",)  # the flows' global tree rotations (zmat._kernel.euler)
 _SOURCES += ("primitives.cpp",)  # the optimiser's coordinates (zmat/optimize/_compiled.py)
 _FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-pthread")
 _DTYPES = (torch.float32, torch.float64)
@@ -296,6 +298,9 @@ _SIGNATURES = {  # pointers and integers (sizes, element strides), see the C sou
     "log_det": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _I, _P, _I],
     "pose_forward": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _I],
     "pose_backward": [_P, _I, _I, _I, _I, _I, _I, _P, _P, _I, _I, _I, _I, _P, _I, _I, _I, _P, _I],
+    "euler_forward": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _I],
+    "euler_backward": [_P, _I, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _I, _I, _I, _I, _P, _I, _I, _I]
+    + [_P, _I],
 }
 _NO_STRIDES = (0, 0, 0, 0)
 
@@ -458,6 +463,28 @@ class _Library:
             gR.data_ptr(), *gR.stride(), gE.data_ptr(), *gE.stride(), grad.data_ptr(), threads(b, nt),
         )  # fmt: skip
         return grad
+
+    def euler_forward(self, q: Tensor, index: Tensor, chart: Tensor, scale, shift):
+        """``q`` ``(B, N, 3)`` -> the trees' rotations ``(B, T, 3, 3)`` and origins ``(B, T, 3)``
+        (see :func:`euler`)."""
+        b, nt = q.shape[0], chart.shape[0]
+        R, o = q.new_empty((b, nt, 3, 3)), q.new_empty((b, nt, 3))
+        self.fns["euler_forward", q.dtype](
+            q.data_ptr(), b, *q.stride(), nt, index.data_ptr(), chart.data_ptr(), _ptr(scale), _ptr(shift),
+            R.data_ptr(), o.data_ptr(), threads(b, nt),
+        )  # fmt: skip
+        return R, o
+
+    def euler_backward(self, q: Tensor, index: Tensor, chart: Tensor, scale, shift, gR, go) -> Tensor:
+        """The gradient ``(B, N, 3)`` of :meth:`euler_forward` for ``gR``, ``go`` (either ``None``)."""
+        b, nt = q.shape[0], chart.shape[0]
+        gq = q.new_empty((b, q.shape[1], 3))
+        self.fns["euler_backward", q.dtype](
+            q.data_ptr(), b, *q.stride(), q.shape[1], nt, index.data_ptr(), chart.data_ptr(), _ptr(scale),
+            _ptr(shift), _ptr(gR), *(_NO_STRIDES if gR is None else gR.stride()), _ptr(go),
+            *(_NO_STRIDES[:3] if go is None else go.stride()), gq.data_ptr(), threads(b, nt),
+        )  # fmt: skip
+        return gq
 
     def _carried_args(self, x: Tensor, E: Tensor, k, flags: Tensor) -> tuple:
         n = x.shape[1]
@@ -980,6 +1007,100 @@ class _Pose(torch.autograd.Function):
         gR = x.new_zeros((b, nt, 3, 3)) if gR is None else gR
         gE = x.new_zeros((b, 3, nt)) if gE is None else gE
         return _state["module"].pose_backward(x, ctx.atoms, gR, gE), None, None
+
+
+def euler(q: torch.Tensor, index: torch.Tensor, chart: torch.Tensor, scale, shift, reference):
+    """The free trees' rotations ``(B, T, 3, 3)`` and origins ``(B, T, 3)`` of the flows' global
+    forward from ``q`` ``(B, N, 3)`` (any strides), the chart's clamp and the angles' scale folded
+    in (``zmat/csrc/euler.cpp``; ``zmat.flows._tree_frames_torch`` is the reference), with the
+    exact gradient (the reference's under double backward). Eager CPU float calls only (as
+    :func:`internal`).
+
+    Args:
+        index: ``(6 T,)`` int64, per tree the flat ``(N, 3)`` entries of its root's position,
+            alpha, gamma and cos beta; chart: ``(T,)`` uint8, 1 where cos beta is clamped.
+        scale, shift: ``(N, 3)`` contiguous in ``q``'s dtype, or ``None``.
+        reference: ``q -> (R, o)`` in differentiable torch ops.
+    """
+    if torch.is_grad_enabled() and q.requires_grad:
+        return _Euler.apply(q, index, chart, scale, shift, reference)
+    return _state["module"].euler_forward(q, index, chart, scale, shift)
+
+
+class _Euler(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, index, chart, scale, shift, reference):
+        ctx.arrays, ctx.reference = (index, chart, scale, shift), reference
+        ctx.save_for_backward(q)
+        ctx.set_materialize_grads(False)
+        return _state["module"].euler_forward(q, index, chart, scale, shift)
+
+    @staticmethod
+    def backward(ctx, gR, go):
+        if gR is None and go is None:
+            return (None,) * 6
+        (q,) = ctx.saved_tensors
+        if _differentiable_backward(*(g for g in (gR, go) if g is not None)):  # the reference's gradient
+            outs = [(o, g) for o, g in zip(ctx.reference(q), (gR, go), strict=True) if g is not None]
+            grad = torch.autograd.grad([o for o, _ in outs], q, [g for _, g in outs], create_graph=True)[0]
+            return grad, None, None, None, None, None
+        return _state["module"].euler_backward(q, *ctx.arrays, gR, go), None, None, None, None, None
+
+
+def global_inverse(x: torch.Tensor, atoms, k, flags: torch.Tensor, z_frames, slots, scaled, reference):
+    """The flows' global inverse rows ``(B, N, 3)`` from positions ``x`` ``(B, N, 3)`` in one
+    Function: the trees' poses (:func:`pose`), the carried rows against their axes (:func:`carried`,
+    the chains ending on ``+z`` of their tree only) and the trees' orientations in their slots,
+    forward and backward (the same calls and sums as those Functions apart). Eager CPU float
+    calls only (as :func:`internal`).
+
+    Args:
+        atoms: as for :func:`pose`; k, flags: as for :func:`carried`.
+        z_frames: ``(L,)`` int64, the tree of each chain end.
+        slots: ``(euler_index (N 3,) int64, orientation (N, 3) bool)``: where each entry of the
+            ``(3 T,)`` orientations goes, and which entries take it.
+        scaled: ``(scale, shift)`` ``(N, 3)``, the rows are ``(q - shift) / scale``, or ``None``.
+        reference: ``x -> (B, N, 3)`` differentiable, for double backward.
+    """
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _GlobalInverse.apply(x, atoms, k, flags, z_frames, slots, scaled, reference)
+    return _global_inverse(x, atoms, k, flags, z_frames, slots, scaled)[0]
+
+
+def _global_inverse(x, atoms, k, flags, z_frames, slots, scaled):
+    lib = _state["module"]
+    R, E = lib.pose_forward(x, atoms)
+    Ez = R.index_select(1, z_frames)[..., 2]
+    q = lib.carried_forward(x, Ez, k, flags)
+    euler_index, orientation = slots
+    q = torch.where(orientation, E.flatten(1).index_select(1, euler_index).view_as(q), q)
+    return (q if scaled is None else (q - scaled[1]) / scaled[0]), Ez
+
+
+class _GlobalInverse(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, atoms, k, flags, z_frames, slots, scaled, reference):
+        ctx.arrays, ctx.reference = (atoms, k, flags, z_frames, slots, scaled), reference
+        q, Ez = _global_inverse(x, atoms, k, flags, z_frames, slots, scaled)
+        ctx.save_for_backward(x, Ez)
+        ctx.set_materialize_grads(False)
+        return q
+
+    @staticmethod
+    def backward(ctx, g):
+        if g is None:
+            return (None,) * 8
+        x, Ez = ctx.saved_tensors
+        if _differentiable_backward(g):  # the reference's gradient, itself differentiable
+            return torch.autograd.grad(ctx.reference(x), x, g, create_graph=True)[0], *(None,) * 7
+        atoms, k, flags, z_frames, (euler_index, orientation), scaled = ctx.arrays
+        lib, b, nt = _state["module"], x.shape[0], atoms.shape[0] // 3
+        g = g if scaled is None else g / scaled[0]
+        gx, gEz = lib.carried_backward(x, Ez, k, flags, torch.where(orientation, 0.0, g))
+        gE = x.new_zeros((b, 3 * nt)).index_add_(1, euler_index, torch.where(orientation, g, 0.0).flatten(1))
+        gR = x.new_zeros((b, nt, 3, 3))
+        gR[..., 2].index_add_(1, z_frames, gEz)
+        return gx.add_(lib.pose_backward(x, atoms, gR, gE.view(b, 3, nt))), *(None,) * 7
 
 
 def move(R, o, y, c, frame_of: torch.Tensor, cartesian: torch.Tensor, reference) -> torch.Tensor:

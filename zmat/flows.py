@@ -30,7 +30,7 @@ import torch
 from torch.distributions import Transform, constraints
 
 from . import _kernel
-from ._carried import internal_coordinates, kernel_rows
+from ._carried import carried_kernel, carried_plan, internal_coordinates, kernel_rows
 from ._geometry import safe_atan2, safe_norm, tiny
 from .table import ConstructionTable, as_table, index_tensor
 from .transform import to_xyz
@@ -279,6 +279,12 @@ class InternalCoordinateTransform(Transform):
 
     def _place(self, q: torch.Tensor, shape) -> torch.Tensor:
         """``T(q)``: each tree and anchored group placed by ``to_xyz`` in its frame, then moved."""
+        if not len(self.fixed_atoms) and _kernel.usable(q) and not torch.compiler.is_compiling():
+            t = self._tensors(q.device, q.dtype)
+            q3 = q.reshape(-1, self.n_atoms, 3)
+            R, origin = self._tree_frames(q3, t)  # the chart's clamp and the scale in the kernel
+            c = self._scale(q3, t)
+            return _moved(R, origin, to_xyz(c, self._plan.placement), c, t, False).reshape(shape)
         if self._plan.n_trees:  # (no tree, no cos beta)
             q = _in_chart(self, q)
         t = self._tensors(q.device, q.dtype)
@@ -309,6 +315,19 @@ class InternalCoordinateTransform(Transform):
             return Rs[0], origins[0]
         return torch.cat(Rs, 1), torch.cat(origins, 1)
 
+    def _tree_frames(self, q3: torch.Tensor, t: dict):
+        """The free trees' rotations ``(B, T, 3, 3)`` and origins ``(B, T, 3)`` from ``q3``
+        ``(B, N, 3)`` before the chart's clamp and the scale, in one call of the compiled kernel
+        (``zmat._kernel.euler``; :meth:`_tree_frames_torch` its reference). Global mode only."""
+        scaled = (t["scale"], t["shift"]) if self.normalize_angles else (None, None)
+        return _kernel.euler(q3, t["pose_index"], t["tree_chart"], *scaled, self._tree_frames_torch)
+
+    def _tree_frames_torch(self, q3: torch.Tensor):
+        """:meth:`_tree_frames` in torch ops."""
+        t = self._tensors(q3.device, q3.dtype)
+        c = self._scale(_in_chart(self, q3.reshape(q3.shape[0], -1)).view_as(q3), t)
+        return self._frames(c, t)
+
     def _copies(self, c: torch.Tensor, R: torch.Tensor, origin: torch.Tensor, t: dict) -> list:
         """Internal coordinates ``(B, M, 3)`` of the copies of fixed atoms in the placement table:
         those groups refer to (against their copied anchors), then those free trees refer to."""
@@ -336,11 +355,15 @@ class InternalCoordinateTransform(Transform):
         m = y.shape[1]
         return _internal(P, t["tree_copy_path"])[:, 3 * m : 4 * m]
 
-    def _inverse(self, xyz: torch.Tensor) -> torch.Tensor:
+    def _inverse(self, xyz: torch.Tensor, fuse: bool = True) -> torch.Tensor:
+        """``q`` from ``xyz``; ``fuse``: in one Function where it applies (:meth:`_fused_inverse`)."""
         _check_tensor(xyz, "xyz")
         self.inverse_shape(xyz.shape)
         t = self._tensors(xyz.device, xyz.dtype)
         x = xyz.reshape(-1, self.n_atoms, 3)
+        q = self._fused_inverse(x, t) if fuse else None
+        if q is not None:
+            return q.reshape(*xyz.shape[:-2], 3 * self.n_atoms)
         if self._plan.n_trees:  # (B, T, 3, 3) axes as columns, (B, 3, T) alpha, cos beta, gamma
             R, euler = _tree_pose(x, t)
         if len(self.fixed_atoms) == 0:  # zmat.to_internal in the trees' placement frames
@@ -364,6 +387,29 @@ class InternalCoordinateTransform(Transform):
         if self.normalize_angles:
             q = (q - t["shift"]) / t["scale"]
         return q.reshape(*xyz.shape[:-2], 3 * self.n_atoms)
+
+    def _fused_inverse(self, x: torch.Tensor, t: dict):
+        """The global inverse's rows ``(B, N, 3)`` in one Function
+        (``zmat._kernel.global_inverse``: poses, carried rows and orientations, forward and backward),
+        where the chains end on the trees' ``+z`` only; else ``None``. Its reference is
+        :meth:`_inverse`'s path of three calls."""
+        if len(self.fixed_atoms) or not self._plan.n_trees or not _kernel.usable(x):
+            return None
+        if torch.compiler.is_compiling():
+            return None
+        k = self.table.cached(carried_kernel, x.device)
+        plan = self.table.cached(carried_plan, x.device)
+        if k is None or len(plan.planar_rows) or len(plan.nerf_rows):
+            return None
+        if "z_frames" not in t:
+            frame_of = t.get("frame_of")
+            t["z_frames"] = torch.zeros_like(plan.z_rows) if frame_of is None else frame_of[plan.z_rows]
+        slots = (t["euler_index"], t["orientation"])
+        scaled = (t["scale"], t["shift"]) if self.normalize_angles else None
+        reference = lambda v: self._inverse(v, fuse=False).view_as(v)  # noqa: E731
+        return _kernel.global_inverse(
+            x, t["tree_atoms"], k, t["flags"], t["z_frames"], slots, scaled, reference
+        )
 
     def log_abs_det_jacobian(self, q: torch.Tensor, xyz: torch.Tensor | None = None) -> torch.Tensor:
         """``log|det d xyz / d q|``, ``(...)``, from ``q`` (``xyz`` is not read)."""
@@ -710,6 +756,7 @@ class _Plan:
             "copy_present": cm(copy_refs >= 0),
             "flags": _row_flags(refs, cartesian[:, 0]),
             "copy_flags": _row_flags(copy_refs, np.zeros(len(copy_refs), bool)),
+            "tree_chart": (tree_atoms[:, 1] < n).astype(np.uint8),  # cos beta is a chart entry
             "third_on_second": third_on_second[:, None],  # row (second, root), else (root, second)
         }
         if self.world is not None:

@@ -16,6 +16,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "atan.h"
 #include "parallel.h"
 #include "vec3.h"
 
@@ -289,7 +290,7 @@ void carried_forward(const T* p, int64_t bn, const int64_t* ps, const T* e, cons
       if (f & 1) o[0] = static_cast<T>(safe_sqrt(dot(b3, b3), tiny));
       if (f & 2) {
         const A y = w.s[i], x = -dot(b2, b3);
-        o[1] = static_cast<T>(x * x + y * y <= tiny ? A(0) : std::atan2(y, x));
+        o[1] = static_cast<T>(x * x + y * y <= tiny ? A(0) : zmat::fast_atan2(y, x));
       }
       if ((f & 4) && w.def[i]) {
         A m[3], t[3], sg;
@@ -297,7 +298,7 @@ void carried_forward(const T* p, int64_t bn, const int64_t* ps, const T* e, cons
         w.axis_of_row(q, i, e_, es[1], es[2], m, &so, &sg);
         cross(b2, m, t);
         const A y = dot(t, nh), x = w.nb[i] * dot(m, nh);
-        o[2] = static_cast<T>(x * x + y * y <= tiny ? A(0) : std::atan2(y, x));
+        o[2] = static_cast<T>(x * x + y * y <= tiny ? A(0) : zmat::fast_atan2(y, x));
       }
     }
   });

@@ -298,8 +298,8 @@ class InternalStepper:
         iq = q + t[:, None] * d
         ig = gq + t[:, None] * (self.best_g - gq)
 
-        big = torch.diag_embed(torch.where(keep, 0.0, 1000.0))
-        Hr = U.transpose(1, 2) @ H @ U + big
+        Hr = U.transpose(1, 2) @ H @ U
+        Hr.diagonal(dim1=1, dim2=2).add_(torch.where(keep, 0.0, 1000.0))  # the dropped directions
         gr = (U.transpose(1, 2) @ ig[..., None])[..., 0]
         Pz = None
         s0 = torch.zeros_like(gr)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from . import _compiled
@@ -137,7 +138,8 @@ def model_hessian(
 
 
 def bfgs(H: torch.Tensor, dq: torch.Tensor, dg: torch.Tensor, on: torch.Tensor) -> torch.Tensor:
-    """BFGS update ``H + dg dg^T / dq.dg - H dq dq^T H / dq.H dq`` where ``on`` ``(B,)``.
+    """BFGS update ``H + dg dg^T / dq.dg - H dq dq^T H / dq.H dq`` where ``on`` ``(B,)``, in place
+    (``H`` ``(B, P, P)`` is returned, updated).
 
     As pyberny, the update is made whatever the sign of ``dq . dg`` (the
     step's RFO shift copes with an indefinite Hessian); only a vanishing
@@ -149,7 +151,9 @@ def bfgs(H: torch.Tensor, dq: torch.Tensor, dg: torch.Tensor, on: torch.Tensor) 
     ok = (on & (a.abs() > 1e-14) & (b.abs() > 1e-14))[:, None]
     u = torch.where(ok, dg / torch.where(ok[:, 0], a, 1.0)[:, None], 0.0)
     v = torch.where(ok, Hdq / torch.where(ok[:, 0], b, 1.0)[:, None], 0.0)
-    return torch.baddbmm(H, torch.stack([u, v], 2), torch.stack([dg, -Hdq], 1))  # one rank-2 product
+    # one rank-2 product, in place: a new (B, P, P) tensor is fresh memory to fault in (5x the update's
+    # own time at B = 1024)
+    return H.baddbmm_(torch.stack([u, v], 2), torch.stack([dg, -Hdq], 1))
 
 
 def reduced_space(Bm: torch.Tensor, rcond: float = 1e-6):
@@ -183,8 +187,21 @@ def pinv_t_apply(U: torch.Tensor, Vs: torch.Tensor, g: torch.Tensor) -> torch.Te
     return (U @ (Vs.transpose(1, 2) @ g[..., None]))[..., 0]
 
 
-def _rfo(g: torch.Tensor, e: torch.Tensor, iterations: int = 16) -> torch.Tensor:
-    """RFO step in the eigenbasis of H: ``g`` ``(B, r)`` components, ``e`` ascending eigenvalues.
+def _host(*xs):
+    """What :func:`_rfo` and :func:`_sphere` run on: numpy views of CPU tensors (an elementwise numpy op
+    on a small array costs about a microsecond, a dispatched torch op several, and their iterations
+    were a third of a step's ops at batch 1), the tensors themselves elsewhere (no host sync)."""
+    return [x.numpy() for x in xs] if xs[0].device.type == "cpu" else list(xs)
+
+
+def _floor(x, c):
+    """``max(x, c)`` (NaN stays NaN) of an array or a tensor (``np.clip`` costs 20 us a call)."""
+    return np.maximum(x, c) if isinstance(x, np.ndarray) else x.clamp_min(c)
+
+
+def _rfo(g, e, iterations: int = 16):
+    """RFO step in the eigenbasis of H: ``g`` ``(B, r)`` components, ``e`` ascending eigenvalues
+    (tensors, or numpy arrays: :func:`_host`).
 
     The lowest eigenvector ``(y, 1)`` of the augmented matrix ``[[diag(e), g], [g^T, 0]]``
     without its eigendecomposition: ``y = -g / (e - lambda)`` with ``lambda = e_0 - mu``
@@ -192,59 +209,61 @@ def _rfo(g: torch.Tensor, e: torch.Tensor, iterations: int = 16) -> torch.Tensor
     Each iteration keeps the pole at ``mu = 0`` (the lowest modes) exact and the other
     terms, convex, by their tangent: the model's root is the one positive root of a
     quadratic and lies left of the true one, so from the second iterate on ``mu``
-    rises monotonically to it (quadratically, in a few iterations). On the CPU the
-    iterations stop once every change is below ``1e-14 mu`` (reading a CPU tensor is no
-    device sync).
+    rises monotonically to it (quadratically, in a few iterations). On numpy arrays the
+    iterations stop once every change is below ``1e-14 mu``; tensors run all (no sync).
     """
+    xp = np if isinstance(g, np.ndarray) else torch
     e0 = e[:, :1]
     g2 = g * g
     gap = e - e0
-    pole = gap <= 1e-12 * e.abs().amax(-1, keepdim=True)
+    pole = gap <= 1e-12 * xp.amax(abs(e), -1, keepdims=True)
     rest = g2 * ~pole
-    p = (g2 - rest).sum(-1, keepdim=True)
+    p = (g2 - rest).sum(-1, keepdims=True)
     # a start right of the root, from mu^2 - e_0 mu <= |g|^2 (either sign of e_0 without cancellation)
-    g2sum = g2.sum(-1, keepdim=True)
-    root = torch.sqrt(e0 * e0 + 4 * g2sum)
-    mu = torch.where(e0 > 0, 0.5 * (e0 + root), 2 * g2sum / (root - e0).clamp_min(1e-300))
+    g2sum = g2.sum(-1, keepdims=True)
+    root = xp.sqrt(e0 * e0 + 4 * g2sum)
+    mu = xp.where(e0 > 0, 0.5 * (e0 + root), 2 * g2sum / _floor(root - e0, 1e-300))
     p2 = 2 * p
     for k in range(iterations):
         d = gap + mu
         w = rest / d
-        slope = (w / d).sum(-1, keepdim=True)  # minus the tangent's slope
-        b = e0 + w.sum(-1, keepdim=True) + slope * mu
+        slope = (w / d).sum(-1, keepdims=True)  # minus the tangent's slope
+        b = e0 + w.sum(-1, keepdims=True) + slope * mu
         # the positive root of (1 + slope) mu^2 - b mu - p = 0, without cancellation
-        t = torch.sqrt(b * b + (2 + 2 * slope) * p2) + b.abs()
-        new = torch.where(b > 0, t / (2 + 2 * slope), p2 / t).clamp_min(1e-300)
-        done = (new - mu).abs() <= 1e-14 * new
+        t = xp.sqrt(b * b + (2 + 2 * slope) * p2) + abs(b)
+        new = _floor(xp.where(b > 0, t / (2 + 2 * slope), p2 / t), 1e-300)
+        done = abs(new - mu) <= 1e-14 * new
         mu = new
-        if k >= 3 and g.device.type == "cpu" and bool(done.all()):
+        if k >= 3 and xp is np and done.all():
             break
     return -g / (gap + mu)
 
 
-def _sphere(g: torch.Tensor, e: torch.Tensor, trust: torch.Tensor, iterations: int = 12) -> torch.Tensor:
-    """Minimum of ``g.y + e y^2 / 2`` on ``|y| = trust``: ``y = -g / (e - lambda)``, ``lambda < e_0``.
+def _sphere(g, e, trust, iterations: int = 12):
+    """Minimum of ``g.y + e y^2 / 2`` on ``|y| = trust`` (``(B, 1)``): ``y = -g / (e - lambda)``,
+    ``lambda < e_0`` (tensors, or numpy arrays: :func:`_host`).
 
     Newton on ``psi(mu) = 1 / |y(mu)| - 1 / trust`` in ``mu = e_0 - lambda > 0``,
     started left of the root, where ``psi`` (concave, increasing) has
     Newton converge monotonically. Where ``g`` has no component along the
     lowest mode and no root exists (the hard case) the step stays shorter.
-    On the CPU the iterations stop once ``|y|`` is within ``1e-10`` of the
-    trust radius everywhere (reading a CPU tensor is no device sync).
+    On numpy arrays the iterations stop once ``|y|`` is within ``1e-10`` of the
+    trust radius everywhere; tensors run all (no sync).
     """
-    e0 = e[:, :1]
+    xp = np if isinstance(g, np.ndarray) else torch
     g2 = g * g
-    gap = e - e0
-    inv_trust = 1.0 / trust[:, None]
-    mu = (g[:, :1].abs() * inv_trust).clamp_min(1e-12 * (1 + g2.sum(-1, keepdim=True).sqrt())) * 0.9
+    gap = e - e[:, :1]
+    inv_trust = 1.0 / trust
+    mu = xp.maximum(abs(g[:, :1]) * inv_trust, 1e-12 * (1 + xp.sqrt(g2.sum(-1, keepdims=True)))) * 0.9
     for _ in range(iterations):
-        inv_d2 = (gap + mu) ** -2
-        p2 = (g2 * inv_d2).sum(-1, keepdim=True)
-        psi = p2.rsqrt() - inv_trust
-        if g.device.type == "cpu" and bool((psi.abs() < 1e-10 * inv_trust).all()):
+        inv_d = 1 / (gap + mu)
+        w = g2 * inv_d * inv_d  # (numpy's general power is slow on (B, r))
+        p2 = w.sum(-1, keepdims=True)
+        psi = 1 / xp.sqrt(p2) - inv_trust
+        if xp is np and (abs(psi) < 1e-10 * inv_trust).all():
             break
-        dpsi = (g2 * inv_d2 / (gap + mu)).sum(-1, keepdim=True) * p2**-1.5
-        mu = torch.where(psi < 0, mu - psi / dpsi.clamp_min(1e-300), mu)
+        dpsi = (w * inv_d).sum(-1, keepdims=True) * p2**-1.5
+        mu = xp.where(psi < 0, mu - psi / _floor(dpsi, 1e-300), mu)
     return -g / (gap + mu)
 
 
@@ -252,21 +271,25 @@ def trust_step(g: torch.Tensor, H: torch.Tensor, trust: torch.Tensor):
     """The step minimising the quadratic model ``g.s + s^T H s / 2`` within ``|s| <= trust``.
 
     Args:
-        g: ``(B, r)`` gradient; H: ``(B, r, r)`` symmetric Hessian; trust: ``(B,)``.
+        g: ``(B, r)`` gradient; H: ``(B, r, r)`` symmetric Hessian (its lower triangle is read);
+            trust: ``(B,)``.
 
     Returns:
         ``(s, dE, on_sphere)``: step ``(B, r)``, predicted energy change
         ``(B,)`` and whether the step was cut to the sphere ``(B,)``.
     """
-    e, W = torch.linalg.eigh(0.5 * (H + H.transpose(1, 2)))
+    e, W = torch.linalg.eigh(H)  # its lower triangle
     c = (W.transpose(1, 2) @ g[..., None])[..., 0]
-    y = _rfo(c, e)
-    on_sphere = y.norm(dim=-1) > trust
-    # on the CPU, skip the sphere's Newton iterations when no conformer needs them (no device sync)
-    if g.device.type != "cpu" or bool(on_sphere.any()):
-        y = torch.where(on_sphere[:, None], _sphere(c, e, trust), y)
+    ch, eh, th = _host(c, e, trust[:, None])
+    xp = np if isinstance(ch, np.ndarray) else torch
+    y = _rfo(ch, eh)
+    on_sphere = xp.sqrt((y * y).sum(-1)) > th[:, 0]
+    # on the host, skip the sphere's Newton iterations when no conformer needs them
+    if xp is torch or on_sphere.any():
+        y = xp.where(on_sphere[:, None], _sphere(ch, eh, th), y)
+    y = torch.as_tensor(y, device=g.device)
     dE = (c * y).sum(-1) + 0.5 * (e * y * y).sum(-1)
-    return (W @ y[..., None])[..., 0], dE, on_sphere
+    return (W @ y[..., None])[..., 0], dE, torch.as_tensor(on_sphere, device=g.device)
 
 
 def _polyval(p, t):

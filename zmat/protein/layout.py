@@ -304,18 +304,14 @@ def layout_from_types(
     template order)."""
     types = np.asarray(types, np.int64)
     bonded, linked = _links(len(types), bonded, linked)
-    next_bonded, next_linked = np.append(bonded[1:], False), np.append(linked[1:], False)
-    atoms = _place_atoms(types, present, next_bonded)
-    starts_linked = _neighbor_starts(linked, next_linked)
+    next_bonded = np.append(bonded[1:], False)
+    t = amino_tree(types, present, linked, next_bonded)
+    atoms, ref, o, oxt = t.atoms, t.ref, t.o, t.oxt
     same = bool((bonded == linked).all())
-    starts_bonded = starts_linked if same else _neighbor_starts(bonded, next_bonded)
-    # canonical rows resolved over linked residues (the tree) and over
-    # peptide-bonded ones (the chemistry)
-    ref = _resolve_rows(atoms, starts_linked)
+    starts_bonded = t.starts_linked if same else _neighbor_starts(bonded, next_bonded)
+    # canonical rows resolved over peptide-bonded residues (the chemistry)
     can = ref.copy() if same else _resolve_rows(atoms, starts_bonded)
-    parent = _tree_parents(atoms, ref[:, 0], linked, next_linked)
-    o, oxt = _o_with_oxt(atoms)
-    refs = _construction_rows(atoms, parent, ref, o, oxt)
+    refs = t.refs
     can[o, 2] = oxt
     ideal_mask, torsion_slot = _canonical_columns(atoms, refs, can)
     return Layout(
@@ -331,6 +327,38 @@ def layout_from_types(
         torsion_atoms=_torsion_atoms(atoms, starts_bonded),
         bonded=bonded,
     )
+
+
+@dataclass(frozen=True)
+class AminoTree:
+    """The amino-acid rows of one chain of residues, the one rule both views stamp
+    (``Protein``'s layout and ``zmat.structure.allatom``'s amino acids): ``atoms``
+    (:class:`_Atoms`), ``ref`` ``(n, 3)`` the canonical rows resolved over linked residues,
+    ``parent`` ``(n,)`` the tree parents (the template's, else the module docstring's
+    fallback), ``refs`` ``(n, 3)`` the construction rows, ``o`` / ``oxt`` the ``O`` atoms with
+    an ``OXT`` and those, ``starts_linked`` (:func:`_neighbor_starts` over ``linked``)."""
+
+    atoms: _Atoms
+    starts_linked: np.ndarray
+    ref: np.ndarray
+    parent: np.ndarray
+    refs: np.ndarray
+    o: np.ndarray
+    oxt: np.ndarray
+
+
+def amino_tree(types: np.ndarray, present, linked: np.ndarray, next_bonded: np.ndarray) -> AminoTree:
+    """:class:`AminoTree` of residue ``types`` ``(L,)`` with ``present`` (``(L, slots)`` bool or
+    None: every atom, ``OXT`` where ``next_bonded`` is False) and ``linked`` ``(L,)`` (residue
+    ``k`` continues the tree of ``k - 1``; ``linked[0]`` False)."""
+    next_linked = np.append(linked[1:], False)
+    atoms = _place_atoms(types, present, next_bonded)
+    starts_linked = _neighbor_starts(linked, next_linked)
+    ref = _resolve_rows(atoms, starts_linked)
+    parent = _tree_parents(atoms, ref[:, 0], linked, next_linked)
+    o, oxt = _o_with_oxt(atoms)
+    refs = _construction_rows(atoms, parent, ref, o, oxt)
+    return AminoTree(atoms, starts_linked, ref, parent, refs, o, oxt)
 
 
 @dataclass(frozen=True)

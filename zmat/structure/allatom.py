@@ -56,7 +56,10 @@ The tables are stamped: bonds, template parents, key atoms and torsion atoms fro
 each residue type and variant's template, compiled once
 (``zmat/structure/templates.py``); every component whose atoms all have a template
 parent (a chain of template residues, an ion) takes those parents as its tree, and the
-rows come from the parents in one vectorised pass (:func:`_rows`). Only components
+rows come from the parents in one vectorised pass (:func:`_rows`). The standard amino
+acids' heavy atoms take their parents (a missing template parent's fallback included) and
+OFFSET siblings from ``Protein``'s own routine (:func:`_amino_rule`,
+``zmat.protein.layout.amino_tree``): one rule for both views. Only components
 with atoms that have no template parent (ligands, residues missing atoms, extra
 atoms) are grown atom by atom (:func:`_grow`); ``parse_complex(..., stamped=False)``
 grows every one, and gives the same arrays.
@@ -75,13 +78,14 @@ import numpy as np
 from .._segments import segment_ids
 from ..autotable import connectivity, elements
 from ..protein.io import chain_mask, reroute_degenerate, warn_coincident
+from ..protein.layout import amino_tree, template_slots
 from ..protein.topology import RESIDUES
 from .ccd import ccd_residue
 from .hydrogens import LINK_ATOMS, Protonation, extra_names, file_names, missing, place
 from .ligands import rotatable_bonds, torsion_rows
-from .modified import beyond_parent, is_cysteine, own_name, parent_type, residue_type
+from .modified import beyond_parent, is_cysteine, own_name, parent_name, parent_type, residue_type
 from .nucleic import NUCLEOTIDES
-from .templates import N_DIHEDRALS, QUAD_NAMES, stamp
+from .templates import AMINO_TYPE, N_DIHEDRALS, QUAD_NAMES, SLOTS_PER_RESIDUE, stamp
 
 __all__ = ["QUAD_NAMES", "WATER", "ComplexAtoms", "in_chain_modified", "needs_complex", "parse_complex"]
 
@@ -271,6 +275,9 @@ def _residues(atoms, modified: np.ndarray) -> list[_Res]:
     # code (biotite's 1xnr has U129 / G129) stay two
     starts = struc.get_residue_starts(atoms, add_exclusive_stop=True, extra_categories=("res_name",))
     out = []
+    # the per-atom annotations read once (an AtomArray's attribute access costs ~10 us a call)
+    atom_name, element = atoms.atom_name.tolist(), atoms.element.tolist()
+    coord = list(atoms.coord.astype(np.float64))
     for s, e in zip(starts[:-1], starts[1:], strict=True):
         name = str(atoms.res_name[s])
         fam = family_of(name)
@@ -296,7 +303,7 @@ def _residues(atoms, modified: np.ndarray) -> list[_Res]:
             [],
         )
         for i in range(s, e):
-            a = str(atoms.atom_name[i])
+            a = str(atom_name[i])
             if a in res.names:
                 warnings.warn(
                     f"residue {label}: atom {a!r} appears again (a repeated residue number?); the "
@@ -305,8 +312,8 @@ def _residues(atoms, modified: np.ndarray) -> list[_Res]:
                 )
                 continue
             res.names.append(a)
-            res.elements.append(str(atoms.element[i]).capitalize())
-            res.xyz.append(atoms.coord[i].astype(np.float64))
+            res.elements.append(str(element[i]).capitalize())
+            res.xyz.append(coord[i])
             res.added.append(False)
             res.extra.append(a not in known)
         if any(res.extra):
@@ -450,12 +457,9 @@ def _tree(
     bonds: np.ndarray,
     heavy: np.ndarray,
     stamp: bool = True,
-    hang: np.ndarray | None = None,
 ):
-    """Parents, ``virtual`` (the roots hung off the frame), ``continued`` (the roots hung off
-    ``hang``) and the frame ``(r0, r1, r2)`` of the module doc's trees. ``bonds``: the bonds a
-    tree may follow (no cross-links); ``hang`` ``(n,)``: the atom a piece's root continues
-    from (the break rule ``"continue"``, :func:`_continued`), -1: off the frame.
+    """Parents, ``virtual`` (the roots hung off the frame) and the frame ``(r0, r1, r2)`` of
+    the module doc's trees. ``bonds``: the bonds a tree may follow (no cross-links).
 
     ``pref``: template parents; ``tree``: the templates' tree parents. A component whose
     atoms all have a tree parent but its root is stamped: its parents are the templates'.
@@ -494,11 +498,7 @@ def _tree(
                 v = kids.get(v)
     rest = roots[ok[label[roots]] & (label[roots] != first)]
     parent[rest], virtual[rest] = frame[2], True
-    continued = np.zeros(n, bool)
-    if hang is not None:  # the break rule "continue": those roots hang off their previous residue
-        continued[virtual & (hang >= 0)] = True
-        parent[continued], virtual[continued] = hang[continued], False
-    return parent, virtual, continued, tuple(frame)
+    return parent, virtual, tuple(frame)
 
 
 def _complete(label: np.ndarray, pref: np.ndarray, root_of: np.ndarray) -> np.ndarray:
@@ -593,21 +593,15 @@ def _leaf_root(grown: list[int], parent: np.ndarray) -> list[int]:
     return path + [v for v in grown if v not in on_path]
 
 
-def _rows(
-    parent: np.ndarray,
-    frame: tuple,
-    key: np.ndarray,
-    heavy: np.ndarray,
-    virtual: np.ndarray,
-    continued: np.ndarray | None = None,
-) -> np.ndarray:
+def _rows(parent: np.ndarray, frame: tuple, key: np.ndarray, heavy: np.ndarray, virtual, rule) -> np.ndarray:
     """Rows over the tree (module doc), stamped from the parents: ``(parent, grandparent,
     great-grandparent)`` (PROPER), OFFSET on a representative sibling; the frame's
     ``r1`` BOND, ``r2`` PLANAR, ``r1``'s other children on ``r2``. The ``virtual`` roots
     (other chains, ligands) stay PROPER rows of their own: no torsion of the frame's
-    atoms turns them. The ``continued`` roots (the break rule ``"continue"``) stay PROPER
-    too, but may represent their new siblings (a chain's last ``O`` is OFFSET on the next
-    chain's ``N``, as in ``Protein``)."""
+    atoms turns them. ``rule`` ``(n,)`` (:func:`_amino_rule`): for the standard amino acids'
+    heavy atoms ``Protein``'s choice, the sibling to be OFFSET on (``>= 0``) or PROPER
+    (-1); -2 for the other atoms, which are OFFSET on their group's representative (the
+    atom of a named torsion, else the first heavy atom, else the first) unless they are it."""
     n = len(parent)
     r0, r1, r2 = frame
     up = np.append(parent, -1)  # up[-1] == -1: the parent of "none" is none
@@ -615,18 +609,59 @@ def _rows(
     refs = np.stack([parent, a, d], 1)
     on_r1 = parent == r1
     refs[on_r1, 2] = np.where(np.arange(n)[on_r1] == r2, -1, r2)
-    # one representative per group of proper siblings; the others OFFSET on it
     proper = (d >= 0) & ~virtual
+    own = proper & (rule >= 0)
+    own[own] = parent[rule[own]] == parent[own]  # still its sibling in this tree
+    refs[own, 2] = rule[own]
+    # one representative per group of the other proper siblings; the others OFFSET on it
     rank = np.where(key, 0, np.where(heavy, 1, 2)) * n + np.arange(n)
-    sib = np.flatnonzero(proper)
+    sib = np.flatnonzero(proper & ~own)
     best = np.full(n, n * 3, np.int64)
     np.minimum.at(best, parent[sib], rank[sib])
     rep = best[parent[sib]] % n
-    off = sib != rep
-    if continued is not None:
-        off &= ~continued[sib]
+    off = (sib != rep) & (rule[sib] == -2)
     refs[sib[off], 2] = rep[off]
     return refs
+
+
+def _amino_rule(residues: list[_Res], linked, residue, names, heavy, extra, breaks: str):
+    """``(N,)`` tree parents (-1: none) and row ``rule`` (:func:`_rows`) of the standard amino
+    acids' heavy atoms, by ``Protein``'s own routine (``zmat.protein.layout.amino_tree``): the
+    template parent, else a bonded atom placed earlier, else a virtual link (the residue's
+    ``C, CA, N``, the previous one's, the nearest earlier atom of depth >= 2); OFFSET only on
+    the template's sibling. ``breaks="continue"`` links every amino acid to the amino acid
+    before it in the file (``Protein``'s one tree), ``"pieces"`` only those ``linked``. An
+    in-chain modified amino acid (``MSE``) is in that tree as its parent type (its neighbours'
+    rows see it; its torsion atoms are never OFFSET on a virtual link's child), but keeps its
+    own template's parents."""
+    n = len(residue)
+    parent, rule = np.full(n, -1, np.int64), np.full(n, -2, np.int64)
+    rtypes = [residue_type(r.name, r.family) if r.family == "protein" else "" for r in residues]
+    types = np.array([AMINO_TYPE.get(t, -1) for t in rtypes], np.int64)
+    aa = np.flatnonzero(types >= 0)
+    if not len(aa):
+        return parent, rule
+    index = np.full(len(residues), -1, np.int64)
+    index[aa] = np.arange(len(aa))
+    sel = np.flatnonzero((types[residue] >= 0) & heavy & ~extra)
+    modified = np.array([r.name != t for r, t in zip(residues, rtypes, strict=True)])
+    names = names.copy()
+    for i in sel[modified[residue[sel]]].tolist():  # MSE's SE in SD's slot (few atoms)
+        names[i] = parent_name(residues[residue[i]].name, str(names[i]))
+    slot = template_slots(types[residue[sel]], names[sel])
+    sel, slot = sel[slot >= 0], slot[slot >= 0]
+    where = np.full((len(aa), SLOTS_PER_RESIDUE), -1, np.int64)  # atom of each residue slot
+    where[index[residue[sel]], slot] = sel
+    follows = np.r_[False, np.diff(aa) == 1]
+    link = follows if breaks == "continue" else follows & linked[aa]
+    t = amino_tree(types[aa], where >= 0, link, np.zeros(len(aa), bool))
+    g = where[t.atoms.res_of, t.atoms.slot]  # atom of each of the tree's atoms
+    s = t.refs[:, 2]
+    sibling = (s >= 0) & (t.parent[np.maximum(s, 0)] == t.parent)
+    std = ~modified[aa[t.atoms.res_of]]  # a modified residue's parents are its template's
+    parent[g[std]] = np.where(t.parent >= 0, g[t.parent], -1)[std]
+    rule[g] = np.where(sibling, g[np.maximum(s, 0)], -1)  # (_rows checks a sibling is one)
+    return parent, rule
 
 
 # ------------------------------------------------------------------- parse
@@ -672,12 +707,15 @@ def parse_complex(
     elements = np.array([e for r in residues for e in r.elements], "U2")
     residue = segment_ids(sizes)
     heavy = elements != "H"
-    hang = _continued(residues, linked, sizes) if breaks == "continue" else None
-    parent, virtual, continued, frame = _tree(n, pref, tree, bonds[tree_ok], heavy, stamped, hang)
+    atom_names = np.array([a for r in residues for a in r.names], "U6")
+    extra = np.array([x for r in residues for x in r.extra], bool)
+    aa_parent, rule = _amino_rule(residues, linked, residue, atom_names, heavy, extra, breaks)
+    pref = np.where((aa_parent >= 0) & (pref < 0), aa_parent, pref)  # one rule for missing parents
+    tree = np.where(aa_parent >= 0, aa_parent, tree)
+    parent, virtual, frame = _tree(n, pref, tree, bonds[tree_ok], heavy, stamped)
     last = quads[:, :N_DIHEDRALS, 3]
     key[last[last >= 0]] = True  # a torsion's atom represents its siblings (not the ring nu)
-    refs = _rows(parent, frame, key, heavy, virtual, continued)
-    atom_names = np.array([a for r in residues for a in r.names], "U6")
+    refs = _rows(parent, frame, key, heavy, virtual, rule)
 
     def label(i: int) -> str:
         r = residues[residue[i]]
@@ -687,7 +725,6 @@ def parse_complex(
         refs = reroute_degenerate(refs, xyz)
     fam = np.array([r.family for r in residues])
     poly = np.cumsum(fam != "ligand") - 1
-    extra = np.array([x for r in residues for x in r.extra], bool)
     plain = ~extra[bonds].any(1)  # no torsion about a bond by distance
     own = (fam == "ligand") | np.array([r.name != residue_type(r.name, r.family) for r in residues])
     lig_rows, lig_quads, lig_res = _ligand_torsions(
@@ -718,18 +755,6 @@ def parse_complex(
         ligand_residue=lig_res,
         linked=linked,
     )
-
-
-def _continued(residues: list[_Res], linked: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-    """``(N,)`` the break rule ``"continue"``: at the ``N`` of an amino acid not linked to the
-    previous residue, itself an amino acid with a ``C``, that ``C``; -1 elsewhere."""
-    hang = np.full(int(sizes.sum()), -1, np.int64)
-    first = np.cumsum(sizes) - sizes
-    for k in range(1, len(residues)):
-        r, p = residues[k], residues[k - 1]
-        if not linked[k] and r.family == p.family == "protein" and "N" in r.names and "C" in p.names:
-            hang[first[k] + r.names.index("N")] = first[k - 1] + p.names.index("C")
-    return hang
 
 
 def _ligand_torsions(own, residues, residue, bonds, orders, elements, atom_names, parent, refs):

@@ -218,7 +218,9 @@ class ResidueTemplate:
             parent is the previous residue's atom ``name`` (when linked).
         tree: ``(n,)`` the tree parents: ``parent``, and for the atoms without one (a
             ligand's, a modified residue's, those whose template parent is missing) the
-            parents growth over the residue's bonds gives them (:func:`_local_growth`).
+            parents growth over the residue's bonds gives them (:func:`_local_growth`); a
+            standard amino acid's heavy atoms are given ``Protein``'s instead when a structure
+            is stamped (``allatom._amino_rule``).
         key: ``(n,)`` bool, the atoms a template torsion ends on.
         quads: ``(Q, 4)`` local atoms of each ``QUAD_NAMES`` dihedral (-1: a missing
             atom, the dihedral is undefined; ``-2``: in a neighbour), ``cross``:
@@ -504,7 +506,11 @@ def stamp(residues, linked: np.ndarray, disulfides, cache: bool = True):
 
 def _offset(local: list, first: np.ndarray) -> np.ndarray:
     """Residues' local atom indices (-1: none) made global, back to back."""
-    return np.concatenate([np.where(a >= 0, a + f, -1) for a, f in zip(local, first.tolist(), strict=True)])
+    if not local:
+        return np.zeros(0, np.int64)
+    a = np.concatenate(local)
+    f = np.repeat(first, [len(x) for x in local])
+    return np.where(a >= 0, a + f, -1)
 
 
 def _stamp_quads(tmpl: list, first: np.ndarray, linked: np.ndarray) -> np.ndarray:
