@@ -55,8 +55,10 @@ SIZES = {
         chains=32, term="states", guidance=(3.0,),
     ),
 }  # fmt: skip
-#: the "target" term's own settings (last session's choice on validation: weight 3, 8 chains)
-TARGET = dict(weight=3.0, chains=8)
+#: the other terms' own settings: "target" (last session's choice on validation: weight 3, 8
+#: chains); "unroll" (the states term through ``unroll`` sampler steps, every ``every`` steps:
+#: every 6 keeps it near 21% of a step)
+TERM_SIZES = {"target": dict(weight=3.0, chains=8), "unroll": dict(unroll=4, every=6)}
 MODELS = {"own": "own loss", "own+clash": "own + clash"}
 RAMA_BINS = 18  # 20-degree bins: a few thousand angles fill them (36 x 36 would be mostly sampling noise)
 
@@ -154,7 +156,7 @@ def columns(cfg: dict) -> list[tuple[str, str]]:
 
 def run(
     size: str = "quick", seed: int = 0, weight: float | None = None, log=print, guidance=None,
-    validate: bool = False, term: str | None = None,
+    validate: bool = False, term: str | None = None, **over,
 ) -> dict:  # fmt: skip
     """Both trainings, each sampled without and with clash guidance, and their metrics; a dict
     ready for JSON (plus ``_sets`` for the plots and ``_models``, ``_bb``, ``_sched``).
@@ -164,9 +166,10 @@ def run(
     """
     ex, cfg = example(), dict(SIZES[size])
     if term is not None and term != cfg["term"]:
-        cfg.update(term=term, **(TARGET if term == "target" else {}))
+        cfg.update(term=term, **TERM_SIZES.get(term, {}))
     if weight is not None:
         cfg["weight"] = weight
+    cfg.update({k: v for k, v in over.items() if v is not None})  # any SIZES key; unroll, every, low
     if guidance is not None:
         cfg["guidance"] = tuple(guidance)
     L = cfg["length"]
@@ -190,6 +193,7 @@ def run(
             clash_weight=cfg["weight"],
             chains=cfg["chains"],
             term=cfg["term"],
+            **{k: cfg[k] for k in ("unroll", "every", "low") if k in cfg},
         ),
     }
     times = {k: [] for k in steps}
@@ -298,7 +302,9 @@ def table(res: dict) -> str:
     ref = "the training windows (validation)" if res.get("validate") else "the held-out windows"
     out.append("")
     out.append(f"Extra loss: {100 * (b - a) / b:.0f}% of a training step with it (mean over the steps from "
-               f"1/3 on; term {c['term']!r}, weight {c['weight']:g}, {c['chains']} sampler chains). "
+               f"1/3 on; term {c['term']!r}, weight {c['weight']:g}, {c['chains']} sampler chains"
+               + (f", {c['unroll']} steps unrolled" if c["term"] == "unroll" else "")
+               + (f", every {c['every']} steps" if "every" in c else "") + "). "
                "Guidance in the last 20% of the steps. Training seed(s) "
                f"{seeds}; samples compared with {ref}; {d['entries']} entries ({len(d['held_out_entries'])} "
                f"held out), {d['train_residues']} + {d['held_out_residues']} residues, {d['train_windows']} "
@@ -349,7 +355,11 @@ def main(argv=None) -> int:
     p.add_argument("--full", action="store_true", help="same as --size full")
     p.add_argument("--seed", type=int, nargs="+", default=[0], help="training seeds (mean ± sd over several)")
     p.add_argument("--weight", type=float, help="clash weight (default per size and term)")
-    p.add_argument("--term", choices=["states", "target"], help="the clash term (default: states)")
+    p.add_argument("--term", choices=example().TERMS, help="the clash term (default: states)")
+    p.add_argument("--chains", type=int, help="sampler chains of the term (default per size and term)")
+    p.add_argument("--unroll", type=int, help="'unroll' term: sampler steps differentiated")
+    p.add_argument("--every", type=int, help="the term every this many steps")
+    p.add_argument("--low", type=float, help="the term sees states at t < low T (default 0.2)")
     p.add_argument("--guidance", type=float, nargs="+", help="guidance scales at sampling (default per size)")
     p.add_argument("--validate", action="store_true", help="compare with the training windows, other noise")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: a shared machine)")
@@ -359,7 +369,8 @@ def main(argv=None) -> int:
     torch.set_num_threads(a.threads)
     runs = [
         run("full" if a.full else a.size, s, a.weight, log=lambda x: print(x, file=sys.stderr),
-            guidance=a.guidance, validate=a.validate, term=a.term)
+            guidance=a.guidance, validate=a.validate, term=a.term, chains=a.chains, unroll=a.unroll,
+            every=a.every, low=a.low)
         for s in a.seed
     ]  # fmt: skip
     res = aggregate(runs)

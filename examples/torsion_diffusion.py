@@ -20,7 +20,9 @@ builds the backbone from them with fixed bond lengths (NeRF). Here:
   levels of the states the sampler visits (which clash far more often than noised training
   windows). ``--term states`` (the default): added to the loss on reverse-diffusion chains run
   alongside training (:class:`SamplerChains`, :func:`chain_clash`), differentiable in the
-  network; ``--term target``: it moves the noise target to the clash-guided one
+  network; ``--term unroll``: the same states run ``--unroll`` more sampler steps with their
+  graph kept and the clash of the state reached is the loss (reward fine-tuning, DRaFT-K style,
+  :func:`unroll_steps`); ``--term target``: it moves the noise target to the clash-guided one
   (:func:`losses`, :class:`Chains`);
 * sampling-time clash guidance (``--guidance``): the same gradient on the DDPM mean.
 
@@ -30,6 +32,7 @@ two models that differ only in the extra loss and compares their samples.
     python examples/torsion_diffusion.py                       # tiny, with the clash term
     python examples/torsion_diffusion.py --clash-weight 0      # FoldingDiff's own loss only
     python examples/torsion_diffusion.py --term target --clash-weight 3 --chains 8   # last session's term
+    python examples/torsion_diffusion.py --term unroll --clash-weight 0.1   # through 4 sampler steps
     python examples/torsion_diffusion.py --guidance 0          # no clash guidance at sampling
     python examples/torsion_diffusion.py --steps 2000 --length 32 --diffusion-steps 200
 """
@@ -231,10 +234,16 @@ class SamplerChains(Chains):
         return wrap(torch.randn(len(t), self.length, 6, generator=self.gen))
 
 
-def chain_clash(model, chains: SamplerChains, bb: Backbone, t0: int, tolerance: float = 1.5) -> torch.Tensor:
+def chain_clash(
+    model, chains: SamplerChains, bb: Backbone, t0: int, tolerance: float = 1.5, unroll: int = 0
+) -> torch.Tensor:
     """Advance ``chains`` one step; return the ``(n,)`` penalty (clash amount with ``tolerance``,
     A, + peptide-bond loss) of the decoded predicted clean angles of its states at ``t < t0``,
-    differentiable in the network through ``x0_hat = (x_t - sqrt(1 - abar) eps_hat) / sqrt(abar)``."""
+    differentiable in the network through ``x0_hat = (x_t - sqrt(1 - abar) eps_hat) / sqrt(abar)``.
+
+    ``unroll = k > 0``: the penalty of the ``x0_hat`` reached after ``k`` more of the sampler's
+    steps from each such state (:func:`unroll_steps`; the final sample where ``t < k``),
+    differentiated through every step, as DRaFT-K (Clark et al. 2024) does for a reward."""
     x, t, T = chains.x, chains.t, chains.sched.T
     low = t < t0
     eps = torch.zeros_like(x)
@@ -243,9 +252,24 @@ def chain_clash(model, chains: SamplerChains, bb: Backbone, t0: int, tolerance: 
     e = model(x[low], t[low], T)
     eps[low] = e.detach()
     chains.advance(eps)
-    a = chains.sched.abar[t[low]][:, None, None]
-    xyz = bb.xyz((x[low] - (1 - a).sqrt() * e) / a.sqrt())
+    xs, s, e = unroll_steps(model, chains.sched, x[low], t[low], e, unroll, chains.gen)
+    a = chains.sched.abar[s][:, None, None]
+    xyz = bb.xyz((xs - (1 - a).sqrt() * e) / a.sqrt())
     return bb.clash(xyz, tolerance) + bb.violation_loss(xyz)
+
+
+def unroll_steps(model, sched: Schedule, x, t, eps, k: int, gen: torch.Generator):
+    """``k`` DDPM steps of the sampler from states ``x`` (B, L, 6) at steps ``t`` (B,) with
+    predicted noise ``eps``, keeping the graph; a state at ``t = 0`` stays (its ``x0_hat`` is
+    the sample). Returns the states reached, their steps and their predicted noise."""
+    for _ in range(k):
+        go = t > 0
+        ab, b = (v[t][:, None, None] for v in (sched.abar, sched.beta))
+        z = torch.randn(x.shape, generator=gen)
+        nxt = wrap((x - b / (1 - ab).sqrt() * eps) / (1 - b).sqrt() + b.sqrt() * z)
+        x, t = torch.where(go[:, None, None], nxt, x), torch.where(go, t - 1, t)
+        eps = torch.where(go[:, None, None], model(x, t, sched.T), eps)
+    return x, t, eps
 
 
 def losses(
@@ -327,9 +351,12 @@ def sample(
     return x
 
 
+TERMS = ("states", "target", "unroll")
+
+
 def trainer(
     model, data, sched, bb, *, steps, batch, clash_weight, seed, lr=1e-3, chains=0, term="states",
-    every=2, start=1 / 3, margin=0.2,
+    every=2, start=1 / 3, margin=0.2, unroll=4, low=0.2,
 ):  # fmt: skip
     """A closure making one training step of ``model`` on normalised windows ``data`` (n, L, 6)
     per call; returns its :class:`Losses` and its wall time (s). Batches, steps and noise come
@@ -341,11 +368,15 @@ def trainer(
       reverse-diffusion chains (:class:`SamplerChains`), every ``every`` steps from step
       ``start * steps`` on (before that the network's samples are noise), with the clash counted
       from ``margin`` A before AlphaFold's tolerance, so that the push carries states past it;
+      the states at ``t < low T`` (the last steps, where the fold is chosen);
+    * ``"unroll"``: the same, but the penalty of the state reached ``unroll`` sampler steps later,
+      differentiated through those steps (:func:`chain_clash`'s ``unroll``, reward fine-tuning
+      as DRaFT-K, with the denoising loss kept as the regulariser);
     * ``"target"``: the clash-guided noise target of :func:`losses` on the batch and on ``chains``
       (:class:`Chains`) at every step.
     """
-    if term not in ("states", "target"):
-        raise ValueError(f"trainer: term must be 'states' or 'target', not {term!r}")
+    if term not in TERMS:
+        raise ValueError(f"trainer: term must be one of {TERMS}, not {term!r}")
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     warm = max(1, steps // 10)  # linear warm-up, then cosine decay
@@ -358,7 +389,8 @@ def trainer(
         if on and term == "target"
         else None
     )
-    sc = SamplerChains(chains, data.shape[1], sched, chain_gen) if on and term == "states" else None
+    sc = SamplerChains(chains, data.shape[1], sched, chain_gen) if on and term != "target" else None
+    n_unroll = unroll if term == "unroll" else 0
     count = iter(range(1 << 62))
 
     def step() -> tuple[Losses, float]:
@@ -367,7 +399,7 @@ def trainer(
         ls = losses(model, x0, sched, bb, clash_weight if term == "target" else 0.0, gen, chains=ch)
         total = ls.total
         if sc is not None and k >= start * steps and k % every == 0:
-            per = chain_clash(model, sc, bb, max(1, int(0.2 * sched.T)), 1.5 - margin)
+            per = chain_clash(model, sc, bb, max(1, int(low * sched.T)), 1.5 - margin, n_unroll)
             total = total + clash_weight * per.mean()
             ls.extra = per.detach().mean()
         opt.zero_grad(set_to_none=True)
@@ -397,7 +429,8 @@ def main(argv=None) -> None:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--diffusion-steps", type=int, default=50, help="T (FoldingDiff: 1000)")
     p.add_argument("--clash-weight", type=float, default=0.03, help="0: FoldingDiff's own loss only")
-    p.add_argument("--term", choices=["states", "target"], default="states", help="the clash term (trainer)")
+    p.add_argument("--term", choices=TERMS, default="states", help="the clash term (trainer)")
+    p.add_argument("--unroll", type=int, default=4, help="sampler steps the 'unroll' term differentiates")
     p.add_argument("--chains", type=int, default=16, help="sampler chains the clash term sees")
     p.add_argument("--guidance", type=float, default=3.0, help="clash guidance at sampling; 0: none")
     p.add_argument("--samples", type=int, default=16)
@@ -410,7 +443,7 @@ def main(argv=None) -> None:
     model = Denoiser(a.length)
     print(f"{len(data)} training windows of {a.length} residues")
     kw = dict(steps=a.steps, batch=a.batch, seed=a.seed, clash_weight=a.clash_weight, chains=a.chains)
-    kw["term"] = a.term
+    kw.update(term=a.term, unroll=a.unroll)
     sec = train(model, wrap(data - mean), sched, bb, log=max(1, a.steps // 5), **kw)
     print(f"{1000 * sec:.1f} ms per training step")
     for g in sorted({0.0, a.guidance}):  # the same noise with and without guidance

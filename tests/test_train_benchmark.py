@@ -256,10 +256,12 @@ def test_sampler_chains_step_like_the_sampler_from_noise():
     assert torch.allclose(ch.x[1], want, atol=1e-6)
 
 
-def test_chain_clash_is_the_penalty_of_the_predicted_x0(held):
+@pytest.mark.parametrize("unroll", [0, 3])
+def test_chain_clash_is_the_penalty_of_the_predicted_x0(held, unroll):
     """``chain_clash``: the penalty (clash with the margin + peptide-bond loss) of the decoded
-    ``x0_hat`` of the chains' low-noise states only, differentiable in the network, whose
-    gradient step lowers it; the chains advance one step."""
+    ``x0_hat`` of the chains' low-noise states only (``unroll``: of the states ``unroll`` steps
+    later), differentiable in the network, whose gradient step lowers it; the chains advance one
+    step."""
     x, bb = held
     bad = ex.wrap(x[0] + 1.5 * torch.randn(x[0].shape, generator=torch.Generator().manual_seed(1)))
     sched = ex.Schedule(10)
@@ -270,7 +272,7 @@ def test_chain_clash_is_the_penalty_of_the_predicted_x0(held):
         return (xt - ab.sqrt() * bad) / (1 - ab).sqrt() + bias
 
     ch = ex.SamplerChains(5, 16, sched, torch.Generator().manual_seed(0))  # t = 9, 7, 5, 3, 1
-    per = ex.chain_clash(net, ch, bb, 4, tolerance=1.3)
+    per = ex.chain_clash(net, ch, bb, 4, tolerance=1.3, unroll=unroll)
     assert ch.t.tolist() == [8, 6, 4, 2, 0]
     xyz = bb.xyz(bad[None].double())
     want = float(bb.clash(xyz, 1.3) + bb.violation_loss(xyz))
@@ -279,19 +281,57 @@ def test_chain_clash_is_the_penalty_of_the_predicted_x0(held):
     assert bias.grad.abs().max() > 0
     with torch.no_grad():
         bias -= 1e-2 * bias.grad / bias.grad.abs().max()
-    after = ex.chain_clash(net, ex.SamplerChains(5, 16, sched, torch.Generator().manual_seed(0)), bb, 4, 1.3)
+    after = ex.chain_clash(
+        net, ex.SamplerChains(5, 16, sched, torch.Generator().manual_seed(0)), bb, 4, 1.3, unroll
+    )
     assert (after < per.detach()).all()
 
 
 def test_trainer_terms():
-    """Both clash terms train; a wrong term name is refused."""
+    """Every clash term trains; a wrong term name is refused."""
     sched = ex.Schedule(6)
     data = ex.wrap(ex.load_windows(8, 16, held_out=True)[:16])
     bb = ex.Backbone(8, torch.zeros(6))
-    for term in ("states", "target"):
+    seen = {}
+    for term in ex.TERMS:
+        torch.manual_seed(0)  # the same weights: "unroll" starts from the same chains as "states"
         step = ex.trainer(ex.Denoiser(8, 16, 1), data, sched, bb, steps=6, batch=4, clash_weight=0.03,
-                          seed=0, chains=6, term=term, start=0.0)  # fmt: skip
-        extras = [float(step()[0].extra) for _ in range(3)]
+                          seed=0, chains=6, term=term, start=0.0, unroll=2, low=0.5)  # fmt: skip
+        extras = seen[term] = [float(step()[0].extra) for _ in range(3)]
         assert all(math.isfinite(e) for e in extras) and max(extras) > 0, (term, extras)
+    assert seen["unroll"][0] != pytest.approx(seen["states"][0], rel=1e-3)  # the unrolled states' clash
     with pytest.raises(ValueError, match="term must be"):
         ex.trainer(ex.Denoiser(8, 16, 1), data, sched, bb, steps=2, batch=4, clash_weight=1, seed=0, term="x")
+
+
+def test_unroll_steps_is_the_sampler_with_its_graph():
+    """``unroll_steps`` from pure noise at ``T - 1`` through all ``T`` steps ends at the sampler's
+    own sample (its ``x0_hat`` at ``t = 0``; the same noise), holds a state at ``t = 0``, and keeps
+    the graph: gradcheck in float64 through two steps, in the states and the network's weights."""
+    sched, T = ex.Schedule(8), 8
+    w = 0.3 * torch.randn(6, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+
+    def net(x, t, T_):
+        return 0.5 * torch.sin(x + w) + w * (t[:, None, None] + 1) / T_
+
+    def unrolled(k, extra=0):
+        gen = torch.Generator().manual_seed(3)
+        x = ex.wrap(torch.randn(4, 5, 6, generator=gen)).double()  # the sampler's draws
+        t = torch.full((4,), T - 1)
+        xs, s, e = ex.unroll_steps(net, sched, x, t, net(x, t, T), k + extra, gen)
+        a = sched.abar[s][:, None, None].double()
+        return s, ex.wrap((xs - (1 - a).sqrt() * e) / a.sqrt())
+
+    want = ex.sample(net, sched, 4, 5, torch.Generator().manual_seed(3))
+    s, got = unrolled(T - 1)
+    assert (s == 0).all() and torch.allclose(got, want.double(), atol=1e-5)
+    assert torch.equal(unrolled(T - 1, extra=2)[1], got)  # at t = 0 a state stays
+    x = 0.4 * torch.randn(2, 5, 6, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    t = torch.tensor([5, 1])  # one state reaches t = 0 after one step and stays
+
+    def f(x, w_):
+        nonlocal w
+        w = w_
+        return ex.unroll_steps(net, sched, x, t, net(x, t, T), 2, torch.Generator().manual_seed(6))[0]
+
+    assert torch.autograd.gradcheck(f, (x.requires_grad_(), w.clone().requires_grad_()))
