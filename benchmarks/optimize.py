@@ -71,6 +71,14 @@ class Converged(Exception):
     """Raised by the counting calculator at the first geometry that meets the rule."""
 
 
+class OutOfTime(Exception):
+    """Raised by an alarm when one run takes longer than ``--max-seconds`` (its row says so)."""
+
+
+def _alarm(signum, frame):
+    raise OutOfTime
+
+
 def baker_dir() -> Path:
     import berny
 
@@ -240,21 +248,27 @@ def water_clusters() -> dict:
     return {"water6": ase.io.read(data / "water6.pdb"), "water12": ase.io.read(data / "water12.xyz")}
 
 
-def baker(names, optimizers, max_calls: int) -> dict:
+def baker(names, optimizers, max_calls: int, **kw) -> dict:
     import ase.io
 
-    return run_set({n: ase.io.read(baker_dir() / f"{n}.xyz") for n in names}, optimizers, max_calls)
+    return run_set({n: ase.io.read(baker_dir() / f"{n}.xyz") for n in names}, optimizers, max_calls, **kw)
 
 
-def run_set(structures: dict, optimizers, max_calls: int) -> dict:
-    """Every optimiser on every ``{name: ase.Atoms}``: steps, convergence, final energy, own time."""
+def run_set(
+    structures: dict, optimizers, max_calls: int, rows=None, save=lambda: None, max_seconds: float = 0
+) -> dict:
+    """Every optimiser on every ``{name: ase.Atoms}``: steps, convergence, final energy, own time.
+
+    ``rows`` is filled in place (pass the dict a ``save()`` writes out after every run, so a run that
+    is stopped keeps what it measured)."""
     import logging
+    import signal
 
     from tblite.ase import TBLite
 
     logging.getLogger("geometric").setLevel(logging.ERROR)
     logging.getLogger("geometric.nifty").setLevel(logging.ERROR)
-    rows = {}
+    rows = {} if rows is None else rows
     for name, atoms in structures.items():  # pyberny prints its log on stdout: quiet it with a logging level
         logging.getLogger("berny").setLevel(logging.ERROR)
         atoms = atoms.copy()
@@ -269,14 +283,21 @@ def run_set(structures: dict, optimizers, max_calls: int) -> dict:
             counter = Counting(atoms, TBLite(method="GFN2-xTB", verbosity=0), max_calls)
             t = time.perf_counter()
             status = "ok"
+            old = signal.signal(signal.SIGALRM, _alarm)
+            signal.setitimer(signal.ITIMER_REAL, max_seconds)  # 0: no limit
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     fn(counter, atoms)
             except Converged:
                 pass
+            except OutOfTime:
+                status = f"out of time: over {max_seconds:.0f} s"
             except Exception as e:  # noqa: BLE001 - a peer's failure is a result, not a crash
                 status = f"failed: {type(e).__name__}: {e}"[:120]
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, old)
             wall = time.perf_counter() - t
             if status == "ok" and not counter.done:
                 status = f"not converged in {max_calls} calls"
@@ -288,6 +309,7 @@ def run_set(structures: dict, optimizers, max_calls: int) -> dict:
                 "own_ms_per_step": 1e3 * (wall - counter.seconds) / max(counter.calls, 1),
             }
             print(f"  {name:24s} {opt:10s} {counter.calls:4d} {status}", flush=True)
+            save()
     return rows
 
 
@@ -305,9 +327,9 @@ def baker_table(rows: dict, optimizers) -> str:
     for n, row in rows.items():
         cells = []
         for o in optimizers:
-            r = row[o]
+            r = row.get(o, {})  # absent: a stopped run had not reached it
             if "steps" not in r:
-                cells.append("skip")
+                cells.append("skip" if r else "-")
                 continue
             totals[o] += r["steps"]
             own[o].append(r["own_ms_per_step"])
@@ -405,6 +427,9 @@ def main(argv=None) -> None:
     p.add_argument(
         "--max-calls", type=int, default=300, help="calls after which a run counts as not converged"
     )
+    p.add_argument(
+        "--max-seconds", type=float, default=3600, help="wall time after which one run is stopped (0: none)"
+    )
     p.add_argument("--threads", type=int, default=1)
     p.add_argument(
         "--throughput-steps", type=int, default=60,
@@ -421,21 +446,26 @@ def main(argv=None) -> None:
     torch.set_num_threads(a.threads)
     result = {}
     text = []
+    a.out.mkdir(parents=True, exist_ok=True)
+
+    def save():  # after every run: a stopped benchmark keeps its rows
+        (a.out / "optimize.json").write_text(json.dumps(result, indent=1, default=float))
+
     if not a.no_baker:
         names = a.molecules or (sorted(f.stem for f in baker_dir().glob("*.xyz")) if a.full else QUICK)
         print(
             f"Baker set, GFN2-xTB (tblite), {len(names)} molecules, stop at max |F_i| < {FTOL} eV/A",
             flush=True,
         )
-        rows = baker(names, a.optimizers, a.max_calls)
-        result["baker"] = rows
+        rows = result["baker"] = {}
+        baker(names, a.optimizers, a.max_calls, rows=rows, save=save, max_seconds=a.max_seconds)
         text.append("Baker set, GFN2-xTB, steps = energy+gradient calls to max |F_i| < 0.01 eV/A\n")
         text.append(baker_table(rows, a.optimizers))
     for name in a.sets:
         structures = druglike() if name == "druglike" else water_clusters()
         print(f"{name}: {len(structures)} structures, GFN2-xTB, stop at max |F_i| < {FTOL} eV/A", flush=True)
-        rows = run_set(structures, a.optimizers, a.max_calls)
-        result[name] = rows
+        rows = result[name] = {}
+        run_set(structures, a.optimizers, a.max_calls, rows=rows, save=save, max_seconds=a.max_seconds)
         text.append(f"\n{name}, GFN2-xTB, steps = energy+gradient calls to max |F_i| < 0.01 eV/A\n")
         text.append(baker_table(rows, a.optimizers))
     if a.batches:
@@ -448,8 +478,7 @@ def main(argv=None) -> None:
         text.append(throughput_table(rows))
     out = "\n".join(text)
     print("\n" + out)
-    a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "optimize.json").write_text(json.dumps(result, indent=1, default=float))
+    save()
     (a.out / "optimize.md").write_text(out + "\n")
 
 

@@ -150,3 +150,29 @@ def test_model_hessian_hydrogen_bond_follows_lindhs_decay():
     r = (x[0, i] - x[0, j]).norm(dim=-1)
     torch.testing.assert_close(h[weak], 0.45 * torch.exp(0.3949 * (2.10**2 - r**2)), rtol=1e-12, atol=0)
     assert h[weak].max() < 0.03
+
+
+def test_a_step_moves_no_atom_more_than_the_cartesian_bound_and_a_capped_step_keeps_its_trust():
+    """With a trust radius grown large (in internal coordinates) the soft contacts between fragments turned
+    a step into Angstrom-long moves (water clusters collided: +16 eV in one step); the step's Cartesian
+    image moves no atom more than 0.3 A, and a step held by that cap does not double the trust radius."""
+    from zmat.optimize.optimizer import CARTESIAN_MAX, InternalStepper
+
+    start = WATER_DIMER.copy()
+    start.positions[3:] += [0.5, 0.0, 0.0]  # pulled apart: long steps wanted along the one soft contact
+    x = torch.tensor(start.positions)[None]
+    stepper = InternalStepper(x, start.numbers, trust=3.0)
+    for _ in range(3):
+        e, g = _energy_and_grad(x)
+        _, x_new = stepper.step(x, e, g)
+        moved = (x_new - x).norm(dim=-1).max() / BOHR
+        assert moved < 1.05 * CARTESIAN_MAX  # the linear image is capped; the back-transformation is near it
+        assert float(stepper.trust[0]) <= 3.0  # never doubled by a capped step
+        x = x_new
+
+
+def _energy_and_grad(x):
+    x = x.clone().requires_grad_(True)
+    e = water_cluster_energy(x)
+    (g,) = torch.autograd.grad(e.sum(), x)
+    return e.detach(), g

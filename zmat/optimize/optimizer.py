@@ -311,7 +311,10 @@ class InternalStepper:
         else:
             y, _, on_sphere = trust_step(gr, Hr, trust)
         y, capped = _cap_cartesian(y, Vs, trust)
-        on_sphere = on_sphere | capped
+        # a capped step was held by the Cartesian cap, not by the trust radius: a good ratio then says
+        # nothing about a larger radius (counted as on the sphere, the radius doubled every step while
+        # the cap held, and the cap, 2 radii, let water clusters move atoms 1.3 A and collide)
+        on_sphere = on_sphere & ~capped
         s = s0 + y
         dE = (gr * s).sum(-1) + 0.5 * (s * (Hr @ s[..., None])[..., 0]).sum(-1)
         pred_q = iq + (U @ s[..., None])[..., 0]
@@ -348,20 +351,25 @@ class InternalStepper:
 
 #: the largest atom displacement of a step's linear Cartesian image, in trust radii
 CARTESIAN_CAP = 2.0
+#: and in any case (bohr): 0.3 A, geomeTRIC's largest trust radius (its trust is Cartesian)
+CARTESIAN_MAX = 0.3 / BOHR
 
 
 def _cap_cartesian(y: torch.Tensor, Vs: torch.Tensor, trust: torch.Tensor):
     """``y`` ``(B, r)`` scaled so that no atom of its Cartesian image ``B^+ U y = Vs y`` (``Vs``:
     :func:`.steps.reduced_space`'s) moves more than
-    :data:`CARTESIAN_CAP` trust radii, and ``(B,)`` bool where it was.
+    :data:`CARTESIAN_CAP` trust radii nor more than :data:`CARTESIAN_MAX`, and ``(B,)`` bool where
+    it was.
 
     A direction of ``B^T B`` just above the cut of :func:`.steps.reduced_space`
     turns a small internal step into a jump of many Angstrom (a water trimer
     whose two O-H...O became linear moved 50 A in one step); covalent steps
-    stay far below the cap.
+    stay far below the cap. The absolute bound matters where the trust radius,
+    measured in internal coordinates, has grown large while the soft contacts
+    between fragments turn it into Angstrom-long moves.
     """
     dx = (Vs @ y[..., None])[..., 0].unflatten(-1, (-1, 3)).norm(dim=-1).amax(-1)
-    cap = CARTESIAN_CAP * trust
+    cap = (CARTESIAN_CAP * trust).clamp_max(CARTESIAN_MAX)
     capped = dx > cap
     return y * torch.where(capped, cap / dx.clamp_min(1e-300), 1.0)[:, None], capped
 
