@@ -87,6 +87,7 @@ _CSRC = Path(__file__).with_name("csrc")
 _SOURCES = ("rigid_forest.cpp", "torsions.cpp", "stamp.cpp", "internal.cpp", "move.cpp", "world.cpp")
 _SOURCES += ("euler.cpp",)  # the flows' global tree rotations (zmat._kernel.euler)
 _SOURCES += ("primitives.cpp",)  # the optimiser's coordinates (zmat/optimize/_compiled.py)
+_SOURCES += ("fixed.cpp",)  # the flows' inverse with fixed atoms (zmat._kernel.fixed_inverse)
 _FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-pthread")
 _DTYPES = (torch.float32, torch.float64)
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -296,6 +297,7 @@ _SIGNATURES = {  # pointers and integers (sizes, element strides), see the C sou
     "world_forward": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _I],
     "world_backward": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _I, _I, _I, _P, _I, _P, _I],
     "log_det": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _I, _P, _I],
+    "fixed_inverse": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _I],
     "pose_forward": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _I],
     "pose_backward": [_P, _I, _I, _I, _I, _I, _I, _P, _P, _I, _I, _I, _I, _P, _I, _I, _I, _P, _I],
     "euler_forward": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _I],
@@ -570,6 +572,38 @@ class _Library:
             _ptr(gld), 0 if gld is None else gld.stride(0), _ptr(gq), threads(b, n),
         )  # fmt: skip
         return out
+
+    # the flows' inverse with fixed atoms: q flat (B, 3 M), as the flows give it (no views per call)
+    def fixed_inverse(self, x: Tensor, path: Tensor, flags: Tensor, weights: Tensor):
+        """Positions ``x`` ``(B, K, 3)`` -> rows ``(B, 3 M)`` and minus their log-determinants
+        ``(B,)`` (see :func:`fixed_inverse`)."""
+        b, m = x.shape[0], flags.shape[0]
+        out, ld = x.new_empty((b, 3 * m)), x.new_empty((b,))
+        self.fns["fixed_inverse", x.dtype](
+            x.data_ptr(), b, *x.stride(), m, path.data_ptr(), flags.data_ptr(), weights.data_ptr(),
+            out.data_ptr(), ld.data_ptr(), threads(b, m),
+        )  # fmt: skip
+        return out, ld
+
+    def fixed_inverse_backward(self, x: Tensor, path: Tensor, flags: Tensor, g: Tensor) -> Tensor:
+        """:meth:`internal_backward` of rows ``g`` ``(B, 3 M)``."""
+        b, m, (g0, g1) = x.shape[0], flags.shape[0], g.stride()
+        grad = x.new_empty(x.shape)
+        self.fns["internal_backward", x.dtype](
+            x.data_ptr(), b, *x.stride(), x.shape[1], m, path.data_ptr(), flags.data_ptr(),
+            g.data_ptr(), g0, 3 * g1, g1, grad.data_ptr(), threads(b, m),
+        )  # fmt: skip
+        return grad
+
+    def flat_log_det_backward(self, q: Tensor, weights: Tensor, scale, shift, gld: Tensor) -> Tensor:
+        """:meth:`log_det`'s gradient ``(B, 3 N)`` of ``q`` ``(B, 3 N)`` from ``gld`` ``(B,)``."""
+        b, n, (q0, q1) = q.shape[0], weights.shape[0] // 2, q.stride()
+        gq = q.new_empty(q.shape)
+        self.fns["log_det", q.dtype](
+            q.data_ptr(), b, q0, 3 * q1, q1, n, weights.data_ptr(), _ptr(scale), _ptr(shift), None,
+            gld.data_ptr(), gld.stride(0), gq.data_ptr(), threads(b, n),
+        )  # fmt: skip
+        return gq
 
 
 def _ptr(t: Tensor | None):
@@ -1212,6 +1246,94 @@ class _LogDet(torch.autograd.Function):
         if _differentiable_backward(g):  # the reference's gradient, itself differentiable
             return torch.autograd.grad(ctx.reference(q), q, g, create_graph=True)[0], None, None, None, None
         return _state["module"].log_det(q, *ctx.arrays, g), None, None, None, None
+
+
+# ------------------------------------------------------------ the flows' inverse with fixed atoms
+# Batch-1 calls are dispatch-bound: one tensor argument per Function (the plan arrays in a tuple),
+# no views where the batch is one dimension.
+def fixed_inverse(x: torch.Tensor, arrays: tuple, reference):
+    """Rows ``(..., 3 M)`` (flat, as the flows' ``q``) and minus their log-determinant ``(...)``
+    (not differentiable: :func:`inverse_log_det` gives it its gradient through the rows) from
+    positions ``x`` ``(..., K, 3)`` (``zmat/csrc/fixed.cpp``: :func:`internal`'s rows and
+    :func:`log_det` on them, in one pass), with the rows' exact gradient. Eager CPU float calls
+    only (as :func:`internal`).
+
+    Args:
+        arrays: ``(path, flags, weights)``: :func:`internal`'s ``path`` and ``flags``,
+            :func:`log_det`'s ``weights`` ``(2 M,)``.
+        reference: ``x -> (..., 3 M)`` in differentiable torch ops, for double backward.
+    """
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _FixedInverse.apply(x, arrays, reference)
+    return _fixed_inverse(x, arrays)
+
+
+def _fixed_inverse(x, arrays):
+    if x.dim() == 3:
+        return _state["module"].fixed_inverse(x, *arrays)
+    batch = x.shape[:-2]
+    q, ld = _state["module"].fixed_inverse(x.reshape(-1, *x.shape[-2:]), *arrays)
+    return q.view(*batch, -1), ld.view(batch)
+
+
+class _FixedInverse(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, arrays, reference):
+        ctx.arrays, ctx.reference = arrays[:2], reference
+        ctx.save_for_backward(x)
+        ctx.set_materialize_grads(False)
+        q, ld = _fixed_inverse(x, arrays)
+        ctx.mark_non_differentiable(ld)
+        return q, ld
+
+    @staticmethod
+    def backward(ctx, g, _):
+        if g is None:
+            return None, None, None
+        (x,) = ctx.saved_tensors
+        if _differentiable_backward(g):  # the reference's gradient, itself differentiable
+            return torch.autograd.grad(ctx.reference(x), x, g, create_graph=True)[0], None, None
+        if x.dim() == 3:
+            return _state["module"].fixed_inverse_backward(x, *ctx.arrays, g), None, None
+        x3 = x.reshape(-1, *x.shape[-2:])
+        grad = _state["module"].fixed_inverse_backward(x3, *ctx.arrays, g.reshape(x3.shape[0], -1))
+        return grad.view(x.shape), None, None
+
+
+def inverse_log_det(q: torch.Tensor, value: torch.Tensor, arrays: tuple, reference):
+    """``value`` ``(...)``, minus the log-determinant of ``q`` ``(..., 3 N)`` as computed by
+    :func:`fixed_inverse`, with the gradient of ``-log_det(q)`` (:func:`log_det`'s; no second
+    pass over ``q`` forward). Eager CPU float calls only; ``value`` is handed out once (it becomes
+    the output).
+
+    Args:
+        arrays: ``(weights, scale, shift)`` as :func:`log_det`'s, the weights negated.
+        reference: ``q -> (...)`` in differentiable torch ops, for double backward.
+    """
+    if torch.is_grad_enabled() and q.requires_grad:
+        return _InverseLogDet.apply(q, (value, *arrays), reference)
+    return value
+
+
+class _InverseLogDet(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, arrays, reference):
+        ctx.arrays, ctx.reference = arrays[1:], reference
+        ctx.save_for_backward(q)
+        ctx.set_materialize_grads(False)
+        return arrays[0]  # not an input: no view of it
+
+    @staticmethod
+    def backward(ctx, g):
+        if g is None:
+            return None, None, None
+        (q,) = ctx.saved_tensors
+        if _differentiable_backward(g):  # the reference's gradient, itself differentiable
+            return torch.autograd.grad(ctx.reference(q), q, g, create_graph=True)[0], None, None
+        if q.dim() == 2:
+            return _state["module"].flat_log_det_backward(q, *ctx.arrays, g), None, None
+        grad = _state["module"].flat_log_det_backward(q.reshape(-1, q.shape[-1]), *ctx.arrays, g.reshape(-1))
+        return grad.view(q.shape), None, None
 
 
 class KernelPlan:

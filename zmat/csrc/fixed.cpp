@@ -1,0 +1,78 @@
+// The normalizing flows' inverse with fixed atoms (zmat/flows.py, _fixed_rows): every row's
+// (r, theta, phi) from positions, as internal.cpp's forward (the same formulas and degenerate
+// values; a row's flags as there), its atan2 inline (atan.h: within 3 ulp of the library's,
+// which was most of the pass), and in the same pass minus the log-determinant of the forward
+// from the rows just written: -sum_i log(|r_i|^w_i |sin theta_i|^w'_i) with log_sum.h's factors,
+// the same bits as world.cpp's log_det on these rows. The gradient is internal.cpp's backward.
+#include <cmath>
+#include <cstdint>
+
+#include "atan.h"
+#include "log_sum.h"
+#include "parallel.h"
+#include "vec3.h"
+
+namespace {
+
+using zmat::cross;
+using zmat::dot;
+
+template <typename T>
+inline T angle(T y, T x, T tiny) {  // atan2, 0 where x^2 + y^2 <= tiny
+  return x * x + y * y <= tiny ? T(0) : zmat::fast_atan2(y, x);
+}
+
+// One row (d, a, b, i) of structure p (strides s1 atoms, s2 components) into o[3].
+template <typename T>
+inline void row(const T* p, int64_t s1, int64_t s2, int64_t d, int64_t a, int64_t b, int64_t i, uint8_t f,
+                T tiny, T* o) {
+  if (f & 8) {
+    for (int c = 0; c < 3; ++c) o[c] = p[i * s1 + c * s2];
+    return;
+  }
+  o[0] = o[1] = o[2] = T(0);
+  if (!(f & 7)) return;
+  T b1[3], b2[3], b3[3], n1[3], n2[3];
+  for (int c = 0; c < 3; ++c) {
+    const T xd = p[d * s1 + c * s2], xa = p[a * s1 + c * s2], xb = p[b * s1 + c * s2], xi = p[i * s1 + c * s2];
+    b1[c] = xa - xd, b2[c] = xb - xa, b3[c] = xi - xb;
+  }
+  cross(b1, b2, n1);
+  cross(b2, b3, n2);
+  const auto norm = [tiny](T sq) { return sq <= tiny ? T(0) : std::sqrt(sq); };
+  if (f & 1) o[0] = norm(dot(b3, b3));
+  if (f & 2) o[1] = angle(norm(dot(n2, n2)), -dot(b2, b3), tiny);
+  if (f & 4) o[2] = angle(norm(dot(b2, b2)) * dot(b1, n2), dot(n1, n2), tiny);
+}
+
+// path (4, M) the atoms d, a, b, i of every row; w (M, 2) the log-det's weights; out (B, M, 3),
+// ld (B,) (or null: no log-det) contiguous.
+template <typename T>
+void inverse(const T* p, int64_t bn, const int64_t* ps, int64_t m, const int64_t* path, const uint8_t* flags,
+             const T* w, T* out, T* ld, T tiny, T clamp, int64_t threads) {
+  const int64_t *d = path, *a = path + m, *b = path + 2 * m, *i = path + 3 * m;
+  zmat::parallel_for(bn, threads, [&](int64_t s) {
+    const T* x = p + s * ps[0];
+    T* o = out + s * 3 * m;
+    zmat::LogSum sum;
+    for (int64_t j = 0; j < m; ++j, o += 3) {
+      row(x, ps[1], ps[2], d[j], a[j], b[j], i[j], flags[j], tiny, o);
+      if (ld) sum.add(zmat::log_det_factor(o[0], o[1], w[2 * j], w[2 * j + 1], clamp));
+    }
+    if (ld) ld[s] = -static_cast<T>(sum.value());
+  });
+}
+
+}  // namespace
+
+// positions p (B, K, 3) with element strides p0, p1, p2; the rest as inverse's.
+#define ZMAT_FIXED_INVERSE(T, SUFFIX, TINY, CLAMP)                                                          \
+  extern "C" void zmat_fixed_inverse_##SUFFIX(const T* p, int64_t b, int64_t p0, int64_t p1, int64_t p2,   \
+                                              int64_t m, const int64_t* path, const uint8_t* flags,        \
+                                              const T* w, T* out, T* ld, int64_t threads) {                \
+    const int64_t ps[3] = {p0, p1, p2};                                                                    \
+    inverse<T>(p, b, ps, m, path, flags, w, out, ld, TINY, CLAMP, threads);                                \
+  }
+
+ZMAT_FIXED_INVERSE(float, f32, 1e-12f, 1e-6f)
+ZMAT_FIXED_INVERSE(double, f64, 1e-24, 1e-12)
