@@ -1254,9 +1254,9 @@ class _LogDet(torch.autograd.Function):
 def fixed_inverse(x: torch.Tensor, arrays: tuple, reference):
     """Rows ``(..., 3 M)`` (flat, as the flows' ``q``) and minus their log-determinant ``(...)``
     (not differentiable: :func:`inverse_log_det` gives it its gradient through the rows) from
-    positions ``x`` ``(..., K, 3)`` (``zmat/csrc/fixed.cpp``: :func:`internal`'s rows and
-    :func:`log_det` on them, in one pass), with the rows' exact gradient. Eager CPU float calls
-    only (as :func:`internal`).
+    positions ``x`` ``(..., K, 3)`` (``zmat/csrc/fixed.cpp``: :func:`internal`'s rows and, in the
+    same pass, :func:`log_det` of them to rounding, ``sin theta`` from the geometry), with the
+    rows' exact gradient. Eager CPU float calls only (as :func:`internal`).
 
     Args:
         arrays: ``(path, flags, weights)``: :func:`internal`'s ``path`` and ``flags``,

@@ -1,9 +1,10 @@
-// The normalizing flows' inverse with fixed atoms (zmat/flows.py, _fixed_rows): every row's
+// The normalizing flows' inverse with fixed atoms (zmat/flows.py, _fixed_inverse): every row's
 // (r, theta, phi) from positions, as internal.cpp's forward (the same formulas and degenerate
 // values; a row's flags as there), its atan2 inline (atan.h: within 3 ulp of the library's,
-// which was most of the pass), and in the same pass minus the log-determinant of the forward
-// from the rows just written: -sum_i log(|r_i|^w_i |sin theta_i|^w'_i) with log_sum.h's factors,
-// the same bits as world.cpp's log_det on these rows. The gradient is internal.cpp's backward.
+// which was most of the pass), and in the same pass minus the log-determinant of the forward,
+// -sum_i log(max(|r_i|, c)^w_i max(sin theta_i, c)^w'_i) (log_sum.h), sin theta from the row's
+// geometry (no sine of theta: equal to world.cpp's log_det of these rows to rounding). The
+// gradient is internal.cpp's backward.
 #include <cmath>
 #include <cstdint>
 
@@ -22,10 +23,11 @@ inline T angle(T y, T x, T tiny) {  // atan2, 0 where x^2 + y^2 <= tiny
   return x * x + y * y <= tiny ? T(0) : zmat::fast_atan2(y, x);
 }
 
-// One row (d, a, b, i) of structure p (strides s1 atoms, s2 components) into o[3].
+// One row (d, a, b, i) of structure p (strides s1 atoms, s2 components) into o[3], and sin theta
+// (|n2| / |(b2 . b3, |n2|)|, in double; 0 where theta is) into sin_t where the row has theta.
 template <typename T>
 inline void row(const T* p, int64_t s1, int64_t s2, int64_t d, int64_t a, int64_t b, int64_t i, uint8_t f,
-                T tiny, T* o) {
+                T tiny, T* o, double& sin_t) {
   if (f & 8) {
     for (int c = 0; c < 3; ++c) o[c] = p[i * s1 + c * s2];
     return;
@@ -41,7 +43,11 @@ inline void row(const T* p, int64_t s1, int64_t s2, int64_t d, int64_t a, int64_
   cross(b2, b3, n2);
   const auto norm = [tiny](T sq) { return sq <= tiny ? T(0) : std::sqrt(sq); };
   if (f & 1) o[0] = norm(dot(b3, b3));
-  if (f & 2) o[1] = angle(norm(dot(n2, n2)), -dot(b2, b3), tiny);
+  if (f & 2) {
+    const T y = norm(dot(n2, n2)), x = -dot(b2, b3), h = x * x + y * y;
+    o[1] = h <= tiny ? T(0) : zmat::fast_atan2(y, x);
+    sin_t = h <= tiny ? 0.0 : y / std::sqrt(static_cast<double>(x) * x + static_cast<double>(y) * y);
+  }
   if (f & 4) o[2] = angle(norm(dot(b2, b2)) * dot(b1, n2), dot(n1, n2), tiny);
 }
 
@@ -56,8 +62,12 @@ void inverse(const T* p, int64_t bn, const int64_t* ps, int64_t m, const int64_t
     T* o = out + s * 3 * m;
     zmat::LogSum sum;
     for (int64_t j = 0; j < m; ++j, o += 3) {
-      row(x, ps[1], ps[2], d[j], a[j], b[j], i[j], flags[j], tiny, o);
-      if (ld) sum.add(zmat::log_det_factor(o[0], o[1], w[2 * j], w[2 * j + 1], clamp));
+      double sin_t = 0;
+      row(x, ps[1], ps[2], d[j], a[j], b[j], i[j], flags[j], tiny, o, sin_t);
+      if (!ld || (w[2 * j] == T(0) && w[2 * j + 1] == T(0))) continue;
+      double v = w[2 * j] != T(0) ? zmat::power(zmat::floor_abs(o[0], clamp), w[2 * j]) : 1.0;
+      if (w[2 * j + 1] != T(0)) v *= zmat::power(sin_t < clamp ? static_cast<double>(clamp) : sin_t, w[2 * j + 1]);
+      sum.add(v);
     }
     if (ld) ld[s] = -static_cast<T>(sum.value());
   });

@@ -1,21 +1,12 @@
-// The flows' log-determinant factors (zmat/flows.py, _log_det), shared by the fixed-atom forward
-// (world.cpp) and inverse (fixed.cpp) so that both give the same bits: each factor floored, in
-// double for both dtypes, summed as the log of one product per structure.
+// The flows' log-determinant (zmat/flows.py, _log_det) as the fixed-atom forward (world.cpp) and
+// inverse (fixed.cpp) sum it: each factor floored, in double for both dtypes, summed as the log of
+// one product per structure.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
-#include "trig.h"
-
 namespace zmat {
-
-template <typename T>
-inline void sin_cos(T x, T& s, T& c) {  // zmat::sin_cos in double, for both dtypes
-  double a, b;
-  zmat::sin_cos(static_cast<double>(x), a, b);
-  s = static_cast<T>(a), c = static_cast<T>(b);
-}
 
 template <typename T>
 inline double floor_abs(T v, T clamp) {  // max(|v|, clamp), in double
@@ -48,19 +39,6 @@ struct LogSum {
 template <typename T>
 inline double power(double a, T w) {  // a^w, the log-det's weights being 2 and 1
   return w == T(2) ? a * a : (w == T(1) ? a : std::pow(a, static_cast<double>(w)));
-}
-
-// Atom i's factor |r|^w0 |sin t|^w1 (a weight 0: not read), r, t its scaled entries.
-template <typename T>
-inline double log_det_factor(T r, T t, T w0, T w1, T clamp) {
-  double v = 1;
-  if (w0 != T(0)) v = power(floor_abs(r, clamp), w0);
-  if (w1 != T(0)) {
-    T st, ct;
-    sin_cos(t, st, ct);
-    v *= power(floor_abs(st, clamp), w1);
-  }
-  return v;
 }
 
 }  // namespace zmat

@@ -22,6 +22,7 @@
 
 #include "log_sum.h"
 #include "parallel.h"
+#include "trig.h"
 #include "vec3.h"
 
 namespace {
@@ -32,7 +33,14 @@ using zmat::cross;
 using zmat::dot;
 using zmat::floor_abs;
 using zmat::LogSum;
-using zmat::sin_cos;
+using zmat::power;
+
+template <typename T>
+inline void sin_cos(T x, T& s, T& c) {  // zmat::sin_cos in double, for both dtypes
+  double a, b;
+  zmat::sin_cos(static_cast<double>(x), a, b);
+  s = static_cast<T>(a), c = static_cast<T>(b);
+}
 
 struct Plan {
   int64_t n;
@@ -294,8 +302,16 @@ void log_det(const T* q, int64_t bn, const int64_t* qs, int64_t n, const T* w, c
     const Q<T> qq{q + s * qs[0], qs[1], qs[2], k};
     if (!gq) {  // the value
       LogSum sum;
-      for (int64_t i = 0; i < n; ++i)
-        sum.add(zmat::log_det_factor(qq.val(i, 0), qq.val(i, 1), w[2 * i], w[2 * i + 1], k.clamp));
+      for (int64_t i = 0; i < n; ++i) {
+        double v = 1;
+        if (w[2 * i] != T(0)) v = power(floor_abs(qq.val(i, 0), k.clamp), w[2 * i]);
+        if (w[2 * i + 1] != T(0)) {
+          T st, ct;
+          sin_cos(qq.val(i, 1), st, ct);
+          v *= power(floor_abs(st, k.clamp), w[2 * i + 1]);
+        }
+        sum.add(v);
+      }
       ld[s] = static_cast<T>(sum.value());
       return;
     }
