@@ -64,7 +64,8 @@ def test_fixed_inverse_is_the_torch_one(spy, monkeypatch, dtype, normalize):
 def test_inverse_log_det_is_the_log_det_of_q(spy, dtype):
     """T.inv's log-det from the inverse's pass is minus T's log-det of the same q (to rounding:
     sin theta from the geometry, not from theta), and its gradient hangs off q (``grad(ld, q)``, as
-    torch's inverse transforms): that of ``-T.log_abs_det_jacobian(q)``, bit for bit."""
+    torch's inverse transforms): that of ``-T.log_abs_det_jacobian(q)`` (cot theta from the geometry
+    too)."""
     T = InternalCoordinateTransform(TABLE, fixed_atoms=FIXED)
     x = _positions(dtype).requires_grad_(True)
     q, ld = _inverse_with_log_det(T, x)
@@ -75,7 +76,7 @@ def test_inverse_log_det_is_the_log_det_of_q(spy, dtype):
     (g_ref,) = torch.autograd.grad(ref.sum(), q2)
     tol = 1e-13 if dtype == torch.float64 else 1e-5
     torch.testing.assert_close(ld.detach(), ref.detach(), atol=tol, rtol=tol)
-    assert torch.equal(g, g_ref)
+    torch.testing.assert_close(g, g_ref, atol=tol, rtol=tol)
 
 
 def test_inverse_log_det_follows_q(spy):
@@ -93,6 +94,9 @@ def test_inverse_log_det_follows_q(spy):
     torch.testing.assert_close(ld, -T.log_abs_det_jacobian(q_other), rtol=0, atol=0)
     first, second = (T.inv.log_abs_det_jacobian(x, q) for _ in range(2))
     assert first is not second and torch.equal(first, second)
+    q = T.inv(x).requires_grad_(True)  # made to require grad after the inverse: from q
+    (g,) = torch.autograd.grad(T.inv.log_abs_det_jacobian(x, q).sum(), q)
+    torch.testing.assert_close(g, torch.autograd.grad(-T.log_abs_det_jacobian(q).sum(), q)[0])
     pickle.loads(pickle.dumps(T)).inv(x)  # the kept log-det (a weak reference) is not pickled
 
 
@@ -112,10 +116,11 @@ def test_fixed_inverse_gradcheck(spy):
 
 
 #: dispatched ops of one alanine dipeptide's inverse with its log-det and their backward, fixed
-#: backbone, less the two ones_like of the gradients given: the four outputs' allocations (q, log-det,
-#: their gradients) and the engine's sum of q's two gradients. The rows and T.inv's log-det in one
-#: pass, no views, no negation: 15 -> 5
-OPS_INVERSE_LOG_DET_BACKWARD = 5
+#: backbone, less the two ones_like of the gradients given: the allocations of q, the log-det, its
+#: gradient in q and the positions' gradient, the product of the log-det's gradient, and the engine's
+#: sum of q's two gradients. The rows, T.inv's log-det and its gradient in q in one pass, no views,
+#: no negation: 15 -> 6
+OPS_INVERSE_LOG_DET_BACKWARD = 6
 
 
 def test_ops_of_the_inverse_with_log_det_and_backward(spy):

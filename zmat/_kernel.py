@@ -297,7 +297,7 @@ _SIGNATURES = {  # pointers and integers (sizes, element strides), see the C sou
     "world_forward": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _I],
     "world_backward": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _I, _I, _I, _P, _I, _P, _I],
     "log_det": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _I, _P, _I],
-    "fixed_inverse": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _I],
+    "fixed_inverse": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _I],
     "pose_forward": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _I],
     "pose_backward": [_P, _I, _I, _I, _I, _I, _I, _P, _P, _I, _I, _I, _I, _P, _I, _I, _I, _P, _I],
     "euler_forward": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _I],
@@ -574,16 +574,17 @@ class _Library:
         return out
 
     # the flows' inverse with fixed atoms: q flat (B, 3 M), as the flows give it (no views per call)
-    def fixed_inverse(self, x: Tensor, path: Tensor, flags: Tensor, weights: Tensor):
-        """Positions ``x`` ``(B, K, 3)`` -> rows ``(B, 3 M)`` and minus their log-determinants
-        ``(B,)`` (see :func:`fixed_inverse`)."""
+    def fixed_inverse(self, x: Tensor, path: Tensor, flags: Tensor, weights: Tensor, grad: bool = False):
+        """Positions ``x`` ``(B, K, 3)`` -> rows ``(B, 3 M)``, minus their log-determinants ``(B,)``
+        and (``grad``, else ``None``) the gradient ``(B, 3 M)`` of those in the rows (see
+        :func:`fixed_inverse`)."""
         b, m = x.shape[0], flags.shape[0]
-        out, ld = x.new_empty((b, 3 * m)), x.new_empty((b,))
+        out, ld, gl = x.new_empty((b, 3 * m)), x.new_empty((b,)), x.new_empty((b, 3 * m)) if grad else None
         self.fns["fixed_inverse", x.dtype](
             x.data_ptr(), b, *x.stride(), m, path.data_ptr(), flags.data_ptr(), weights.data_ptr(),
-            out.data_ptr(), ld.data_ptr(), threads(b, m),
+            out.data_ptr(), ld.data_ptr(), _ptr(gl), threads(b, m),
         )  # fmt: skip
-        return out, ld
+        return out, ld, gl
 
     def fixed_inverse_backward(self, x: Tensor, path: Tensor, flags: Tensor, g: Tensor) -> Tensor:
         """:meth:`internal_backward` of rows ``g`` ``(B, 3 M)``."""
@@ -594,16 +595,6 @@ class _Library:
             g.data_ptr(), g0, 3 * g1, g1, grad.data_ptr(), threads(b, m),
         )  # fmt: skip
         return grad
-
-    def flat_log_det_backward(self, q: Tensor, weights: Tensor, scale, shift, gld: Tensor) -> Tensor:
-        """:meth:`log_det`'s gradient ``(B, 3 N)`` of ``q`` ``(B, 3 N)`` from ``gld`` ``(B,)``."""
-        b, n, (q0, q1) = q.shape[0], weights.shape[0] // 2, q.stride()
-        gq = q.new_empty(q.shape)
-        self.fns["log_det", q.dtype](
-            q.data_ptr(), b, q0, 3 * q1, q1, n, weights.data_ptr(), _ptr(scale), _ptr(shift), None,
-            gld.data_ptr(), gld.stride(0), gq.data_ptr(), threads(b, n),
-        )  # fmt: skip
-        return gq
 
 
 def _ptr(t: Tensor | None):
@@ -1252,10 +1243,11 @@ class _LogDet(torch.autograd.Function):
 # Batch-1 calls are dispatch-bound: one tensor argument per Function (the plan arrays in a tuple),
 # no views where the batch is one dimension.
 def fixed_inverse(x: torch.Tensor, arrays: tuple, reference):
-    """Rows ``(..., 3 M)`` (flat, as the flows' ``q``) and minus their log-determinant ``(...)``
-    (not differentiable: :func:`inverse_log_det` gives it its gradient through the rows) from
-    positions ``x`` ``(..., K, 3)`` (``zmat/csrc/fixed.cpp``: :func:`internal`'s rows and, in the
-    same pass, :func:`log_det` of them to rounding, ``sin theta`` from the geometry), with the
+    """Rows ``(..., 3 M)`` (flat, as the flows' ``q``), minus their log-determinant ``(...)`` and,
+    where ``x`` requires grad, its gradient ``(..., 3 M)`` in the rows (else ``None``; the last
+    two not differentiable: :func:`inverse_log_det` makes the log-det a function of the rows)
+    from positions ``x`` ``(..., K, 3)`` (``zmat/csrc/fixed.cpp``: :func:`internal`'s rows and, in
+    the same pass, :func:`log_det` of them to rounding, ``sin theta`` from the geometry), with the
     rows' exact gradient. Eager CPU float calls only (as :func:`internal`).
 
     Args:
@@ -1265,15 +1257,15 @@ def fixed_inverse(x: torch.Tensor, arrays: tuple, reference):
     """
     if torch.is_grad_enabled() and x.requires_grad:
         return _FixedInverse.apply(x, arrays, reference)
-    return _fixed_inverse(x, arrays)
+    return _fixed_inverse(x, arrays, False)
 
 
-def _fixed_inverse(x, arrays):
+def _fixed_inverse(x, arrays, grad):
     if x.dim() == 3:
-        return _state["module"].fixed_inverse(x, *arrays)
+        return _state["module"].fixed_inverse(x, *arrays, grad)
     batch = x.shape[:-2]
-    q, ld = _state["module"].fixed_inverse(x.reshape(-1, *x.shape[-2:]), *arrays)
-    return q.view(*batch, -1), ld.view(batch)
+    q, ld, gl = _state["module"].fixed_inverse(x.reshape(-1, *x.shape[-2:]), *arrays, grad)
+    return q.view(*batch, -1), ld.view(batch), None if gl is None else gl.view(*batch, -1)
 
 
 class _FixedInverse(torch.autograd.Function):
@@ -1282,12 +1274,12 @@ class _FixedInverse(torch.autograd.Function):
         ctx.arrays, ctx.reference = arrays[:2], reference
         ctx.save_for_backward(x)
         ctx.set_materialize_grads(False)
-        q, ld = _fixed_inverse(x, arrays)
-        ctx.mark_non_differentiable(ld)
-        return q, ld
+        q, ld, gl = _fixed_inverse(x, arrays, True)
+        ctx.mark_non_differentiable(ld, gl)
+        return q, ld, gl
 
     @staticmethod
-    def backward(ctx, g, _):
+    def backward(ctx, g, _, __):
         if g is None:
             return None, None, None
         (x,) = ctx.saved_tensors
@@ -1300,40 +1292,37 @@ class _FixedInverse(torch.autograd.Function):
         return grad.view(x.shape), None, None
 
 
-def inverse_log_det(q: torch.Tensor, value: torch.Tensor, arrays: tuple, reference):
+def inverse_log_det(q: torch.Tensor, value: torch.Tensor, grad, reference):
     """``value`` ``(...)``, minus the log-determinant of ``q`` ``(..., 3 N)`` as computed by
-    :func:`fixed_inverse`, with the gradient of ``-log_det(q)`` (:func:`log_det`'s; no second
-    pass over ``q`` forward). Eager CPU float calls only; ``value`` is handed out once (it becomes
-    the output).
+    :func:`fixed_inverse`, differentiable in ``q``: its gradient ``grad`` ``(..., 3 N)`` (from
+    :func:`fixed_inverse` too, scaled to ``q``; given where ``q`` requires grad), times the
+    incoming one (no second pass over ``q``). Eager CPU float calls only; ``value`` is handed
+    out once (it becomes the output).
 
     Args:
-        arrays: ``(weights, scale, shift)`` as :func:`log_det`'s, the weights negated.
         reference: ``q -> (...)`` in differentiable torch ops, for double backward.
     """
     if torch.is_grad_enabled() and q.requires_grad:
-        return _InverseLogDet.apply(q, (value, *arrays), reference)
+        return _InverseLogDet.apply(q, (value, grad), reference)
     return value
 
 
 class _InverseLogDet(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, arrays, reference):
-        ctx.arrays, ctx.reference = arrays[1:], reference
+    def forward(ctx, q, value_grad, reference):
+        ctx.grad, ctx.reference = value_grad[1], reference
         ctx.save_for_backward(q)
         ctx.set_materialize_grads(False)
-        return arrays[0]  # not an input: no view of it
+        return value_grad[0]  # not an input: no view of it
 
     @staticmethod
     def backward(ctx, g):
         if g is None:
             return None, None, None
-        (q,) = ctx.saved_tensors
         if _differentiable_backward(g):  # the reference's gradient, itself differentiable
+            (q,) = ctx.saved_tensors
             return torch.autograd.grad(ctx.reference(q), q, g, create_graph=True)[0], None, None
-        if q.dim() == 2:
-            return _state["module"].flat_log_det_backward(q, *ctx.arrays, g), None, None
-        grad = _state["module"].flat_log_det_backward(q.reshape(-1, q.shape[-1]), *ctx.arrays, g.reshape(-1))
-        return grad.view(q.shape), None, None
+        return ctx.grad * (g if g.numel() == 1 else g.unsqueeze(-1)), None, None  # (one op at batch 1)
 
 
 class KernelPlan:

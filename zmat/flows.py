@@ -258,9 +258,7 @@ class InternalCoordinateTransform(Transform):
         out = self._devices.get((device, dtype))
         if out is None:
             out = self._devices[device, dtype] = self._plan.tensors(device, dtype)
-            scaled = (out["scale"], out["shift"]) if self.normalize_angles else (None, None)
             out["fixed_inverse"] = out["path"], out["flags"], out["ld_weights"]  # the kernel's plan
-            out["inverse_log_det"] = out["ld_negated"], *scaled
         return out
 
     def _scale(self, q3: torch.Tensor, t: dict) -> torch.Tensor:
@@ -437,23 +435,25 @@ class InternalCoordinateTransform(Transform):
         is :meth:`_inverse`'s path with ``fuse=False``."""
         n = self.n_atoms
         reference = lambda v: _rows_torch(v.reshape(-1, n, 3), t, "").reshape(*v.shape[:-2], 3 * n)  # noqa: E731
-        q, ld = _kernel.fixed_inverse(xyz, t["fixed_inverse"], reference)
+        q, ld, grad = _kernel.fixed_inverse(xyz, t["fixed_inverse"], reference)
         if self._plan.n_trees or self.normalize_angles:
             euler = _tree_pose(xyz.reshape(-1, n, 3), t)[1] if self._plan.n_trees else None
             q = self._oriented(q.view(-1, n, 3), euler, t).view_as(q)
-            ld = ld - self._constant if self._constant else ld
-        self._last = weakref.ref(q), q._version, ld
+        if self.normalize_angles:  # radians -> q
+            ld, grad = ld - self._constant, None if grad is None else grad * t["scale"].view(-1)
+        self._last = weakref.ref(q), q._version, ld, grad
         return q
 
     def _inverse_log_det(self, q: torch.Tensor) -> torch.Tensor:
         """``T.inv.log_abs_det_jacobian(xyz, q)``, minus :meth:`log_abs_det_jacobian`: where ``q`` is
-        :meth:`_fixed_inverse`'s last output, unchanged, the value it computed (its gradient that of
-        ``-log_det(q)``, one compiled call backward), else computed from ``q``."""
+        :meth:`_fixed_inverse`'s last output, unchanged, the value it computed (with its gradient in
+        ``q``, computed there too: the backward is one product), else computed from ``q``."""
         last, self._last = self._last, None
         if last is None or last[0]() is not q or last[1] != q._version or torch.compiler.is_compiling():
             return -self.log_abs_det_jacobian(q)
-        arrays = self._tensors(q.device, q.dtype)["inverse_log_det"]
-        return _kernel.inverse_log_det(q, last[2], arrays, lambda v: -self.log_abs_det_jacobian(v))
+        if last[3] is None and q.requires_grad and torch.is_grad_enabled():  # q made to require it since
+            return -self.log_abs_det_jacobian(q)
+        return _kernel.inverse_log_det(q, last[2], last[3], lambda v: -self.log_abs_det_jacobian(v))
 
     def _fused_inverse(self, x: torch.Tensor, t: dict):
         """The global inverse's rows ``(B, N, 3)`` in one Function
@@ -847,7 +847,6 @@ class _Plan:
         self.floats = {"scale": scale, "shift": shift}
         weights = np.stack([2.0 * (free & (nref >= 1)), 1.0 * (free & (nref >= 2))], 1)
         self.floats["ld_weights"] = weights.ravel()  # the log-det's, (bond, angle) per atom
-        self.floats["ld_negated"] = -weights.ravel()  # T.inv's
         self.floats["zero_one"] = np.array([0.0, 1.0])
         self.floats["axes"] = np.array([[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])[..., None, None]
 
