@@ -98,6 +98,11 @@ def test_inverse_log_det_follows_q(spy):
     (g,) = torch.autograd.grad(T.inv.log_abs_det_jacobian(x, q).sum(), q)
     torch.testing.assert_close(g, torch.autograd.grad(-T.log_abs_det_jacobian(q).sum(), q)[0])
     pickle.loads(pickle.dumps(T)).inv(x)  # the kept log-det (a weak reference) is not pickled
+    q = T.inv(x.requires_grad_(True))
+    kept = T._last[2]
+    assert len(kept) == 2 and kept[1].shape == q.shape
+    del q  # never asked for its log-det: what was kept goes with it
+    assert kept == []
 
 
 def test_fixed_inverse_gradcheck(spy):

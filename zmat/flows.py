@@ -218,7 +218,7 @@ class InternalCoordinateTransform(Transform):
         if self.normalize_angles:
             self._constant = n_angle * math.log(math.pi) + n_periodic * math.log(2 * math.pi)
         self._devices: dict = {}
-        self._last = None  # the fixed inverse's last (weakref to q, its version, T.inv's log-det)
+        self._last = None  # the fixed inverse's last: (weakref to q, its version, [log-det, its gradient])
 
     def __getstate__(self):
         return {**super().__getstate__(), "_last": None}
@@ -441,7 +441,8 @@ class InternalCoordinateTransform(Transform):
             q = self._oriented(q.view(-1, n, 3), euler, t).view_as(q)
         if self.normalize_angles:  # radians -> q
             ld, grad = ld - self._constant, None if grad is None else grad * t["scale"].view(-1)
-        self._last = weakref.ref(q), q._version, ld, grad
+        kept = [ld, grad]  # freed with q (the callback holds no reference to self)
+        self._last = weakref.ref(q, lambda _, kept=kept: kept.clear()), q._version, kept
         return q
 
     def _inverse_log_det(self, q: torch.Tensor) -> torch.Tensor:
@@ -451,9 +452,10 @@ class InternalCoordinateTransform(Transform):
         last, self._last = self._last, None
         if last is None or last[0]() is not q or last[1] != q._version or torch.compiler.is_compiling():
             return -self.log_abs_det_jacobian(q)
-        if last[3] is None and q.requires_grad and torch.is_grad_enabled():  # q made to require it since
+        ld, grad = last[2]
+        if grad is None and q.requires_grad and torch.is_grad_enabled():  # q made to require it since
             return -self.log_abs_det_jacobian(q)
-        return _kernel.inverse_log_det(q, last[2], last[3], lambda v: -self.log_abs_det_jacobian(v))
+        return _kernel.inverse_log_det(q, ld, grad, lambda v: -self.log_abs_det_jacobian(v))
 
     def _fused_inverse(self, x: torch.Tensor, t: dict):
         """The global inverse's rows ``(B, N, 3)`` in one Function
