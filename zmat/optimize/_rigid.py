@@ -39,8 +39,9 @@ def rigid_motions(xyz: torch.Tensor) -> torch.Tensor:
 def reduced_space(Bm: torch.Tensor, xyz: torch.Tensor, rcond: float = 1e-6):
     """:func:`.steps.reduced_space`'s ``(U, Vs, keep)`` for ``Bm`` ``(B, P, 3N)`` whose null space is
     the rigid motions of ``xyz`` ``(B, N, 3)``, or None where that is not certified (the caller then
-    decomposes ``B^T B``). The six dropped columns come first, as the ascending eigenvalues'."""
-    bsz, p, n3 = Bm.shape
+    decomposes ``B^T B``), with ``3N - 6`` columns: the six dropped ones left out (the eigenvalue path
+    keeps them as zero columns), so the reduced Hessian's eigendecomposition is ``3N - 6`` wide."""
+    bsz, n3 = Bm.shape[0], Bm.shape[-1]
     if n3 < 9 or Bm.device.type != "cpu":  # (two atoms: five rigid motions)
         return None
     perp = torch.linalg.qr(rigid_motions(xyz), mode="complete").Q[..., 6:]
@@ -48,12 +49,7 @@ def reduced_space(Bm: torch.Tensor, xyz: torch.Tensor, rcond: float = 1e-6):
     L, info = torch.linalg.cholesky_ex(perp.transpose(1, 2) @ G @ perp)
     if info.any():
         return None
-    W = torch.linalg.solve_triangular(L, perp.transpose(1, 2), upper=False).transpose(1, 2)  # R_perp L^-T
+    W = torch.linalg.solve_triangular(L, perp.transpose(1, 2), upper=False).transpose(1, 2).contiguous()
     if not (W.square().sum((1, 2)) * (rcond * G.diagonal(dim1=1, dim2=2).sum(-1)) < 1).all():
         return None
-    Vs, U = Bm.new_zeros(bsz, n3, n3), Bm.new_zeros(bsz, p, n3)
-    Vs[..., 6:] = W
-    U[..., 6:] = Bm @ W
-    keep = torch.ones(bsz, n3, dtype=torch.bool)
-    keep[:, :6] = False
-    return U, Vs, keep
+    return Bm @ W, W, torch.ones(bsz, n3 - 6, dtype=torch.bool)

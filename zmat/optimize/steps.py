@@ -176,7 +176,9 @@ def reduced_space(Bm: torch.Tensor, rcond: float = 1e-6, xyz: torch.Tensor | Non
     (one O-H...O contact) stayed in, and a 0.3 step in ``q`` moved atoms by 130 A.
     ``xyz`` ``(B, N, 3)``: the positions, given where B's rows are invariant under rigid motions
     (:attr:`.coordinates.Primitives.rigid_invariant`): on the CPU the same space then comes from a
-    Cholesky factorisation (:mod:`._rigid`) where that is certified, in another orthonormal basis.
+    Cholesky factorisation (:mod:`._rigid`) where that is certified, in another orthonormal basis
+    and without the six dropped columns (``U`` ``(B, P, 3N - 6)``, ``Vs`` ``(B, 3N, 3N - 6)``, every
+    column kept): what follows works in any orthonormal basis of the space, of any width.
     """
     fast = None if xyz is None else _rigid.reduced_space(Bm, xyz, rcond)
     if fast is not None:
