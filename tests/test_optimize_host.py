@@ -10,9 +10,9 @@ import ase.io
 import pytest
 import torch
 
-from zmat.optimize import ToyForceField, _rigid, build_primitives, minimize, steps
+from zmat.optimize import ToyForceField, _compiled, _rigid, build_primitives, minimize, steps
 from zmat.optimize import optimizer as opt_mod
-from zmat.optimize.coordinates import values_and_b
+from zmat.optimize.coordinates import kernel_layout, values_and_b
 from zmat.optimize.steps import back_transform, reduced_space, wrap
 
 
@@ -27,15 +27,16 @@ def rattled(m, bsz=3, seed=0, scale=0.05):
     return x
 
 
+@pytest.mark.parametrize("sparse", [False, True])
 @pytest.mark.parametrize("name", ["water", "benzene", "caffeine", "histidine", "trisilacyclohexane_135"])
-def test_the_rigid_basis_spans_the_space_the_eigendecomposition_keeps(name):
+def test_the_rigid_basis_spans_the_space_the_eigendecomposition_keeps(name, sparse):
     m = baker(name)
     prims = build_primitives(m.positions, m.numbers)
     assert prims.rigid_invariant
     x = rattled(m)
     _, Bm = values_and_b(prims, x)
     U0, V0, k0 = reduced_space(Bm)
-    fast = _rigid.reduced_space(Bm, x)
+    fast = _rigid.reduced_space(Bm, x, kernel_layout(prims, x.dtype) if sparse else None)
     assert fast is not None
     U1, V1, k1 = fast
     n3 = Bm.shape[-1]
@@ -48,6 +49,20 @@ def test_the_rigid_basis_spans_the_space_the_eigendecomposition_keeps(name):
     pinv = torch.linalg.pinv(Bm, rtol=1e-6)
     torch.testing.assert_close(V1 @ U1.mT, pinv, atol=1e-10, rtol=1e-10)  # B^+
     torch.testing.assert_close(V0 @ U0.mT, pinv, atol=1e-10, rtol=1e-10)
+
+
+def test_the_kernels_sparse_products_equal_the_dense_ones():
+    """``B^T B`` and ``B W`` from each row's nonzero columns: padded rows (a bond repeats its last atom)
+    and frozen atoms' Cartesian rows included."""
+    m = baker("histidine")
+    prims = build_primitives(m.positions, m.numbers, frozen=(1, 4))
+    x = rattled(m)
+    _, Bm = values_and_b(prims, x)
+    lay = kernel_layout(prims, x.dtype)
+    assert len(lay[3]) == 6
+    W = torch.randn(3, Bm.shape[-1], 17, generator=torch.Generator().manual_seed(5), dtype=x.dtype)
+    torch.testing.assert_close(_compiled.gram(lay, Bm), Bm.mT @ Bm, atol=1e-13, rtol=0)
+    torch.testing.assert_close(_compiled.times(lay, Bm, W), Bm @ W, atol=1e-13, rtol=0)
 
 
 def test_the_rigid_basis_declines_what_it_cannot_certify():
@@ -170,7 +185,7 @@ def test_the_linear_check_in_the_kernel_equals_the_torch_path(monkeypatch):
     w = baker("water")
     wprims = build_primitives(w.positions, w.numbers)
     y = torch.tensor(w.positions)[None].expand(2, -1, -1).clone() / 0.529177
-    o, h1, h2 = wprims.angle[0].tolist()
+    h1, o, h2 = wprims.angle[0].tolist()  # (vertex in the middle)
     y[1, h2] = 2 * y[1, o] - y[1, h1]  # H-O-H straightened: 180 deg
 
     def run():

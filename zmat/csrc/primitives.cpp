@@ -284,6 +284,55 @@ void back_round(const T* x0, const T* r0, const T* target, const T* U, const T* 
   }
 }
 
+// The distinct columns of a row of B and their entries (a row's repeated padding atom counted once):
+// at most 12; returns how many.
+template <typename T>
+int row_columns(const T* row, const int64_t* a, int64_t* col, T* val) {
+  int m = 0;
+  for (int j = 0; j < 4; ++j) {
+    bool seen = false;
+    for (int i = 0; i < j; ++i) seen = seen || a[i] == a[j];
+    if (seen) continue;
+    for (int e = 0; e < 3; ++e) {
+      col[m] = 3 * a[j] + e;
+      val[m++] = row[3 * a[j] + e];
+    }
+  }
+  return m;
+}
+
+// G = B^T B (n3 x n3) of one conformer from the rows' at most 12 nonzero columns (geometric rows, then
+// the Cartesian rows' single ones): ~150 multiply-adds a row where the dense product takes 3N^2.
+template <typename T>
+void gram(const T* bm, const Layout<T>& L, int64_t n3, T* G) {
+  for (int64_t k = 0; k < n3 * n3; ++k) G[k] = T(0);
+  int64_t col[12];
+  T val[12];
+  for (int64_t r = 0; r < L.g; ++r) {
+    const int m = row_columns(bm + r * n3, L.atoms + 4 * r, col, val);
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < m; ++j) G[col[i] * n3 + col[j]] += val[i] * val[j];
+  }
+  for (int64_t r = 0; r < L.c; ++r) G[L.cart[r] * n3 + L.cart[r]] += T(1);
+}
+
+// U = B W (P x rank) of one conformer, W (n3 x rank), from the rows' nonzero columns.
+template <typename T>
+void sparse_times(const T* bm, const Layout<T>& L, int64_t n3, const T* W, int64_t rank, T* U) {
+  int64_t col[12];
+  T val[12];
+  for (int64_t r = 0; r < L.g + L.c; ++r) {
+    T* u = U + r * rank;
+    for (int64_t k = 0; k < rank; ++k) u[k] = T(0);
+    const int m = r < L.g ? row_columns(bm + r * n3, L.atoms + 4 * r, col, val) : 1;
+    if (r >= L.g) col[0] = L.cart[r - L.g], val[0] = T(1);
+    for (int i = 0; i < m; ++i) {
+      const T* w = W + col[i] * rank;
+      for (int64_t k = 0; k < rank; ++k) u[k] += val[i] * w[k];
+    }
+  }
+}
+
 template <typename T>
 Layout<T> layout(int64_t g, const int64_t* atoms, const int64_t* kind, const T* ref, int64_t c,
                  const int64_t* cart) {
@@ -330,5 +379,27 @@ constexpr T tiny_of() {
     });                                                                                                     \
   }
 
+// bm (B, P, 3N) as zmat_prims_b wrote it; G (B, 3N, 3N); W (B, 3N, R) and U (B, P, R).
+#define ZMAT_PRIMITIVES_SPARSE(T, SUFFIX)                                                                   \
+  extern "C" void zmat_prims_gram_##SUFFIX(const T* bm, int64_t b, int64_t n, int64_t g,                   \
+                                           const int64_t* atoms, const int64_t* kind, const T* ref,         \
+                                           int64_t c, const int64_t* cart, T* G, int64_t threads) {        \
+    const Layout<T> L = layout<T>(g, atoms, kind, ref, c, cart);                                           \
+    const int64_t p = g + c, n3 = 3 * n;                                                                    \
+    zmat::parallel_for(b, threads, [&](int64_t k) { gram<T>(bm + k * p * n3, L, n3, G + k * n3 * n3); });  \
+  }                                                                                                         \
+  extern "C" void zmat_prims_times_##SUFFIX(const T* bm, int64_t b, int64_t n, int64_t g,                  \
+                                            const int64_t* atoms, const int64_t* kind, const T* ref,        \
+                                            int64_t c, const int64_t* cart, const T* W, int64_t rank, T* U, \
+                                            int64_t threads) {                                              \
+    const Layout<T> L = layout<T>(g, atoms, kind, ref, c, cart);                                           \
+    const int64_t p = g + c, n3 = 3 * n;                                                                    \
+    zmat::parallel_for(b, threads, [&](int64_t k) {                                                         \
+      sparse_times<T>(bm + k * p * n3, L, n3, W + k * n3 * rank, rank, U + k * p * rank);                   \
+    });                                                                                                     \
+  }
+
+ZMAT_PRIMITIVES_SPARSE(float, f32)
+ZMAT_PRIMITIVES_SPARSE(double, f64)
 ZMAT_PRIMITIVES(float, f32)
 ZMAT_PRIMITIVES(double, f64)

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import torch
 
+from . import _compiled
+
 
 def rigid_motions(xyz: torch.Tensor) -> torch.Tensor:
     """``(B, 3N, 6)``: the three translations and the three rotations about the centroid of ``xyz``
@@ -36,20 +38,23 @@ def rigid_motions(xyz: torch.Tensor) -> torch.Tensor:
     return torch.cat([trans.reshape(bsz, 3 * n, 3), rot.permute(1, 2, 3, 0).reshape(bsz, 3 * n, 3)], -1)
 
 
-def reduced_space(Bm: torch.Tensor, xyz: torch.Tensor, rcond: float = 1e-6):
+def reduced_space(Bm: torch.Tensor, xyz: torch.Tensor, layout: tuple | None = None, rcond: float = 1e-6):
     """:func:`.steps.reduced_space`'s ``(U, Vs, keep)`` for ``Bm`` ``(B, P, 3N)`` whose null space is
     the rigid motions of ``xyz`` ``(B, N, 3)``, or None where that is not certified (the caller then
     decomposes ``B^T B``), with ``3N - 6`` columns: the six dropped ones left out (the eigenvalue path
-    keeps them as zero columns), so the reduced Hessian's eigendecomposition is ``3N - 6`` wide."""
+    keeps them as zero columns), so the reduced Hessian's eigendecomposition is ``3N - 6`` wide.
+    ``layout``: B's rows as :func:`.coordinates.kernel_layout` gives them, where the kernel is to form
+    ``B^T B`` and ``B Vs`` from each row's 12 nonzero columns (a tenth of the dense products)."""
     bsz, n3 = Bm.shape[0], Bm.shape[-1]
     if n3 < 9 or Bm.device.type != "cpu":  # (two atoms: five rigid motions)
         return None
     perp = torch.linalg.qr(rigid_motions(xyz), mode="complete").Q[..., 6:]
-    G = Bm.transpose(1, 2) @ Bm
+    sparse = layout is not None and _compiled.usable(Bm)
+    G = _compiled.gram(layout, Bm) if sparse else Bm.transpose(1, 2) @ Bm
     L, info = torch.linalg.cholesky_ex(perp.transpose(1, 2) @ G @ perp)
     if info.any():
         return None
     W = torch.linalg.solve_triangular(L, perp.transpose(1, 2), upper=False).transpose(1, 2).contiguous()
     if not (W.square().sum((1, 2)) * (rcond * G.diagonal(dim1=1, dim2=2).sum(-1)) < 1).all():
         return None
-    return Bm @ W, W, torch.ones(bsz, n3 - 6, dtype=torch.bool)
+    return _compiled.times(layout, Bm, W) if sparse else Bm @ W, W, torch.ones(bsz, n3 - 6, dtype=torch.bool)

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from ase.data import covalent_radii
 
-from .coordinates import build_primitives, values, values_and_b
+from .coordinates import build_primitives, kernel_layout, values, values_and_b
 from .steps import (
     BOHR,
     HARTREE,
@@ -201,10 +201,10 @@ class InternalStepper:
         self.best_off = torch.zeros(bsz, dtype=torch.bool, device=self.device)  # best point off target
         self.step_norm = zeros
 
-    def _rigid(self, x: torch.Tensor) -> torch.Tensor | None:
-        """``x`` where B's null space is the rigid motions (:func:`.steps.reduced_space` then factorises
-        instead of decomposing), else None."""
-        return x if self.prims.rigid_invariant else None
+    def _rigid(self, x: torch.Tensor) -> tuple | None:
+        """``(x, layout)`` where B's null space is the rigid motions (:func:`.steps.reduced_space` then
+        factorises instead of decomposing), else None."""
+        return (x, kernel_layout(self.prims, x.dtype)) if self.prims.rigid_invariant else None
 
     def needs_rebuild(self, xyz: torch.Tensor) -> torch.Tensor:
         """0-d bool tensor: an angle became linear or a linear bend bent (no host sync)."""
@@ -253,7 +253,7 @@ class InternalStepper:
             return grad.detach().norm(dim=-1).amax(-1)
         x, gx = self._cartesian(xyz, grad)
         q, Bm = values_and_b(self.prims, x)
-        U, Vs, _ = reduced_space(Bm, xyz=self._rigid(x))
+        U, Vs, _ = reduced_space(Bm, rigid=self._rigid(x))
         gq = pinv_t_apply(U, Vs, gx)
         return self._fmax(Bm, U, self._free_projector(U), gq, gx, q).to(grad.dtype)
 
@@ -278,7 +278,7 @@ class InternalStepper:
         x, gx = self._cartesian(xyz, grad)
         E = energy.detach().to(torch.float64) / self.energy_unit
         q, Bm = values_and_b(self.prims, x)
-        U, Vs, keep = reduced_space(Bm, xyz=self._rigid(x))
+        U, Vs, keep = reduced_space(Bm, rigid=self._rigid(x))
         gq = pinv_t_apply(U, Vs, gx)
         first, upd = self.first, active & ~self.first
 

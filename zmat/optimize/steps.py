@@ -161,7 +161,7 @@ def bfgs(H: torch.Tensor, dq: torch.Tensor, dg: torch.Tensor, on: torch.Tensor) 
     return H.baddbmm_(left, right)
 
 
-def reduced_space(Bm: torch.Tensor, rcond: float = 1e-6, xyz: torch.Tensor | None = None):
+def reduced_space(Bm: torch.Tensor, rcond: float = 1e-6, rigid: tuple | None = None):
     """The non-redundant space of ``B`` ``(B, P, 3N)``.
 
     Returns ``(U, Vs, keep)``: ``U`` ``(B, P, 3N)`` orthonormal columns
@@ -174,13 +174,14 @@ def reduced_space(Bm: torch.Tensor, rcond: float = 1e-6, xyz: torch.Tensor | Non
     bool, the columns in use. ``rcond`` 1e-6 (``B^+`` amplifies at most
     1000-fold): with 1e-8 the soft direction of a loosely bound water dimer
     (one O-H...O contact) stayed in, and a 0.3 step in ``q`` moved atoms by 130 A.
-    ``xyz`` ``(B, N, 3)``: the positions, given where B's rows are invariant under rigid motions
+    ``rigid``: ``(xyz, layout)``, the positions ``(B, N, 3)`` and :func:`.coordinates.kernel_layout`'s
+    rows, given where B's rows are invariant under rigid motions
     (:attr:`.coordinates.Primitives.rigid_invariant`): on the CPU the same space then comes from a
     Cholesky factorisation (:mod:`._rigid`) where that is certified, in another orthonormal basis
     and without the six dropped columns (``U`` ``(B, P, 3N - 6)``, ``Vs`` ``(B, 3N, 3N - 6)``, every
     column kept): what follows works in any orthonormal basis of the space, of any width.
     """
-    fast = None if xyz is None else _rigid.reduced_space(Bm, xyz, rcond)
+    fast = None if rigid is None else _rigid.reduced_space(Bm, *rigid, rcond=rcond)
     if fast is not None:
         return fast
     s, V = torch.linalg.eigh(Bm.transpose(1, 2) @ Bm)
