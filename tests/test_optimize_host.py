@@ -42,6 +42,7 @@ def test_the_rigid_basis_spans_the_space_the_eigendecomposition_keeps(name, spar
     n3 = Bm.shape[-1]
     assert U1.shape == (*Bm.shape[:2], n3 - 6) and V1.shape == (3, n3, n3 - 6) and k1.all()
     assert ((~k0).sum(-1) == 6).all()  # the eigenvalue rule drops exactly the six rigid motions
+    assert (Bm @ _rigid.rigid_motions(x)).abs().max() < 1e-12  # which are B's null space
     eye = torch.eye(n3 - 6, dtype=U1.dtype)
     torch.testing.assert_close(U1.mT @ U1, eye.expand(3, -1, -1), atol=1e-12, rtol=0)
     torch.testing.assert_close(Bm @ V1, U1, atol=1e-12, rtol=0)

@@ -22,6 +22,7 @@ decomposes. The check reads the tensors, so this runs on the CPU only.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from . import _compiled
@@ -29,13 +30,17 @@ from . import _compiled
 
 def rigid_motions(xyz: torch.Tensor) -> torch.Tensor:
     """``(B, 3N, 6)``: the three translations and the three rotations about the centroid of ``xyz``
-    ``(B, N, 3)``, flattened atom-major (B's columns)."""
-    bsz, n = xyz.shape[:2]
-    eye = torch.eye(3, dtype=xyz.dtype, device=xyz.device)
-    d = xyz - xyz.mean(1, keepdim=True)
-    trans = eye.expand(bsz, n, 3, 3)  # [b, atom, axis, motion]
-    rot = torch.linalg.cross(eye[:, None, None, :].expand(3, bsz, n, 3), d.expand(3, -1, -1, -1), dim=-1)
-    return torch.cat([trans.reshape(bsz, 3 * n, 3), rot.permute(1, 2, 3, 0).reshape(bsz, 3 * n, 3)], -1)
+    ``(B, N, 3)`` (a CPU tensor: built on its numpy view, ten small ops), flattened atom-major."""
+    x = xyz.numpy()
+    bsz, n = x.shape[:2]
+    d = x - x.mean(1, keepdims=True)
+    R = np.zeros((bsz, n, 3, 6))
+    R[:, :, [0, 1, 2], [0, 1, 2]] = 1.0
+    # the rotation about axis e_k moves atom i by e_k x d_i
+    R[:, :, 1, 3], R[:, :, 2, 3] = -d[..., 2], d[..., 1]
+    R[:, :, 0, 4], R[:, :, 2, 4] = d[..., 2], -d[..., 0]
+    R[:, :, 0, 5], R[:, :, 1, 5] = -d[..., 1], d[..., 0]
+    return torch.from_numpy(R.reshape(bsz, 3 * n, 6))
 
 
 def reduced_space(Bm: torch.Tensor, xyz: torch.Tensor, layout: tuple | None = None, rcond: float = 1e-6):
@@ -55,6 +60,7 @@ def reduced_space(Bm: torch.Tensor, xyz: torch.Tensor, layout: tuple | None = No
     if info.any():
         return None
     W = torch.linalg.solve_triangular(L, perp.transpose(1, 2), upper=False).transpose(1, 2).contiguous()
-    if not (W.square().sum((1, 2)) * (rcond * G.diagonal(dim1=1, dim2=2).sum(-1)) < 1).all():
+    w, g = W.numpy(), G.numpy()
+    if not (np.square(w).sum((1, 2)) * (rcond * np.trace(g, axis1=1, axis2=2)) < 1).all():
         return None
     return _compiled.times(layout, Bm, W) if sparse else Bm @ W, W, torch.ones(bsz, n3 - 6, dtype=torch.bool)
