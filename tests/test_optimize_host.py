@@ -199,3 +199,26 @@ def test_the_linear_check_in_the_kernel_equals_the_torch_path(monkeypatch):
     ref = run()
     monkeypatch.setenv("ZMAT_NO_KERNEL", "0")
     assert run() == ref == [False, True, False, False, True]
+
+
+def test_a_step_on_a_molecule_makes_one_eigendecomposition():
+    """Histidine (bonds, angles, dihedrals, out-of-plane): the rigid basis replaces B^T B's
+    eigendecomposition; the reduced Hessian's is the one left, a step within ~300 ops (~400 before)."""
+    from zmat.testing import DispatchAudit
+
+    m = baker("histidine")
+    x = torch.tensor(m.positions)[None] + 0.05
+    stepper, ff, eighs, ops = (
+        opt_mod.InternalStepper(x, m.numbers),
+        ToyForceField(m.numbers, m.positions),
+        [],
+        [],
+    )
+    for _ in range(3):
+        e, g = opt_mod._evaluate(ff, x)
+        with DispatchAudit() as s:
+            x = stepper.step(x, e, g)[1]
+            stepper.needs_rebuild(x)
+        eighs.append(s.ops.count("_linalg_eigh"))
+        ops.append(s.count)
+    assert eighs == [1] * 3 and max(ops) <= 300, (eighs, ops)
