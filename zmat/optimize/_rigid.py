@@ -10,7 +10,7 @@ gets ``G_perp = R_perp^T G R_perp = L L^T`` by Cholesky and the basis
 and ``Vs U^T = G^+ B^T``, as the eigenvectors' (a different orthonormal
 basis of the same space: the RFO and trust steps, the Cartesian images and
 the back-transformation are the same to rounding). A 60 x 60 eigh costs
-about 0.3 ms, the Cholesky and the triangular solve a tenth of it.
+about 0.3 ms, the Cholesky and the triangular solve a fifth of it.
 
 That every kept direction is above the cut is certified, not assumed:
 ``lambda_min(G_perp) >= 1 / |L^-1|_F^2`` and ``lambda_max(G) <= tr G``, so
@@ -49,7 +49,7 @@ def reduced_space(Bm: torch.Tensor, xyz: torch.Tensor, layout: tuple | None = No
     decomposes ``B^T B``), with ``3N - 6`` columns: the six dropped ones left out (the eigenvalue path
     keeps them as zero columns), so the reduced Hessian's eigendecomposition is ``3N - 6`` wide.
     ``layout``: B's rows as :func:`.coordinates.kernel_layout` gives them, where the kernel is to form
-    ``B^T B`` and ``B Vs`` from each row's 12 nonzero columns (a tenth of the dense products)."""
+    ``B^T B`` and ``B Vs`` from each row's at most 12 nonzero columns (not the dense products)."""
     bsz, n3 = Bm.shape[0], Bm.shape[-1]
     if n3 < 9 or Bm.device.type != "cpu":  # (two atoms: five rigid motions)
         return None
