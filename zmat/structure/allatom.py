@@ -75,13 +75,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._segments import segment_ids
+from .._segments import segment_ids, starts
 from ..autotable import connectivity, elements
 from ..protein.io import chain_mask, reroute_degenerate, warn_coincident
 from ..protein.layout import amino_tree, template_slots
 from ..protein.topology import RESIDUES
 from .ccd import ccd_residue
-from .hydrogens import LINK_ATOMS, Protonation, extra_names, file_names, missing, place
+from .hydrogens import AMIDE, LINK_ATOMS, Protonation, extra_names, file_names, place, place_all, plan
 from .ligands import rotatable_bonds, torsion_rows
 from .modified import beyond_parent, is_cysteine, own_name, parent_name, parent_type, residue_type
 from .nucleic import NUCLEOTIDES
@@ -268,64 +268,87 @@ def _select(atoms, chain, hydrogens: bool, ligands: bool):
 def _residues(atoms, modified: np.ndarray) -> list[_Res]:
     """The kept residues, atoms by their CCD names (first of a name wins); an in-chain
     modified residue (``modified``: per atom) with a standard parent is a polymer residue
-    of its parent's family (``zmat/structure/modified.py``)."""
+    of its parent's family (``zmat/structure/modified.py``). Per residue slices of arrays
+    read once (an AtomArray's attribute access costs ~10 us a call); the atoms a residue's
+    CCD entry lacks found per residue name at once (:func:`_unknown`)."""
     import biotite.structure as struc
 
     # a change of name starts a residue too: two residues sharing chain, number and insertion
     # code (biotite's 1xnr has U129 / G129) stay two
-    starts = struc.get_residue_starts(atoms, add_exclusive_stop=True, extra_categories=("res_name",))
+    bounds = struc.get_residue_starts(atoms, add_exclusive_stop=True, extra_categories=("res_name",))
+    first = bounds[:-1]
+    atom_name = atoms.atom_name.tolist()
+    element = np.char.capitalize(atoms.element.astype(str)).tolist()
+    coord = atoms.coord.astype(np.float64)
+    meta = zip(
+        atoms.res_name[first].tolist(),
+        atoms.chain_id[first].tolist(),
+        atoms.res_id[first].tolist(),
+        atoms.ins_code[first].tolist(),
+        atoms.hetero[first].tolist(),
+        modified[first].tolist(),
+        strict=True,
+    )
     out = []
-    # the per-atom annotations read once (an AtomArray's attribute access costs ~10 us a call)
-    atom_name, element = atoms.atom_name.tolist(), atoms.element.tolist()
-    coord = list(atoms.coord.astype(np.float64))
-    for s, e in zip(starts[:-1], starts[1:], strict=True):
-        name = str(atoms.res_name[s])
+    for name, chain, res_id, ins, hetero, mod in meta:
         fam = family_of(name)
-        if fam == "ligand" and modified[s] and family_of(parent_type(name)) == _polymer_kind(name):
+        if fam == "ligand" and mod and family_of(parent_type(name)) == _polymer_kind(name):
             fam = family_of(parent_type(name))
-        ccd = ccd_residue(name)  # raises, naming the residue, without a CCD entry
-        kind = backbone_kind(name, fam)
-        known = set(ccd.atom_names.tolist()) | set(extra_names(name, kind))
-        label = f"{name} {atoms.chain_id[s]}{atoms.res_id[s]}{atoms.ins_code[s]}"
-        res = _Res(
-            name,
-            fam,
-            kind,
-            str(atoms.chain_id[s]),
-            int(atoms.res_id[s]),
-            str(atoms.ins_code[s]),
-            bool(atoms.hetero[s]),
-            [],
-            [],
-            [],
-            [],
-            [],
-            [],
-        )
-        for i in range(s, e):
-            a = str(atom_name[i])
-            if a in res.names:
-                warnings.warn(
-                    f"residue {label}: atom {a!r} appears again (a repeated residue number?); the "
-                    "first one is kept",
-                    stacklevel=4,
-                )
-                continue
-            res.names.append(a)
-            res.elements.append(str(element[i]).capitalize())
-            res.xyz.append(coord[i])
-            res.added.append(False)
-            res.extra.append(a not in known)
+        ccd_residue(name)  # raises, naming the residue, without a CCD entry
+        out.append(_Res(name, fam, backbone_kind(name, fam), str(chain), int(res_id), str(ins), bool(hetero),
+                        [], [], [], [], [], []))  # fmt: skip
+    extra = _unknown(out, np.asarray(atoms.atom_name), bounds)
+    for res, s, e in zip(out, bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+        keep = _first_of_names(res, atom_name[s:e])
+        if keep is None:
+            res.names, res.elements, res.extra, res.xyz = atom_name[s:e], element[s:e], extra[s:e], coord[s:e]
+        else:
+            at = [s + i for i in keep]
+            res.names, res.elements = [atom_name[i] for i in at], [element[i] for i in at]
+            res.extra, res.xyz = [extra[i] for i in at], coord[np.array(at, np.int64)].reshape(-1, 3)
+        res.added = [False] * len(res.names)
         if any(res.extra):
             res.extra_bonds = _extra_bonds(res)
             kept = [a for a, x in zip(res.names, res.extra, strict=True) if x]
             warnings.warn(
-                f"chain {res.chain} residue {res.res_id}{res.ins_code} {name}: atoms {kept} are not in "
-                "its CCD entry; kept as extra atoms, bonded by distance within the residue",
+                f"chain {res.chain} residue {res.res_id}{res.ins_code} {res.name}: atoms {kept} are not "
+                "in its CCD entry; kept as extra atoms, bonded by distance within the residue",
                 stacklevel=4,
             )
-        out.append(res)
     return out
+
+
+def _first_of_names(res: _Res, names: list) -> list[int] | None:
+    """The atoms kept of a residue whose names repeat (the first of each, with a warning);
+    None where none repeats (all kept)."""
+    if len(set(names)) == len(names):
+        return None
+    keep, seen = [], set()
+    for i, a in enumerate(names):
+        if a in seen:
+            warnings.warn(
+                f"residue {res.name} {res.chain}{res.res_id}{res.ins_code}: atom {a!r} appears again (a "
+                "repeated residue number?); the first one is kept",
+                stacklevel=5,
+            )
+            continue
+        seen.add(a)
+        keep.append(i)
+    return keep
+
+
+def _unknown(residues: list[_Res], atom_name: np.ndarray, bounds: np.ndarray) -> list[bool]:
+    """Per atom: its name is neither in its residue's CCD entry nor one of the hydrogens the
+    residue may have beyond it (``hydrogens.extra_names``); one ``isin`` per residue variant."""
+    variant = {}
+    group = np.array([variant.setdefault((r.name, r.kind), len(variant)) for r in residues], np.int64)
+    group = np.repeat(group, np.diff(bounds))
+    out = np.zeros(len(atom_name), bool)
+    for (name, kind), g in variant.items():
+        sel = np.flatnonzero(group == g)
+        known = list(ccd_residue(name).atom_names.tolist()) + list(extra_names(name, kind))
+        out[sel] = ~np.isin(atom_name[sel], known)
+    return out.tolist()
 
 
 def _extra_bonds(res: _Res) -> list[tuple[int, int]]:
@@ -381,47 +404,67 @@ def _disulfides(residues: list[_Res]) -> list[tuple[int, int]]:
     """Pairs of cysteines (residue indices) whose SG atoms are closer than ``DISULFIDE_MAX``;
     a modified cysteine in a chain (CSO, CME, CSD: parent type ``CYS``) counts as one."""
     cys = [k for k, r in enumerate(residues) if is_cysteine(r.name, r.family, r.names)]
-    sg = [residues[k].xyz[residues[k].names.index(own_name(residues[k].name, "SG"))] for k in cys]
-    return [
-        (cys[i], cys[j])
-        for i in range(len(cys))
-        for j in range(i + 1, len(cys))
-        if np.linalg.norm(sg[i] - sg[j]) < DISULFIDE_MAX
-    ]
+    sg = np.array([residues[k].xyz[residues[k].names.index(own_name(residues[k].name, "SG"))] for k in cys])
+    i, j = np.triu_indices(len(cys), 1)
+    d = sg[i] - sg[j] if len(cys) else np.zeros((0, 3))
+    near = np.sqrt(np.vecdot(d, d)) < DISULFIDE_MAX  # np.linalg.norm's bits
+    return [(cys[a], cys[b]) for a, b in zip(i[near].tolist(), j[near].tolist(), strict=True)]
 
 
-def _complete_hydrogens(residues: list[_Res], linked: np.ndarray, opts: Protonation) -> None:
-    """Add every residue's missing hydrogens (``hydrogens.missing``) after its atoms;
-    warn, naming them, where coincident or collinear heavy atoms leave no direction."""
-    bridged = {k for pair in _disulfides(residues) for k in pair}
-    degenerate = []
+def _complete_hydrogens(residues: list[_Res], linked: np.ndarray, opts: Protonation, bridged: set) -> None:
+    """Add every residue's missing hydrogens after its atoms: each residue variant's plan
+    (``hydrogens.plan``: which ones, on which reference atoms, made once per variant) offset by
+    the residue's first atom, and all of them placed at once (``hydrogens.place_all``); warn,
+    naming them, where coincident or collinear heavy atoms leave no direction (those, and
+    proline's N-terminal pair, are placed one by one, ``hydrogens.place``)."""
+    R = len(residues)
+    plans, c_at = [], np.full(R, -1, np.int64)
     for k, res in enumerate(residues):
-        nxt = k + 1 < len(residues) and linked[k + 1]
         res.names = file_names(res.name, res.kind, bool(linked[k]), res.names)
-        heavy = {a for a, e in zip(res.names, res.elements, strict=True) if e != "H"}
-        have = [a for a, e, x in zip(res.names, res.elements, res.extra, strict=True) if e == "H" and not x]
-        # a heavy atom with a file hydrogen of an unknown name (CHARMM's HN) gets no more
         elem = res.elements
-        carried = {
+        # a heavy atom with a file hydrogen of an unknown name (CHARMM's HN) gets no more
+        carried = frozenset(
             res.names[j if elem[i] == "H" else i] for i, j in res.extra_bonds if "H" in (elem[i], elem[j])
-        }
-        coords = {a: x for a, x in zip(res.names, res.xyz, strict=True) if a in heavy}
-        prev_c = None
-        if linked[k] and res.kind == "protein" and "C" in residues[k - 1].names:
-            p = residues[k - 1]
-            prev_c = p.xyz[p.names.index("C")]
+        )
+        prev_c = bool(linked[k]) and res.kind == "protein" and "C" in residues[k - 1].names
+        if prev_c:
+            c_at[k] = residues[k - 1].names.index("C")
+        nxt = k + 1 < R and bool(linked[k + 1])
+        key = (tuple(res.names), tuple(elem), tuple(res.extra), carried, k in bridged, prev_c)
+        p = plan(res.name, res.kind, bool(linked[k]), nxt, opts, *key)
+        if p.error:
+            raise ValueError(f"chain {res.chain} residue {res.name} {res.res_id}{res.ins_code}: {p.error}")
+        plans.append(p)
+    counts = np.array([len(p.names) for p in plans], np.int64)
+    if not counts.sum():
+        return
+    first = starts(np.array([len(r.names) for r in residues], np.int64))
+    owner = np.repeat(np.arange(R), counts)
+    how = np.concatenate([p.how for p in plans])
+    refs = np.concatenate([p.refs for p in plans]) + first[owner][:, None]
+    amide = how == AMIDE
+    refs[amide, 2] = (first[owner - 1] + c_at[owner])[amide]  # the previous residue's C
+    xyz = np.concatenate([r.xyz for r in residues])
+    pos, done = place_all(xyz, how, refs, np.concatenate([p.coef for p in plans]))
+    degenerate = []
+    names = [h for p in plans for h in p.names]
+    on = [x for p in plans for x in p.on]
+    for i in np.flatnonzero(~done).tolist():  # one by one: its own message
+        res = residues[owner[i]]
+        coords = {a: x for a, x, e in zip(res.names, res.xyz, res.elements, strict=True) if e != "H"}
+        prev_c = xyz[refs[i, 2]] if how[i] == AMIDE else None
         label = f"chain {res.chain} residue {res.name} {res.res_id}{res.ins_code}"
-        for h, x in missing(res.name, res.kind, bool(linked[k]), nxt, opts, heavy, have, carried):
-            if k in bridged and h == "HG":  # no thiol H on a disulfide
-                continue
-            xyz, ok = place(res.name, res.kind, h, x, coords, prev_c, label)
-            if not ok:
-                degenerate.append(f"{res.chain} {res.name} {res.res_id}{res.ins_code} {h}")
-            res.names.append(h)
-            res.elements.append("H")
-            res.xyz.append(xyz)
-            res.added.append(True)
-            res.extra.append(False)
+        pos[i], ok = place(res.name, res.kind, names[i], on[i], coords, prev_c, label)
+        if not ok:
+            degenerate.append(f"{res.chain} {res.name} {res.res_id}{res.ins_code} {names[i]}")
+    ends = np.cumsum(counts).tolist()
+    for k in np.flatnonzero(counts).tolist():
+        res, n = residues[k], int(counts[k])
+        res.names = res.names + list(plans[k].names)
+        res.elements = res.elements + ["H"] * n
+        res.xyz = np.concatenate([res.xyz, pos[ends[k] - n : ends[k]]])
+        res.added = res.added + [True] * n
+        res.extra = res.extra + [False] * n
     if degenerate:
         more = f" and {len(degenerate) - 5} more" if len(degenerate) > 5 else ""
         warnings.warn(
@@ -696,14 +739,13 @@ def parse_complex(
     opts = hydrogens if isinstance(hydrogens, Protonation) else Protonation()
     residues = _residues(*_select(atoms, chain, bool(hydrogens), ligands))
     linked = _linked(residues)
+    bridges = _disulfides(residues)
     if hydrogens:
-        _complete_hydrogens(residues, linked, opts)
-    bonds, orders, tree_ok, pref, tree, key, quads = stamp(
-        residues, linked, _disulfides(residues), cache=stamped
-    )
+        _complete_hydrogens(residues, linked, opts, {k for pair in bridges for k in pair})
+    bonds, orders, tree_ok, pref, tree, key, quads = stamp(residues, linked, bridges, cache=stamped)
     sizes = np.array([len(r.names) for r in residues], np.int64)
     n = int(sizes.sum())
-    xyz = np.array([x for r in residues for x in r.xyz], np.float64).reshape(n, 3)
+    xyz = np.concatenate([r.xyz for r in residues]).reshape(n, 3)
     elements = np.array([e for r in residues for e in r.elements], "U2")
     residue = segment_ids(sizes)
     heavy = elements != "H"
