@@ -802,24 +802,35 @@ def parse_complex(
 def _ligand_torsions(own, residues, residue, bonds, orders, elements, atom_names, parent, refs):
     """The rotatable-bond torsions (``ComplexAtoms.ligand_rows`` .. ``ligand_residue``) of the
     residues ``own`` (ligands; modified residues, their bonds beyond their parent's:
-    ``modified.beyond_parent``), each one's bonds grouped once (linear in atoms and ligands)."""
+    ``modified.beyond_parent``), each one's bonds grouped once (linear in atoms and ligands),
+    each residue variant's rotatable bonds found once (:func:`_own_rotatable`, local indices)."""
     ri = residue[bonds[:, 0]]
     inside = np.flatnonzero((ri == residue[bonds[:, 1]]) & own[ri])
     inside = inside[np.argsort(ri[inside], kind="stable")]
     cuts = np.searchsorted(ri[inside], np.flatnonzero(own), side="left")
     ends = np.searchsorted(ri[inside], np.flatnonzero(own), side="right")
+    first = np.searchsorted(residue, np.arange(len(residues)))
     rot, owner = [np.zeros((0, 2), np.int64)], [np.zeros(0, np.int64)]
     for k, s, e in zip(np.flatnonzero(own).tolist(), cuts.tolist(), ends.tolist(), strict=True):
         if e - s < 3:  # no rotatable bond with fewer than three bonds
             continue
-        sel = inside[s:e]
-        atoms = np.unique(bonds[sel])
-        if residues[k].family == "ligand":
-            r = rotatable_bonds(atoms, bonds[sel], orders[sel], elements)
-        else:
-            r = beyond_parent(residues[k].name, atoms, atom_names, bonds[sel], orders[sel], elements)
-        rot.append(r)
+        sel, f, res = inside[s:e], int(first[k]), residues[k]
+        variant = (res.family, res.name, tuple(res.names), tuple(res.elements))
+        r = _own_rotatable(*variant, (bonds[sel] - f).tobytes(), orders[sel].tobytes())
+        rot.append(r + f)
         owner.append(np.full(len(r), k, np.int64))
     rot, owner = np.concatenate(rot), np.concatenate(owner)
     rows, quads, kept = torsion_rows(rot, parent, refs)
     return rows, quads, owner[kept]
+
+
+@functools.cache
+def _own_rotatable(family: str, name: str, names: tuple, elements: tuple, bonds: bytes, orders: bytes):
+    """The rotatable bonds of one residue variant (``bonds``, ``orders``: its bonds' bytes, local
+    indices): a ligand's (``ligands.rotatable_bonds``), a modified residue's beyond its parent's."""
+    bonds = np.frombuffer(bonds, np.int64).reshape(-1, 2)
+    orders = np.frombuffer(orders, np.int64)
+    atoms, elements, names = np.unique(bonds), np.array(elements), np.array(names)
+    if family == "ligand":
+        return rotatable_bonds(atoms, bonds, orders, elements)
+    return beyond_parent(name, atoms, names, bonds, orders, elements)
