@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import functools
 import heapq
+import itertools
 import warnings
 from collections import deque
 from dataclasses import dataclass
@@ -746,11 +747,11 @@ def parse_complex(
     sizes = np.array([len(r.names) for r in residues], np.int64)
     n = int(sizes.sum())
     xyz = np.concatenate([r.xyz for r in residues]).reshape(n, 3)
-    elements = np.array([e for r in residues for e in r.elements], "U2")
+    elements = np.array(_flat(r.elements for r in residues), "U2")
     residue = segment_ids(sizes)
     heavy = elements != "H"
-    atom_names = np.array([a for r in residues for a in r.names], "U6")
-    extra = np.array([x for r in residues for x in r.extra], bool)
+    atom_names = np.array(_flat(r.names for r in residues), "U6")
+    extra = np.array(_flat(r.extra for r in residues), bool)
     aa_parent, rule = _amino_rule(residues, linked, residue, atom_names, heavy, extra, breaks)
     pref = np.where((aa_parent >= 0) & (pref < 0), aa_parent, pref)  # one rule for missing parents
     tree = np.where(aa_parent >= 0, aa_parent, tree)
@@ -777,7 +778,7 @@ def parse_complex(
         elements=elements,
         residue=residue,
         xyz=xyz,
-        added=np.array([a for r in residues for a in r.added], bool),
+        added=np.array(_flat(r.added for r in residues), bool),
         extra=extra,
         res_names=np.array([r.name for r in residues], "U5"),
         res_ids=np.array([r.res_id for r in residues], np.int64),
@@ -797,6 +798,11 @@ def parse_complex(
         ligand_residue=lig_res,
         linked=linked,
     )
+
+
+def _flat(lists) -> list:
+    """The per-residue lists one after the other."""
+    return list(itertools.chain.from_iterable(lists))
 
 
 def _ligand_torsions(own, residues, residue, bonds, orders, elements, atom_names, parent, refs):
