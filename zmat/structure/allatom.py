@@ -388,16 +388,20 @@ def backbone_kind(res_name: str, family: str) -> str:
 
 def _linked(residues: list[_Res]) -> np.ndarray:
     """``(R,)``: residue ``k`` is covalently linked to ``k - 1`` in its polymer
-    (same chain and backbone, ``C-N`` / ``O3'-P`` at most ``LINK_MAX``)."""
-    out = np.zeros(len(residues), bool)
+    (same chain and backbone, ``C-N`` / ``O3'-P`` at most ``LINK_MAX``); the distances at once."""
+    pairs = []  # (k, atom x of k - 1, atom y of k)
     for k in range(1, len(residues)):
         p, q = residues[k - 1], residues[k]
         if p.chain != q.chain or not q.kind or p.kind != q.kind:
             continue
         y, x = LINK_ATOMS[q.kind]
         if x in p.names and y in q.names:
-            d = np.linalg.norm(p.xyz[p.names.index(x)] - q.xyz[q.names.index(y)])
-            out[k] = d <= LINK_MAX
+            pairs.append((k, p.xyz[p.names.index(x)], q.xyz[q.names.index(y)]))
+    out = np.zeros(len(residues), bool)
+    if pairs:
+        k, px, qy = zip(*pairs, strict=True)
+        d = np.array(px) - np.array(qy)
+        out[list(k)] = np.sqrt(np.vecdot(d, d)) <= LINK_MAX  # np.linalg.norm's bits
     return out
 
 
