@@ -279,7 +279,9 @@ def _residues(atoms, modified: np.ndarray) -> list[_Res]:
     bounds = struc.get_residue_starts(atoms, add_exclusive_stop=True, extra_categories=("res_name",))
     first = bounds[:-1]
     atom_name = atoms.atom_name.tolist()
-    element = np.char.capitalize(atoms.element.astype(str)).tolist()
+    element = atoms.element.tolist()
+    cap = {e: str(e).capitalize() for e in set(element)}
+    element = [cap[e] for e in element]
     coord = atoms.coord.astype(np.float64)
     meta = zip(
         atoms.res_name[first].tolist(),
