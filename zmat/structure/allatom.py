@@ -507,9 +507,13 @@ def _tree(
     bonds: np.ndarray,
     heavy: np.ndarray,
     stamp: bool = True,
+    keep_root: np.ndarray | None = None,
 ):
     """Parents, ``virtual`` (the roots hung off the frame) and the frame ``(r0, r1, r2)`` of
     the module doc's trees. ``bonds``: the bonds a tree may follow (no cross-links).
+    ``keep_root``: ``(n,)`` the atoms of ``Protein``'s view (``breaks="continue"``: the standard
+    amino acids' heavy atoms); a stamped first tree rooted at one, whose root's children are all
+    such atoms, keeps its root (``Protein``'s frame) instead of moving it to a leaf.
 
     ``pref``: template parents; ``tree``: the templates' tree parents. A component whose
     atoms all have a tree parent but its root is stamped: its parents are the templates'.
@@ -521,7 +525,7 @@ def _tree(
     if (label == first).sum() < 3:  # a tiny first component (an ion): the frame grows through the next
         ok[:] = False
     parent = np.where(ok[label], tree, -1)
-    frame = _stamped_frame(int(roots[0]), parent) if ok[first] else None
+    frame = _stamped_frame(int(roots[0]), parent, keep_root) if ok[first] else None
     if frame is None and ok[first]:  # no leaf beside the root: grown
         ok[first] = False
         parent[label == first] = -1
@@ -562,11 +566,16 @@ def _complete(label: np.ndarray, pref: np.ndarray, root_of: np.ndarray) -> np.nd
     return np.bincount(label, weights=wrong, minlength=len(root_of)) == 0
 
 
-def _stamped_frame(root: int, parent: np.ndarray) -> list[int] | None:
+def _stamped_frame(root: int, parent: np.ndarray, keep_root=None) -> list[int] | None:
     """The first tree's frame with its template parents (``_leaf_root``'s re-rooting at a
-    leaf child of a root with several children; its children in index order, as grown);
-    None where the root has no leaf child (then it is grown)."""
+    leaf child of a root with several children, unless they and the root are ``keep_root``
+    atoms, :func:`_tree`; its children in index order, as grown); None where the root has no
+    leaf child (then it is grown)."""
     kids = np.flatnonzero(parent == root)
+    if keep_root is not None and len(kids) > 1 and keep_root[root] and keep_root[kids].all():
+        # Protein's frame: r2 is r1's first child, else the root's second
+        grand = np.flatnonzero(parent == kids[0])
+        return [root, int(kids[0]), int(grand[0] if len(grand) else kids[1])]
     if len(kids) > 1:
         n_kids = np.bincount(parent[parent >= 0], minlength=len(parent))
         leaves = kids[n_kids[kids] == 0]
@@ -671,6 +680,13 @@ def _rows(parent: np.ndarray, frame: tuple, key: np.ndarray, heavy: np.ndarray, 
     rep = best[parent[sib]] % n
     off = (sib != rep) & (rule[sib] == -2)
     refs[sib[off], 2] = rep[off]
+    # a root kept with several children (Protein's frame, _stamped_frame's keep_root): its other
+    # children on (r0, r1, r2), r2 itself PLANAR on (r0, r1) where it is one of them, and a
+    # dihedral that runs off the root on r1, as Protein's rows (none of these without keep_root)
+    refs[(parent == r0) & (np.arange(n) != r1)] = (r0, r1, r2)
+    if parent[r2] == r0:
+        refs[r2] = (r0, r1, -1)
+    refs[(refs[:, 1] == r0) & (refs[:, 2] < 0) & (np.arange(n) != r2), 2] = r1
     return refs
 
 
@@ -761,7 +777,8 @@ def parse_complex(
     aa_parent, rule = _amino_rule(residues, linked, residue, atom_names, heavy, extra, breaks)
     pref = np.where((aa_parent >= 0) & (pref < 0), aa_parent, pref)  # one rule for missing parents
     tree = np.where(aa_parent >= 0, aa_parent, tree)
-    parent, virtual, frame = _tree(n, pref, tree, bonds[tree_ok], heavy, stamped)
+    keep_root = (rule != -2) & heavy if breaks == "continue" else None  # Protein's view's atoms
+    parent, virtual, frame = _tree(n, pref, tree, bonds[tree_ok], heavy, stamped, keep_root)
     last = quads[:, :N_DIHEDRALS, 3]
     key[last[last >= 0]] = True  # a torsion's atom represents its siblings (not the ring nu)
     refs = _rows(parent, frame, key, heavy, virtual, rule)
