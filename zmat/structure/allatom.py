@@ -241,7 +241,7 @@ class _Res:
     hetero: bool
     names: list
     elements: list
-    xyz: list
+    xyz: np.ndarray  # (n, 3) float64
     added: list
     extra: list  # per atom: not in the CCD entry (kept, bonded by distance)
     extra_bonds: list  # local (i, j) bonds of the extra atoms (_extra_bonds)
