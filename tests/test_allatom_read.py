@@ -30,7 +30,8 @@ DATA = os.path.join(os.path.dirname(__file__), "data")
 sys.path.insert(0, DATA)
 from make_allatom_fingerprints import fingerprint, options  # noqa: E402
 
-REFERENCE = json.load(open(os.path.join(DATA, "allatom_fingerprints.json")))
+with open(os.path.join(DATA, "allatom_fingerprints.json")) as f:
+    REFERENCE = json.load(f)
 #: Hydrogens of an amino acid inside a chain at pH 7 (Asp/Glu deprotonated, Lys/Arg
 #: protonated, His HIE; a disulfide cysteine has no HG), counted by hand from the residues'
 #: chemistry, and of a DNA nucleotide inside a strand (deprotonated phosphate).
@@ -57,9 +58,9 @@ def test_arrays_equal_the_stored_reading(case):
     for key, want in case.items():
         if key in ("file", "options"):
             continue
-        if key == "xyz":
-            np.testing.assert_allclose(got[key]["sum"], want["sum"], rtol=0, atol=1e-9)
-            assert abs(got[key]["sumsq"] - want["sumsq"]) < 1e-9 * want["sumsq"]
+        if key == "xyz":  # a machine's ddot moves completed H by ulps; any real change is >= 1e-6 A
+            np.testing.assert_allclose(got[key]["sum"], want["sum"], rtol=0, atol=1e-6)
+            assert abs(got[key]["sumsq"] - want["sumsq"]) < 1e-12 * want["sumsq"]
         else:
             assert got[key] == want, f"{case['file']}: {key} differs from the stored reading"
 

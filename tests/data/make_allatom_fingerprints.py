@@ -10,8 +10,8 @@ arrays read now against its output::
 
 Per case (file and options): every integer, boolean and string array of ``ComplexAtoms`` as the
 SHA-256 of its shape, dtype and bytes (exact), and the float coordinates ``xyz`` as their column
-sums and sum of squares (to 1e-9: completed hydrogens' last bits follow the BLAS ``ddot`` of the
-machine), the number of completed hydrogens and of atoms.
+sums and sum of squares (compared to 1e-6 A and 1e-12 relative: completed hydrogens' last bits
+follow the BLAS ``ddot`` of the machine), the number of completed hydrogens and of atoms.
 """
 
 import hashlib
