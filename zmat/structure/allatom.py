@@ -76,7 +76,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._segments import segment_ids, starts
+from .._segments import segment_arange, segment_ids, starts
 from ..autotable import connectivity, elements
 from ..protein.io import chain_mask, reroute_degenerate, warn_coincident
 from ..protein.layout import amino_tree, template_slots
@@ -464,12 +464,18 @@ def _complete_hydrogens(residues: list[_Res], linked: np.ndarray, opts: Protonat
         pos[i], ok = place(res.name, res.kind, names[i], on[i], coords, prev_c, label)
         if not ok:
             degenerate.append(f"{res.chain} {res.name} {res.res_id}{res.ins_code} {names[i]}")
-    ends = np.cumsum(counts).tolist()
+    # every residue's atoms, then its hydrogens, in one array (each residue's xyz a view of it)
+    sizes = np.diff(np.append(first, len(xyz)))
+    at = starts(sizes + counts)
+    out = np.empty((len(xyz) + len(pos), 3))
+    out[np.arange(len(xyz)) + np.repeat(at - first, sizes)] = xyz
+    out[np.repeat(at + sizes, counts) + segment_arange(counts)] = pos
+    for k, (a, b) in enumerate(zip(at.tolist(), (at + sizes + counts).tolist(), strict=True)):
+        residues[k].xyz = out[a:b]
     for k in np.flatnonzero(counts).tolist():
         res, n = residues[k], int(counts[k])
         res.names = res.names + list(plans[k].names)
         res.elements = res.elements + ["H"] * n
-        res.xyz = np.concatenate([res.xyz, pos[ends[k] - n : ends[k]]])
         res.added = res.added + [True] * n
         res.extra = res.extra + [False] * n
     if degenerate:
