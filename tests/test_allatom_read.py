@@ -146,3 +146,12 @@ def test_place_all_is_place_bit_for_bit():
         assert ok == done[i]
         if ok:
             assert np.array_equal(pos[i], want), i
+
+
+def test_the_per_variant_caches_are_bounded():
+    """Reading many different files must not grow memory without bound: every cache keyed by what a
+    file holds (residue variants, their names and bonds) has a size limit."""
+    from zmat.structure import allatom, hydrogens, templates
+
+    for cached in (allatom._own_rotatable, hydrogens.plan, hydrogens._ccd_row, templates._cached):
+        assert cached.cache_info().maxsize is not None, cached.__name__

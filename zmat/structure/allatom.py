@@ -859,7 +859,7 @@ def _ligand_torsions(own, residues, residue, bonds, orders, elements, atom_names
     return rows, quads, owner[kept]
 
 
-@functools.cache
+@functools.lru_cache(maxsize=4096)  # one entry per residue variant met; bounded
 def _own_rotatable(family: str, name: str, names: tuple, elements: tuple, bonds: bytes, orders: bytes):
     """The rotatable bonds of one residue variant (``bonds``, ``orders``: its bonds' bytes, local
     indices): a ligand's (``ligands.rotatable_bonds``), a modified residue's beyond its parent's."""

@@ -314,7 +314,7 @@ class HydrogenPlan:
     error: str = ""
 
 
-@functools.cache
+@functools.lru_cache(maxsize=4096)  # one entry per residue variant met; bounded
 def plan(res_name, kind, prev, nxt, opts, names, elements, extra, carried, no_thiol, prev_c) -> HydrogenPlan:
     """The :class:`HydrogenPlan` of a residue variant: its name and backbone ``kind``, linked to
     the previous / next residue, the protonation ``opts``, its atoms (``names``, ``elements``,
@@ -416,7 +416,7 @@ def _leaving_at(res_name: str, atom: str) -> frozenset[str]:
     return ccd_residue(res_name).leaving_at(atom)
 
 
-@functools.cache
+@functools.lru_cache(maxsize=4096)  # one entry per residue variant met; bounded
 def _ccd_row(res_name: str, h: str, x: str, a: str, d: str) -> tuple[float, float, float]:
     ideal = _ccd_tables(res_name)[0]
     return _internal(ideal[h], ideal[x], ideal[a], ideal[d])

@@ -243,7 +243,7 @@ class ResidueTemplate:
     link: tuple
 
 
-@functools.cache
+@functools.lru_cache(maxsize=4096)  # one entry per residue variant met; bounded
 def _cached(
     name: str, family: str, kind: str, names: tuple, elements: tuple, linked: bool
 ) -> ResidueTemplate:
