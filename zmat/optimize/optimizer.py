@@ -36,10 +36,13 @@ from ase.data import covalent_radii
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
+from . import steps as _steps
 from .coordinates import build_primitives, kernel_layout, values, values_and_b
 from .steps import (
     BOHR,
     HARTREE,
+    _ceil,
+    _floor,
     back_transform,
     bfgs,
     cubic_search,
@@ -229,11 +232,19 @@ class InternalStepper:
         delta = delta.clamp(-0.3, 0.3)  # far targets in steps: the back-transformation stays near-linear
         return (Uc.transpose(1, 2) @ torch.linalg.solve(A, delta[..., None]))[..., 0]
 
-    def _off_target(self, q: torch.Tensor) -> torch.Tensor:
-        """``(B,)`` bool: some constrained coordinate is more than 1e-9 from its target."""
+    def _off_target(self, q):
+        """``(B,)`` bool: some constrained coordinate is more than 1e-9 from its target (``q`` a tensor, or
+        a numpy array: :func:`.steps._host`)."""
+        xp = np if isinstance(q, np.ndarray) else torch
         if not self.constrained:
-            return torch.zeros(q.shape[0], dtype=torch.bool, device=q.device)
-        return wrap(self.targets - q[:, self.cidx], self.periodic[self.cidx]).abs().amax(-1) > 1e-9
+            return (
+                np.zeros(q.shape[0], bool)
+                if xp is np
+                else torch.zeros(q.shape[0], dtype=torch.bool, device=q.device)
+            )
+        targets, periodic = (torch.as_tensor(t) for t in _steps._host(self.targets, self.periodic[self.cidx]))
+        off = wrap(targets - torch.as_tensor(q)[:, self.cidx], periodic).abs().amax(-1) > 1e-9
+        return off.numpy() if xp is np else off
 
     def _cartesian(self, xyz, grad):
         bsz, n = xyz.shape[:2]
@@ -241,14 +252,17 @@ class InternalStepper:
         gx = grad.detach().to(torch.float64).reshape(bsz, 3 * n) * (self.length_unit / self.energy_unit)
         return x, gx
 
-    def _fmax(self, Bm, U, Pz, gq, gx, q) -> torch.Tensor:
+    def _fmax(self, Bm, U, Pz, gq, gx, q):
         """Largest per-atom norm of the gradient left once the constraint forces are removed (user
-        units); infinite while a constraint is off its target (not converged yet)."""
+        units); infinite while a constraint is off its target (not converged yet). Tensors, or numpy
+        arrays (:func:`.steps._host`)."""
+        xp = np if isinstance(gq, np.ndarray) else torch
         if self.constrained:
-            gq = (U @ (Pz @ (U.transpose(1, 2) @ gq[..., None])))[..., 0]
-            gx = (Bm.transpose(1, 2) @ gq[..., None])[..., 0]
-        force = gx.reshape(gx.shape[0], -1, 3).norm(dim=-1) * (self.energy_unit / self.length_unit)
-        return torch.where(self._off_target(q), float("inf"), force.amax(-1))
+            gq = (U @ (Pz @ (U.swapaxes(1, 2) @ gq[..., None])))[..., 0]
+            gx = (Bm.swapaxes(1, 2) @ gq[..., None])[..., 0]
+        g = gx.reshape(gx.shape[0], -1, 3)
+        force = xp.sqrt((g * g).sum(-1)) * (self.energy_unit / self.length_unit)
+        return xp.where(self._off_target(q), float("inf"), xp.amax(force, -1))
 
     def fmax(self, xyz: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
         """``(B,)`` largest per-atom force norm at ``xyz`` (constraint forces removed), as :meth:`step`'s."""
@@ -280,57 +294,68 @@ class InternalStepper:
         active = torch.ones(bsz, dtype=torch.bool, device=xyz.device) if active is None else active
         x, gx = self._cartesian(xyz, grad)
         E = energy.detach().to(torch.float64) / self.energy_unit
-        q, Bm = values_and_b(self.prims, x)
-        U, Vs, keep = reduced_space(Bm, rigid=self._rigid(x))
+        q_t, Bm = values_and_b(self.prims, x)
+        U_t, Vs_t, keep = reduced_space(Bm, rigid=self._rigid(x))
+        # the per-conformer arithmetic on numpy views on the CPU (a numpy op on a small array costs about a
+        # microsecond, a dispatched torch op 5-10 at batch 1), on the tensors elsewhere
+        U, Vs, q, gx, E, active, keep, periodic = _steps._host(
+            U_t, Vs_t, q_t, gx, E, active, keep, self.periodic
+        )
+        first, best_q, best_g, best_E, pred_E, interp_E, trust, was_on, step_norm, best_off = _steps._host(
+            self.first, self.best_q, self.best_g, self.best_E, self.pred_E, self.interp_E, self.trust,
+            self.on_sphere, self.step_norm, self.best_off
+        )  # fmt: skip
+        xp = np if isinstance(U, np.ndarray) else torch
         gq = pinv_t_apply(U, Vs, gx)
-        first, upd = self.first, active & ~self.first
+        upd = active & ~first
 
-        H = bfgs(self.H, wrap(q - self.best_q, self.periodic), gq - self.best_g, upd)
+        H = bfgs(self.H, wrap(q - best_q, periodic), gq - best_g, upd)
         # the actual change is measured from the interpolated point the prediction started from (pyberny
         # measures it from the previous point: after a line search back towards the best point the ratio
         # then mixes two starts, and the trust radius collapses; 4 fewer Baker steps)
-        predicted = self.pred_E - self.interp_E
-        r = torch.where(predicted != 0, (E - self.interp_E) / predicted, 1.0)
-        noise = predicted.abs() < 2e-7
-        grow = torch.where(self.on_sphere, 2 * self.trust, self.trust)
-        trust = torch.where(r < 0.25, self.step_norm / 4, torch.where(r > 0.75, grow, self.trust))
-        trust = torch.where(noise, grow, trust).clamp_max(TRUST_MAX / BOHR)
-        trust = torch.where(upd, trust, self.trust)
+        predicted = pred_E - interp_E
+        r = xp.where(predicted != 0, (E - interp_E) / xp.where(predicted != 0, predicted, 1.0), 1.0)
+        grow = xp.where(was_on, 2 * trust, trust)
+        new = xp.where(r < 0.25, step_norm / 4, xp.where(r > 0.75, grow, trust))
+        new = _ceil(xp.where(abs(predicted) < 2e-7, grow, new), TRUST_MAX / BOHR)  # (noise: grow)
+        trust = xp.where(upd, new, trust)
 
-        d = wrap(self.best_q - q, self.periodic)
-        t, Ei = cubic_search(E, self.best_E, (gq * d).sum(-1), (self.best_g * d).sum(-1))
+        d = wrap(best_q - q, periodic)
+        t, Ei = cubic_search(E, best_E, (gq * d).sum(-1), (best_g * d).sum(-1))
         # while constraints are still on their way to their targets, energies of different points are
         # not comparable: no line search, and the current point counts as the best; so does the first
         # point on target (the best so far was off it: lower, but not a point of the constrained problem)
         moving = self._off_target(q)
-        fresh = first | moving | self.best_off
-        t, Ei = torch.where(fresh, 0.0, t), torch.where(fresh, E, Ei)
+        fresh = first | moving | best_off
+        t, Ei = xp.where(fresh, 0.0, t), xp.where(fresh, E, Ei)
         iq = q + t[:, None] * d
-        ig = gq + t[:, None] * (self.best_g - gq)
+        ig = gq + t[:, None] * (best_g - gq)
 
-        Hr = U.transpose(1, 2) @ H @ U
-        Hr.diagonal(dim1=1, dim2=2).add_(torch.where(keep, 0.0, 1000.0))  # the dropped directions
-        gr = (U.transpose(1, 2) @ ig[..., None])[..., 0]
-        Pz = None
-        s0 = torch.zeros_like(gr)
-        unbounded = torch.full_like(trust, float("inf"))  # the RFO step; the trust radius is Cartesian
+        Hr = torch.bmm(torch.bmm(U_t.mT, H), U_t)
+        if xp is torch or not keep.all():  # the dropped directions (none in the rigid basis)
+            Hr.diagonal(dim1=1, dim2=2).add_(torch.as_tensor(xp.where(keep, 0.0, 1000.0), device=Hr.device))
+        Hrh = _steps._host(Hr)[0]
+        gr = (U.swapaxes(1, 2) @ ig[..., None])[..., 0]
+        Pz, s0 = None, 0.0
+        unbounded = xp.full_like(trust, float("inf"))  # the RFO step; the trust radius is Cartesian
         if self.constrained:  # the constrained coordinates go to their targets; the rest is free
-            Pz, s0 = self._free_projector(U), self._to_targets(U, iq)
+            Pz, s0 = self._free_projector(U_t), self._to_targets(U_t, torch.as_tensor(iq, device=self.device))
             eye = torch.eye(Pz.shape[-1], dtype=Pz.dtype, device=Pz.device)
-            g_free = (Pz @ (gr + (Hr @ s0[..., None])[..., 0])[..., None])[..., 0]
-            y, _, _ = trust_step(g_free, Pz @ Hr @ Pz + 1000 * (eye - Pz), unbounded)
+            g_free = (Pz @ (torch.as_tensor(gr) + (Hr @ s0[..., None])[..., 0])[..., None])[..., 0]
+            y, _, _ = trust_step(g_free, Pz @ Hr @ Pz + 1000 * (eye - Pz), torch.as_tensor(unbounded))
+            y, Pz, s0 = _steps._host(y, Pz, s0)
         else:
             y, _, _ = trust_step(gr, Hr, unbounded)
-        y, on_sphere, size = _cartesian_trust(y, Vs, trust, self.fragment)
+        y, on_sphere, size = _cartesian_trust(y, Vs, trust, _steps._host(self.fragment)[0])
         s = s0 + y
-        dE = (gr * s).sum(-1) + 0.5 * (s * (Hr @ s[..., None])[..., 0]).sum(-1)
+        dE = (gr * s).sum(-1) + 0.5 * (s * (Hrh @ s[..., None])[..., 0]).sum(-1)
         pred_q = iq + (U @ s[..., None])[..., 0]
         x_new, _ = back_transform(
             self.prims,
             x,
-            q,
-            wrap(pred_q - q, self.periodic),
-            (U, Vs),
+            q_t,
+            torch.as_tensor(wrap(pred_q - q, periodic), device=self.device),
+            (U_t, Vs_t),
             self.periodic,
             self.back_iterations,
             refresh=int(self.constrained),
@@ -338,24 +363,27 @@ class InternalStepper:
         if self.frozen:
             x_new[:, list(self.frozen)] = self.x0[:, list(self.frozen)]
 
-        everyone = active.device.type == "cpu" and bool(active.all())  # (reading a CPU tensor: no sync)
+        everyone = xp is np and bool(active.all())  # (on the host: no sync)
 
         def keep_old(new, old):
-            return new if everyone else torch.where(active.reshape(-1, *[1] * (new.ndim - 1)), new, old)
+            return new if everyone else xp.where(active.reshape(-1, *[1] * (new.ndim - 1)), new, old)
 
-        better = fresh | (E < self.best_E)
-        self.best_off = keep_old(moving, self.best_off)
+        better = (fresh | (E < best_E))[:, None]
+        self.best_off = keep_old(moving, best_off)
         self.H, self.trust = H, trust  # bfgs leaves H as it was where not upd (a subset of active)
-        self.best_q = keep_old(torch.where(better[:, None], q, self.best_q), self.best_q)
-        self.best_g = keep_old(torch.where(better[:, None], gq, self.best_g), self.best_g)
-        self.best_E = keep_old(torch.where(better, E, self.best_E), self.best_E)
-        self.pred_E, self.interp_E = keep_old(Ei + dE, self.pred_E), keep_old(Ei, self.interp_E)
-        self.on_sphere = keep_old(on_sphere, self.on_sphere)
-        self.step_norm = keep_old(size, self.step_norm)
+        self.best_q = keep_old(xp.where(better, q, best_q), best_q)
+        self.best_g = keep_old(xp.where(better, gq, best_g), best_g)
+        self.best_E = keep_old(xp.where(better[:, 0], E, best_E), best_E)
+        self.pred_E, self.interp_E = keep_old(Ei + dE, pred_E), keep_old(Ei, interp_E)
+        self.on_sphere = keep_old(on_sphere, was_on)
+        self.step_norm = keep_old(size, step_norm)
         self.first = first & ~active
-        fmax = self._fmax(Bm, U, Pz, gq, gx, q).to(grad.dtype)
-        x_new = keep_old(x_new, x) * self.length_unit
-        return fmax, x_new.to(xyz.dtype)
+        fmax = torch.as_tensor(self._fmax(_steps._host(Bm)[0], U, Pz, gq, gx, q), device=self.device).to(
+            grad.dtype
+        )
+        if not everyone:
+            x_new = torch.where(torch.as_tensor(active, device=self.device)[:, None, None], x_new, x)
+        return fmax, (x_new * self.length_unit).to(xyz.dtype)
 
 
 #: the largest trust radius (Angstrom): geomeTRIC's
@@ -385,11 +413,12 @@ def _cartesian_trust(y: torch.Tensor, Vs: torch.Tensor, trust: torch.Tensor, fra
     turned linear moved 50 A in one step). geomeTRIC measures its radius in Cartesians; per fragment
     here, so that in a cluster one molecule cannot travel far while the others stay.
     """
-    d2 = (Vs @ y[..., None])[..., 0].unflatten(-1, (-1, 3)).pow(2).sum(-1)
-    rms = (d2 @ fragment_mean.T).sqrt().amax(-1)
+    xp = np if isinstance(y, np.ndarray) else torch
+    d = (Vs @ y[..., None])[..., 0].reshape(y.shape[0], -1, 3)
+    rms = xp.amax(xp.sqrt((d * d).sum(-1) @ fragment_mean.T), -1)
     on_sphere = rms > trust
-    y = y * torch.where(on_sphere, trust / rms.clamp_min(1e-300), 1.0)[:, None]
-    return y, on_sphere, torch.minimum(rms, trust)
+    y = y * xp.where(on_sphere, trust / _floor(rms, 1e-300), 1.0)[:, None]
+    return y, on_sphere, xp.minimum(rms, trust)
 
 
 def _evaluate(energy, xyz: torch.Tensor):

@@ -58,8 +58,10 @@ __all__ = [
 
 
 def wrap(dq: torch.Tensor, periodic: torch.Tensor) -> torch.Tensor:
-    """Differences of ``q`` with the periodic (dihedral) entries wrapped into ``(-pi, pi]``."""
-    return torch.where(periodic, torch.remainder(dq + math.pi, 2 * math.pi) - math.pi, dq)
+    """Differences of ``q`` with the periodic (dihedral) entries wrapped into ``(-pi, pi]`` (tensors, or
+    numpy arrays: :func:`_host`)."""
+    xp = np if isinstance(dq, np.ndarray) else torch
+    return xp.where(periodic, xp.remainder(dq + math.pi, 2 * math.pi) - math.pi, dq)
 
 
 #: Lindh's model Hessian (Chem. Phys. Lett. 241, 423 (1995)): ``alpha`` (bohr^-2) and ``r_ref`` (bohr)
@@ -145,8 +147,8 @@ def bfgs(H: torch.Tensor, dq: torch.Tensor, dg: torch.Tensor, on: torch.Tensor) 
     step's RFO shift copes with an indefinite Hessian); only a vanishing
     denominator skips it.
     """
-    Hdq = (H @ dq[..., None])[..., 0]
-    dq, dg, Hdq, on = _host(dq, dg, Hdq, on)  # (the vectors' arithmetic on numpy views on the CPU)
+    Hh, dq, dg, on = _host(H, dq, dg, on)  # (the vectors' arithmetic on numpy views on the CPU)
+    Hdq = (Hh @ dq[..., None])[..., 0]
     xp = np if isinstance(dq, np.ndarray) else torch
     a = (dq * dg).sum(-1)
     b = (dq * Hdq).sum(-1)
@@ -198,19 +200,26 @@ def pinv_apply(U: torch.Tensor, Vs: torch.Tensor, r: torch.Tensor) -> torch.Tens
 def pinv_t_apply(U: torch.Tensor, Vs: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """``(B^+)^T g`` ``(B, P)`` for ``g`` ``(B, 3N)`` (a Cartesian gradient into internal
     coordinates), from :func:`reduced_space`'s factors."""
-    return (U @ (Vs.transpose(1, 2) @ g[..., None]))[..., 0]
+    return (U @ (Vs.swapaxes(1, 2) @ g[..., None]))[..., 0]
 
 
 def _host(*xs):
     """What :func:`_rfo` and :func:`_sphere` run on: numpy views of CPU tensors (an elementwise numpy op
     on a small array costs about a microsecond, a dispatched torch op several, and their iterations
     were a third of a step's ops at batch 1), the tensors themselves elsewhere (no host sync)."""
-    return [x.numpy() for x in xs] if xs[0].device.type == "cpu" else list(xs)
+    if isinstance(xs[0], np.ndarray) or xs[0].device.type == "cpu":
+        return [x if isinstance(x, np.ndarray) else x.numpy() for x in xs]
+    return list(xs)
 
 
 def _floor(x, c):
     """``max(x, c)`` (NaN stays NaN) of an array or a tensor (``np.clip`` costs 20 us a call)."""
     return np.maximum(x, c) if isinstance(x, np.ndarray) else x.clamp_min(c)
+
+
+def _ceil(x, c):
+    """``min(x, c)`` of an array or a tensor."""
+    return np.minimum(x, c) if isinstance(x, np.ndarray) else x.clamp_max(c)
 
 
 def _rfo(g, e, iterations: int = 16):
@@ -292,18 +301,19 @@ def trust_step(g: torch.Tensor, H: torch.Tensor, trust: torch.Tensor):
         ``(s, dE, on_sphere)``: step ``(B, r)``, predicted energy change
         ``(B,)`` and whether the step was cut to the sphere ``(B,)``.
     """
+    host = isinstance(g, np.ndarray)  # (numpy in, numpy out)
     e, W = torch.linalg.eigh(H)  # its lower triangle
-    c = (W.transpose(1, 2) @ g[..., None])[..., 0]
-    ch, eh, th = _host(c, e, trust[:, None])
-    xp = np if isinstance(ch, np.ndarray) else torch
-    y = _rfo(ch, eh)
+    W, e, g, th = _host(W, e, g, trust[:, None])
+    xp = np if isinstance(W, np.ndarray) else torch
+    c = (W.swapaxes(1, 2) @ g[..., None])[..., 0]
+    y = _rfo(c, e)
     on_sphere = xp.sqrt((y * y).sum(-1)) > th[:, 0]
     # on the host, skip the sphere's Newton iterations when no conformer needs them
     if xp is torch or on_sphere.any():
-        y = xp.where(on_sphere[:, None], _sphere(ch, eh, th), y)
-    y = torch.as_tensor(y, device=g.device)
+        y = xp.where(on_sphere[:, None], _sphere(c, e, th), y)
     dE = (c * y).sum(-1) + 0.5 * (e * y * y).sum(-1)
-    return (W @ y[..., None])[..., 0], dE, torch.as_tensor(on_sphere, device=g.device)
+    out = (W @ y[..., None])[..., 0], dE, on_sphere
+    return out if host else tuple(torch.as_tensor(t, device=H.device) for t in out)
 
 
 def _polyval(p, t):
@@ -321,7 +331,7 @@ def cubic_search(E0, E1, g0, g1):
     otherwise the lower end point. All ``(B,)``; returns ``(t, E)`` (on the CPU the
     arithmetic runs on numpy views, :func:`_host`).
     """
-    device = E0.device
+    device = None if isinstance(E0, np.ndarray) else E0.device  # (numpy in, numpy out)
     E0, E1, g0, g1 = _host(E0, E1, g0, g1)
     xp = np if isinstance(E0, np.ndarray) else torch
     a = 2 * (E0 - E1) + g0 + g1
@@ -342,6 +352,8 @@ def cubic_search(E0, E1, g0, g1):
     t_end = xp.where(low, 0.0, 1.0)
     t_end = t_end if xp is np else t_end.to(E0.dtype)
     t, E = xp.where(ok, tmin, t_end), xp.where(ok, Emin, xp.where(low, E0, E1))
+    if device is None:
+        return t, E
     return torch.as_tensor(t, device=device), torch.as_tensor(E, device=device)
 
 
