@@ -28,9 +28,9 @@ WATER_DIMER = Atoms(
 )
 
 
-STEP_OPS = 1300  # ops of one step on allene, 1254 measured (CPU: the back-transformation stops early, here
-# after 7 iterations of ~100 ops on the first step, 3-4 on the others; the secular iterations run on numpy
-# views: 1378 when they were tensor ops; the rest of a step ~565)
+STEP_OPS = 1100  # ops of one step on allene, ~1060 measured (CPU: the back-transformation stops early, here
+# after 7 iterations of ~100 ops on the first step, 3-4 on the others; the secular iterations and the step's
+# bookkeeping run on numpy views: 1254 when the bookkeeping was tensor ops, 1378 the secular iterations too)
 
 
 def rattled(name, amount=0.05, seed=0):
