@@ -23,7 +23,9 @@ builds the backbone from them with fixed bond lengths (NeRF). Here:
   network; ``--term unroll``: the same states run ``--unroll`` more sampler steps with their
   graph kept and the clash of the state reached is the loss (reward fine-tuning, DRaFT-K style,
   :func:`unroll_steps`); ``--term target``: it moves the noise target to the clash-guided one
-  (:func:`losses`, :class:`Chains`);
+  (:func:`losses`, :class:`Chains`); ``--term distill``: FoldingDiff's loss on the states of
+  clash-guided sampler chains against the noise that leads each to its chain's guided sample
+  (:class:`GuidedChains`: training on the guided sampler's own outputs);
 * sampling-time clash guidance (``--guidance``): the same gradient on the DDPM mean.
 
 The default is tiny (seconds; CI runs it). ``python -m benchmarks --suite train`` trains
@@ -33,6 +35,7 @@ two models that differ only in the extra loss and compares their samples.
     python examples/torsion_diffusion.py --clash-weight 0      # FoldingDiff's own loss only
     python examples/torsion_diffusion.py --term target --clash-weight 3 --chains 8   # last session's term
     python examples/torsion_diffusion.py --term unroll --clash-weight 0.1   # through 4 sampler steps
+    python examples/torsion_diffusion.py --term distill --clash-weight 0.125 --steps 300   # guided outputs
     python examples/torsion_diffusion.py --guidance 0          # no clash guidance at sampling
     python examples/torsion_diffusion.py --steps 2000 --length 32 --diffusion-steps 200
 """
