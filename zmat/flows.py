@@ -418,15 +418,21 @@ class InternalCoordinateTransform(Transform):
         plan = self.table.cached(carried_plan, x.device)
         if k is None or len(plan.planar_rows) or len(plan.nerf_rows):
             return None
-        if "z_frames" not in t:
-            frame_of = t.get("frame_of")
-            t["z_frames"] = torch.zeros_like(plan.z_rows) if frame_of is None else frame_of[plan.z_rows]
-        slots = (t["euler_index"], t["orientation"])
-        scaled = (t["scale"], t["shift"]) if self.normalize_angles else None
+        if "global_plan" not in t:
+            t["global_plan"] = self._global_plan(k, plan.z_rows, t)
         reference = lambda v: self._inverse(v, fuse=False).view_as(v)  # noqa: E731
-        return _kernel.global_inverse(
-            x, t["tree_atoms"], k, t["flags"], t["z_frames"], slots, scaled, reference
-        )
+        return _kernel.global_inverse(x, t["global_plan"], reference)
+
+    def _global_plan(self, k, z_rows: torch.Tensor, t: dict) -> _kernel.GlobalPlan:
+        """:meth:`_fused_inverse`'s arrays (``zmat._kernel.GlobalPlan``), once per device and dtype."""
+        frame_of = t.get("frame_of")
+        z_frames = torch.zeros_like(z_rows) if frame_of is None else frame_of[z_rows]
+        orientation = t["orientation"]
+        slots = torch.full((3 * self._plan.n_trees,), -1, dtype=torch.int64, device=z_rows.device)
+        entries = orientation.flatten().nonzero().flatten()
+        slots[t["euler_index"][entries]] = entries  # each orientation entry's place in the (3, T) stack
+        scale, shift = (t["scale"], t["shift"]) if self.normalize_angles else (None, None)
+        return _kernel.GlobalPlan(k, t["flags"], t["tree_atoms"], z_frames, slots, orientation, scale, shift)
 
     def log_abs_det_jacobian(self, q: torch.Tensor, xyz: torch.Tensor | None = None) -> torch.Tensor:
         """``log|det d xyz / d q|``, ``(...)``, from ``q`` (``xyz`` is not read)."""
