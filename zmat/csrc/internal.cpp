@@ -278,13 +278,20 @@ inline void row_axis(const Carried& q, const View<T>& v, const Geo<A>* w, int64_
   for (int c = 0; c < 3; ++c) m[c] = *sg * (s < q.n ? w[s].nh[c] : A(v.e[(s - q.n) * v.e1 + c * v.e2]));
 }
 
+template <typename A>
+constexpr int64_t padded(int64_t m) {  // m rounded up to 16 bytes of A
+  return (m + 16 / sizeof(A) - 1) / (16 / sizeof(A)) * (16 / sizeof(A));
+}
+
 // One structure's rows into out (N, 3), the geometry into w (N records), the angles' (y, x)
-// into yx (4 N): the walk first, then every atan2 in one loop of its own (short and branch-free:
+// into yx (2 padded(2 N)): the walk first, then every atan2 in one loop of its own (short and branch-free:
 // the compiler vectorises it, and no walk waits on its latency).
 template <typename T, typename A>
 void carried_rows(const Carried& q, const View<T>& v, A tiny, A c, Geo<A>* w, A* yx, T* out) {
   const int64_t n = q.n;
-  A *ys = yx, *xs = yx + 2 * n;
+  const int64_t pad = padded<A>(2 * n);
+  A *ys = yx, *xs = yx + pad;
+  for (int64_t j = 2 * n; j < pad; ++j) ys[j] = xs[j] = A(0);
   for (int64_t j = 0; j < n; ++j) {
     const int64_t i = q.order[j];
     geo_fill(q, v, i, tiny, c, w);  // (a row referring to its own axis finds it resolved)
@@ -306,10 +313,7 @@ void carried_rows(const Carried& q, const View<T>& v, A tiny, A c, Geo<A>* w, A*
       ys[2 * i + 1] = dot(t, g.nh), xs[2 * i + 1] = g.nb * dot(m, g.nh);
     }
   }
-  for (int64_t j = 0; j < 2 * n; ++j) {
-    const A y = ys[j], x = xs[j];
-    ys[j] = x * x + y * y <= tiny ? A(0) : zmat::fast_atan2(y, x);
-  }
+  zmat::atan2_all(ys, xs, ys, 2 * n, tiny);  // (2 n rounded up, the rest zeros)
   for (int64_t i = 0; i < n; ++i)
     if (!(q.flags[i] & 8)) out[3 * i + 1] = static_cast<T>(ys[2 * i]), out[3 * i + 2] = static_cast<T>(ys[2 * i + 1]);
 }
@@ -407,7 +411,8 @@ template <typename A>
 Scratch<A>& scratch(const Carried& q) {
   thread_local Scratch<A> s;
   if (static_cast<int64_t>(s.w.size()) < q.n) s.w.resize(q.n);
-  if (static_cast<int64_t>(s.buf.size()) < 9 * q.n + 3 * q.l) s.buf.resize(9 * q.n + 3 * q.l);
+  const int64_t size = 9 * q.n + 3 * q.l + 8;  // (+ 8: the forward's padding)
+  if (static_cast<int64_t>(s.buf.size()) < size) s.buf.resize(size);
   return s;
 }
 
