@@ -238,20 +238,21 @@ inline int64_t slot_atom(int64_t r, int64_t n) { return r >= n ? r - n : r; }  /
 
 template <typename T, typename A>
 inline void geo_fill(const Carried& q, const View<T>& v, int64_t i, A tiny, A c, Geo<A>* w) {
-  // in registers first, the record written once (partial stores read back stall the walk)
+  // named scalars, the record written once: arrays here become partial vector stores read
+  // back across their seams, which stalls the walk (store forwarding)
   const int64_t ia = q.a[i], ib = q.b[i];
-  A b2[3], b3[3], n[3];
-  for (int k = 0; k < 3; ++k) {
-    const A xb = ib < 0 ? A(0) : A(v.x[ib * v.s1 + k * v.s2]), xa = ia < 0 ? A(0) : A(v.x[ia * v.s1 + k * v.s2]);
-    b2[k] = xb - xa;
-    b3[k] = A(v.x[i * v.s1 + k * v.s2]) - xb;
-  }
-  cross(b2, b3, n);
-  const A s = safe_sqrt(dot(n, n), tiny), nb = safe_sqrt(dot(b2, b2), tiny), r = safe_sqrt(dot(b3, b3), tiny);
+  auto at = [&](int64_t j, int k) { return j < 0 ? A(0) : A(v.x[j * v.s1 + k * v.s2]); };
+  const A xb0 = at(ib, 0), xb1 = at(ib, 1), xb2 = at(ib, 2);
+  const A u0 = xb0 - at(ia, 0), u1 = xb1 - at(ia, 1), u2 = xb2 - at(ia, 2);  // b2
+  const A w0 = at(i, 0) - xb0, w1 = at(i, 1) - xb1, w2 = at(i, 2) - xb2;     // b3
+  const A n0 = u1 * w2 - u2 * w1, n1 = u2 * w0 - u0 * w2, n2 = u0 * w1 - u1 * w0;
+  const A s = safe_sqrt(n0 * n0 + n1 * n1 + n2 * n2, tiny), nb = safe_sqrt(u0 * u0 + u1 * u1 + u2 * u2, tiny);
+  const A r = safe_sqrt(w0 * w0 + w1 * w1 + w2 * w2, tiny);
   const bool def = s > c * nb * r;
   const A is = def ? A(1) / s : A(1);  // one division, not three
   Geo<A>& g = w[i];
-  for (int k = 0; k < 3; ++k) g.b2[k] = b2[k], g.b3[k] = b3[k], g.nh[k] = n[k] * is;
+  g.b2[0] = u0, g.b2[1] = u1, g.b2[2] = u2, g.b3[0] = w0, g.b3[1] = w1, g.b3[2] = w2;
+  g.nh[0] = n0 * is, g.nh[1] = n1 * is, g.nh[2] = n2 * is;
   g.s = s, g.is = is, g.nb = nb, g.r = r, g.def = def;
   const uint8_t md = q.mode[i];
   if (def || (md & 8)) {
