@@ -87,6 +87,7 @@ _CSRC = Path(__file__).with_name("csrc")
 _SOURCES = ("rigid_forest.cpp", "torsions.cpp", "stamp.cpp", "internal.cpp", "move.cpp", "world.cpp")
 _SOURCES += ("euler.cpp",)  # the flows' global tree rotations (zmat._kernel.euler)
 _SOURCES += ("primitives.cpp",)  # the optimiser's coordinates (zmat/optimize/_compiled.py)
+_SOURCES += ("fixed.cpp",)  # the flows' inverse with fixed atoms (zmat._kernel.fixed_inverse)
 _FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-pthread")
 _DTYPES = (torch.float32, torch.float64)
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -300,6 +301,7 @@ _SIGNATURES = {  # pointers and integers (sizes, element strides), see the C sou
     "world_forward": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _I],
     "world_backward": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _I, _I, _I, _P, _I, _P, _I],
     "log_det": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _I, _P, _I],
+    "fixed_inverse": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _I],
     "pose_forward": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _I],
     "pose_backward": [_P, _I, _I, _I, _I, _I, _I, _P, _P, _I, _I, _I, _I, _P, _I, _I, _I, _P, _I],
     "euler_forward": [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _I],
@@ -595,6 +597,29 @@ class _Library:
             _ptr(gld), 0 if gld is None else gld.stride(0), _ptr(gq), threads(b, n),
         )  # fmt: skip
         return out
+
+    # the flows' inverse with fixed atoms: q flat (B, 3 M), as the flows give it (no views per call)
+    def fixed_inverse(self, x: Tensor, path: Tensor, flags: Tensor, weights: Tensor, grad: bool = False):
+        """Positions ``x`` ``(B, K, 3)`` -> rows ``(B, 3 M)``, minus their log-determinants ``(B,)``
+        and (``grad``, else ``None``) the gradient ``(B, 3 M)`` of those in the rows (see
+        :func:`fixed_inverse`)."""
+        b, m = x.shape[0], flags.shape[0]
+        out, ld, gl = x.new_empty((b, 3 * m)), x.new_empty((b,)), x.new_empty((b, 3 * m)) if grad else None
+        self.fns["fixed_inverse", x.dtype](
+            x.data_ptr(), b, *x.stride(), m, path.data_ptr(), flags.data_ptr(), weights.data_ptr(),
+            out.data_ptr(), ld.data_ptr(), _ptr(gl), threads(b, m),
+        )  # fmt: skip
+        return out, ld, gl
+
+    def fixed_inverse_backward(self, x: Tensor, path: Tensor, flags: Tensor, g: Tensor) -> Tensor:
+        """:meth:`internal_backward` of rows ``g`` ``(B, 3 M)``."""
+        b, m, (g0, g1) = x.shape[0], flags.shape[0], g.stride()
+        grad = x.new_empty(x.shape)
+        self.fns["internal_backward", x.dtype](
+            x.data_ptr(), b, *x.stride(), x.shape[1], m, path.data_ptr(), flags.data_ptr(),
+            g.data_ptr(), g0, 3 * g1, g1, grad.data_ptr(), threads(b, m),
+        )  # fmt: skip
+        return grad
 
 
 def _ptr(t: Tensor | None):
@@ -1235,6 +1260,92 @@ class _LogDet(torch.autograd.Function):
         if _differentiable_backward(g):  # the reference's gradient, itself differentiable
             return torch.autograd.grad(ctx.reference(q), q, g, create_graph=True)[0], None, None, None, None
         return _state["module"].log_det(q, *ctx.arrays, g), None, None, None, None
+
+
+# ------------------------------------------------------------ the flows' inverse with fixed atoms
+# Batch-1 calls are dispatch-bound: one tensor argument per Function (the plan arrays in a tuple),
+# no views where the batch is one dimension.
+def fixed_inverse(x: torch.Tensor, arrays: tuple, reference):
+    """Rows ``(..., 3 M)`` (flat, as the flows' ``q``), minus their log-determinant ``(...)`` and,
+    where ``x`` requires grad, its gradient ``(..., 3 M)`` in the rows (else ``None``; the last
+    two not differentiable: :func:`inverse_log_det` makes the log-det a function of the rows)
+    from positions ``x`` ``(..., K, 3)`` (``zmat/csrc/fixed.cpp``: :func:`internal`'s rows and, in
+    the same pass, :func:`log_det` of them to rounding, ``sin theta`` from the geometry), with the
+    rows' exact gradient. Eager CPU float calls only (as :func:`internal`).
+
+    Args:
+        arrays: ``(path, flags, weights)``: :func:`internal`'s ``path`` and ``flags``,
+            :func:`log_det`'s ``weights`` ``(2 M,)``.
+        reference: ``x -> (..., 3 M)`` in differentiable torch ops, for double backward.
+    """
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _FixedInverse.apply(x, arrays, reference)
+    return _fixed_inverse(x, arrays, False)
+
+
+def _fixed_inverse(x, arrays, grad):
+    if x.dim() == 3:
+        return _state["module"].fixed_inverse(x, *arrays, grad)
+    batch = x.shape[:-2]
+    q, ld, gl = _state["module"].fixed_inverse(x.reshape(-1, *x.shape[-2:]), *arrays, grad)
+    return q.view(*batch, -1), ld.view(batch), None if gl is None else gl.view(*batch, -1)
+
+
+class _FixedInverse(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, arrays, reference):
+        ctx.arrays, ctx.reference = arrays[:2], reference
+        ctx.save_for_backward(x)
+        ctx.set_materialize_grads(False)
+        q, ld, gl = _fixed_inverse(x, arrays, True)
+        ctx.mark_non_differentiable(ld, gl)
+        return q, ld, gl
+
+    @staticmethod
+    def backward(ctx, g, _, __):
+        if g is None:
+            return None, None, None
+        (x,) = ctx.saved_tensors
+        if _differentiable_backward(g):  # the reference's gradient, itself differentiable
+            return torch.autograd.grad(ctx.reference(x), x, g, create_graph=True)[0], None, None
+        if x.dim() == 3:
+            return _state["module"].fixed_inverse_backward(x, *ctx.arrays, g), None, None
+        x3 = x.reshape(-1, *x.shape[-2:])
+        grad = _state["module"].fixed_inverse_backward(x3, *ctx.arrays, g.reshape(x3.shape[0], -1))
+        return grad.view(x.shape), None, None
+
+
+def inverse_log_det(q: torch.Tensor, value: torch.Tensor, grad, reference):
+    """``value`` ``(...)``, minus the log-determinant of ``q`` ``(..., 3 N)`` as computed by
+    :func:`fixed_inverse`, differentiable in ``q``: its gradient ``grad`` ``(..., 3 N)`` (from
+    :func:`fixed_inverse` too, scaled to ``q``; given where ``q`` requires grad), times the
+    incoming one (no second pass over ``q``). Eager CPU float calls only; ``value`` is handed
+    out once (it becomes the output).
+
+    Args:
+        reference: ``q -> (...)`` in differentiable torch ops, for double backward.
+    """
+    if torch.is_grad_enabled() and q.requires_grad:
+        return _InverseLogDet.apply(q, (value, grad), reference)
+    return value
+
+
+class _InverseLogDet(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, value_grad, reference):
+        ctx.grad, ctx.reference = value_grad[1], reference
+        ctx.save_for_backward(q)
+        ctx.set_materialize_grads(False)
+        return value_grad[0]  # not an input: no view of it
+
+    @staticmethod
+    def backward(ctx, g):
+        if g is None:
+            return None, None, None
+        if _differentiable_backward(g):  # the reference's gradient, itself differentiable
+            (q,) = ctx.saved_tensors
+            return torch.autograd.grad(ctx.reference(q), q, g, create_graph=True)[0], None, None
+        return ctx.grad * (g if g.numel() == 1 else g.unsqueeze(-1)), None, None  # (one op at batch 1)
 
 
 class KernelPlan:

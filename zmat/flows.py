@@ -24,10 +24,12 @@ atom, so it adds nothing either (``docs/flows.md`` has the derivation).
 from __future__ import annotations
 
 import math
+import weakref
 
 import numpy as np
 import torch
 from torch.distributions import Transform, constraints
+from torch.distributions.transforms import _InverseTransform
 
 from . import _kernel
 from ._analytic import _kernel_plan
@@ -216,6 +218,18 @@ class InternalCoordinateTransform(Transform):
         if self.normalize_angles:
             self._constant = n_angle * math.log(math.pi) + n_periodic * math.log(2 * math.pi)
         self._devices: dict = {}
+        self._last = None  # the fixed inverse's last: (weakref to q, its version, [log-det, its gradient])
+
+    def __getstate__(self):
+        return {**super().__getstate__(), "_last": None}
+
+    @property
+    def inv(self) -> Transform:
+        """The inverse transform (``T.inv.inv is T``), whose log-determinant is one call (no
+        negation; with fixed atoms, the value the inverse computed)."""
+        if self._inv is None:
+            self._inv = _Inverse(self)
+        return self._inv
 
     def with_cache(self, cache_size: int = 1) -> InternalCoordinateTransform:
         if self._cache_size == cache_size:
@@ -244,6 +258,7 @@ class InternalCoordinateTransform(Transform):
         out = self._devices.get((device, dtype))
         if out is None:
             out = self._devices[device, dtype] = self._plan.tensors(device, dtype)
+            out["fixed_inverse"] = out["path"], out["flags"], out["ld_weights"]  # the kernel's plan
         return out
 
     def _scale(self, q3: torch.Tensor, t: dict) -> torch.Tensor:
@@ -377,10 +392,13 @@ class InternalCoordinateTransform(Transform):
         _check_tensor(xyz, "xyz")
         self.inverse_shape(xyz.shape)
         t = self._tensors(xyz.device, xyz.dtype)
+        if len(self.fixed_atoms) and fuse and _kernel.usable(xyz) and not torch.compiler.is_compiling():
+            return self._fixed_inverse(xyz, t)
         x = xyz.reshape(-1, self.n_atoms, 3)
         q = self._fused_inverse(x, t) if fuse else None
         if q is not None:
             return q.reshape(*xyz.shape[:-2], 3 * self.n_atoms)
+        euler = None
         if self._plan.n_trees:  # (B, T, 3, 3) axes as columns, (B, 3, T) alpha, cos beta, gamma
             R, euler = _tree_pose(x, t)
         if len(self.fixed_atoms) == 0:  # zmat.to_internal in the trees' placement frames
@@ -398,12 +416,46 @@ class InternalCoordinateTransform(Transform):
                 q = torch.where(t["cartesian"], x, internal_coordinates(x, self.table, axes_of))
         else:
             q = _rows(x, t, "")  # (B, N, 3): as zmat.to_internal, positions where Cartesian
-        if self._plan.n_trees:  # the trees' orientations, into the second and third atoms' rows
+        return self._oriented(q, euler, t).reshape(*xyz.shape[:-2], 3 * self.n_atoms)
+
+    def _oriented(self, q: torch.Tensor, euler, t: dict) -> torch.Tensor:
+        """Rows ``q`` ``(B, N, 3)`` with the trees' orientations ``euler`` ``(B, 3, T)`` in the
+        second and third atoms' rows, normalised."""
+        if euler is not None:
             orient = euler.flatten(1).index_select(1, t["euler_index"]).view_as(q)
             q = torch.where(t["orientation"], orient, q)
         if self.normalize_angles:
             q = (q - t["shift"]) / t["scale"]
-        return q.reshape(*xyz.shape[:-2], 3 * self.n_atoms)
+        return q
+
+    def _fixed_inverse(self, xyz: torch.Tensor, t: dict) -> torch.Tensor:
+        """:meth:`_inverse` with fixed atoms on eager CPU float calls (checked by the caller): the
+        rows and ``T.inv``'s log-determinant in one compiled pass (``zmat._kernel.fixed_inverse``),
+        the log-determinant kept for :meth:`_inverse_log_det` of the ``q`` returned. Its reference
+        is :meth:`_inverse`'s path with ``fuse=False``."""
+        n = self.n_atoms
+        reference = lambda v: _rows_torch(v.reshape(-1, n, 3), t, "").reshape(*v.shape[:-2], 3 * n)  # noqa: E731
+        q, ld, grad = _kernel.fixed_inverse(xyz, t["fixed_inverse"], reference)
+        if self._plan.n_trees or self.normalize_angles:
+            euler = _tree_pose(xyz.reshape(-1, n, 3), t)[1] if self._plan.n_trees else None
+            q = self._oriented(q.view(-1, n, 3), euler, t).view_as(q)
+        if self.normalize_angles:  # radians -> q
+            ld, grad = ld - self._constant, None if grad is None else grad * t["scale"].view(-1)
+        kept = [ld, grad]  # freed with q (the callback holds no reference to self)
+        self._last = weakref.ref(q, lambda _, kept=kept: kept.clear()), q._version, kept
+        return q
+
+    def _inverse_log_det(self, q: torch.Tensor) -> torch.Tensor:
+        """``T.inv.log_abs_det_jacobian(xyz, q)``, minus :meth:`log_abs_det_jacobian`: where ``q`` is
+        :meth:`_fixed_inverse`'s last output, unchanged, the value it computed (with its gradient in
+        ``q``, computed there too: the backward is one product), else computed from ``q``."""
+        last, self._last = self._last, None
+        if last is None or last[0]() is not q or last[1] != q._version or torch.compiler.is_compiling():
+            return -self.log_abs_det_jacobian(q)
+        ld, grad = last[2]
+        if grad is None and q.requires_grad and torch.is_grad_enabled():  # q made to require it since
+            return -self.log_abs_det_jacobian(q)
+        return _kernel.inverse_log_det(q, ld, grad, lambda v: -self.log_abs_det_jacobian(v))
 
     def _fused_inverse(self, x: torch.Tensor, t: dict):
         """The global inverse's rows ``(B, N, 3)`` in one Function
@@ -460,6 +512,14 @@ class InternalCoordinateTransform(Transform):
         if self._cache_size:
             self._cached_x_y = q, xyz
         return xyz, ld
+
+
+class _Inverse(_InverseTransform):
+    """``T.inv``: torch's inverse transform, its log-determinant
+    :meth:`InternalCoordinateTransform._inverse_log_det`."""
+
+    def log_abs_det_jacobian(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self._inv._inverse_log_det(y)
 
 
 # ---------------------------------------------------------------- geometry

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "log_sum.h"
 #include "parallel.h"
 #include "trig.h"
 #include "vec3.h"
@@ -30,6 +31,9 @@ enum : uint8_t { CART = 0, SECOND = 1, THIRD_ON_SECOND = 2, THIRD_ON_ROOT = 3, N
 
 using zmat::cross;
 using zmat::dot;
+using zmat::floor_abs;
+using zmat::LogSum;
+using zmat::power;
 
 template <typename T>
 inline void sin_cos(T x, T& s, T& c) {  // zmat::sin_cos in double, for both dtypes
@@ -158,33 +162,6 @@ struct Frame {
   }
 };
 
-template <typename T>
-inline double floor_abs(T v, T clamp) {  // max(|v|, clamp), in double
-  const T a = std::fabs(v);
-  return a < clamp ? clamp : a;
-}
-
-// A sum of logarithms as the log of a product: one log per structure, not two per atom. The
-// product is kept in [2^-400, 2^400] by exact powers of two (frexp), so it neither overflows nor
-// underflows; a factor above 2^400 (a bond of 1e60) adds its own log. Factors are floored
-// (>= 1e-36) or NaN (which the product carries on). In double for both dtypes.
-struct LogSum {
-  double p = 1, extra = 0;
-  int64_t e = 0;
-  void add(double v) {
-    if (v > 0x1p400) {
-      extra += std::log(v);
-      return;
-    }
-    p *= v;
-    if (p > 0x1p400 || p < 0x1p-400) {
-      int k;
-      p = std::frexp(p, &k);
-      e += k;
-    }
-  }
-  double value() const { return std::log(p) + static_cast<double>(e) * 0.6931471805599453 + extra; }
-};
 template <typename T>
 inline T dlog_floor(T v, T clamp) {  // d log max(|v|, clamp) / dv
   return std::fabs(v) >= clamp ? T(1) / v : T(0);
@@ -318,11 +295,6 @@ void backward(const T* q, int64_t bn, const int64_t* qs, const Plan& pl, const C
 
 // The log-determinant alone (zmat/flows.py, _log_det): sum_i w_i log|r_i| + w'_i log|sin t_i|,
 // w (N, 2) the weights (0: not read), r, t the scaled q; and its gradient gq (B, N, 3).
-template <typename T>
-inline double power(double a, T w) {  // a^w, the log-det's weights being 2 and 1
-  return w == T(2) ? a * a : (w == T(1) ? a : std::pow(a, static_cast<double>(w)));
-}
-
 template <typename T>
 void log_det(const T* q, int64_t bn, const int64_t* qs, int64_t n, const T* w, const Consts<T>& k, T* ld,
              const T* gld, int64_t gl, T* gq, int64_t threads) {

@@ -33,10 +33,12 @@ import numpy as np
 import torch
 from ase.data import covalent_radii
 
-from .coordinates import build_primitives, values, values_and_b
+from .coordinates import build_primitives, kernel_layout, values, values_and_b
 from .steps import (
     BOHR,
     HARTREE,
+    _floor,
+    _host,
     back_transform,
     bfgs,
     cubic_search,
@@ -199,6 +201,11 @@ class InternalStepper:
         self.best_off = torch.zeros(bsz, dtype=torch.bool, device=self.device)  # best point off target
         self.step_norm = zeros
 
+    def _rigid(self, x: torch.Tensor) -> tuple | None:
+        """``(x, layout)`` where B's null space is the rigid motions (:func:`.steps.reduced_space` then
+        factorises instead of decomposing), else None."""
+        return (x, kernel_layout(self.prims, x.dtype)) if self.prims.rigid_invariant else None
+
     def needs_rebuild(self, xyz: torch.Tensor) -> torch.Tensor:
         """0-d bool tensor: an angle became linear or a linear bend bent (no host sync)."""
         return self.prims.linear_check(self._internal(xyz))
@@ -246,7 +253,7 @@ class InternalStepper:
             return grad.detach().norm(dim=-1).amax(-1)
         x, gx = self._cartesian(xyz, grad)
         q, Bm = values_and_b(self.prims, x)
-        U, Vs, _ = reduced_space(Bm)
+        U, Vs, _ = reduced_space(Bm, rigid=self._rigid(x))
         gq = pinv_t_apply(U, Vs, gx)
         return self._fmax(Bm, U, self._free_projector(U), gq, gx, q).to(grad.dtype)
 
@@ -271,7 +278,7 @@ class InternalStepper:
         x, gx = self._cartesian(xyz, grad)
         E = energy.detach().to(torch.float64) / self.energy_unit
         q, Bm = values_and_b(self.prims, x)
-        U, Vs, keep = reduced_space(Bm)
+        U, Vs, keep = reduced_space(Bm, rigid=self._rigid(x))
         gq = pinv_t_apply(U, Vs, gx)
         first, upd = self.first, active & ~self.first
 
@@ -331,8 +338,10 @@ class InternalStepper:
         if self.frozen:
             x_new[:, list(self.frozen)] = self.x0[:, list(self.frozen)]
 
+        everyone = active.device.type == "cpu" and bool(active.all())  # (reading a CPU tensor: no sync)
+
         def keep_old(new, old):
-            return torch.where(active.reshape(-1, *[1] * (new.ndim - 1)), new, old)
+            return new if everyone else torch.where(active.reshape(-1, *[1] * (new.ndim - 1)), new, old)
 
         better = fresh | (E < self.best_E)
         self.best_off = keep_old(moving, self.best_off)
@@ -368,10 +377,15 @@ def _cap_cartesian(y: torch.Tensor, Vs: torch.Tensor, trust: torch.Tensor):
     measured in internal coordinates, has grown large while the soft contacts
     between fragments turn it into Angstrom-long moves.
     """
-    dx = (Vs @ y[..., None])[..., 0].unflatten(-1, (-1, 3)).norm(dim=-1).amax(-1)
-    cap = (CARTESIAN_CAP * trust).clamp_max(CARTESIAN_MAX)
+    yh, Vh, th = _host(y, Vs, trust)  # (numpy views on the CPU)
+    xp = np if isinstance(yh, np.ndarray) else torch
+    image = (Vh @ yh[..., None]).reshape(yh.shape[0], -1, 3)
+    dx = xp.amax(xp.sqrt((image * image).sum(-1)), -1)
+    cap = CARTESIAN_CAP * th
+    cap = xp.where(cap > CARTESIAN_MAX, CARTESIAN_MAX, cap)
     capped = dx > cap
-    return y * torch.where(capped, cap / dx.clamp_min(1e-300), 1.0)[:, None], capped
+    scale = torch.as_tensor(xp.where(capped, cap / _floor(dx, 1e-300), 1.0), device=y.device)
+    return y * scale[:, None], torch.as_tensor(capped, device=y.device)
 
 
 def _evaluate(energy, xyz: torch.Tensor):
