@@ -594,10 +594,12 @@ def _hard_global_case(dtype, near: bool):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_compiled_global_inverse_is_the_torch_one_on_hard_input(spy, monkeypatch, dtype):
     """The fused global inverse (``zmat._kernel.global_inverse``: internal.cpp's global_forward
-    and global_backward) equals the torch path (``ZMAT_NO_KERNEL``), values and gradients,
-    normalised or not, through straight angles (carried axes), tiny bonds, angles near 0 and
-    dihedrals near +-pi. Near-straight rows: a normal of length ~|b|^2 sin carries a relative
-    error of eps / sin in either path, hence their looser bound."""
+    and global_backward, T.inv's log-det from the same pass) equals the torch path
+    (``ZMAT_NO_KERNEL``), q, the log-det and the gradient of a loss of both, normalised or not,
+    through straight angles (carried axes), tiny bonds, angles near 0 and dihedrals near +-pi.
+    Near-straight rows: a normal of length ~|b|^2 sin carries a relative
+    error of eps / sin in either path, hence their looser bound (and no log-det in their loss: the
+    torch path's sin of a theta rounded near pi is off by eps / sin too)."""
     f64 = dtype == torch.float64
     for near, tol in ((False, 1e-10 if f64 else 5e-4), (True, 1e-5 if f64 else 5e-2)):
         table, x, w = _hard_global_case(dtype, near)
@@ -605,15 +607,21 @@ def test_compiled_global_inverse_is_the_torch_one_on_hard_input(spy, monkeypatch
             T, out = InternalCoordinateTransform(table, normalize_angles=normalize), []
             for off in ("", "1"):
                 monkeypatch.setenv("ZMAT_NO_KERNEL", off)
-                before = spy.of("global_forward", "global_backward")
+                before = spy.of("global_forward", "global_backward", "log_det")
                 v = x.clone().requires_grad_(True)
                 q = T.inv(v)
-                out.append((q, *torch.autograd.grad((q * w).sum(), v)))
+                ld = T.inv.log_abs_det_jacobian(v, q)  # (kernel: from the inverse's pass)
+                lw = torch.arange(1.0, 9.0, dtype=dtype) * (not near)  # (cot theta ~3e10 near pi)
+                loss = (q * w).sum() + (ld * lw).sum()
+                out.append((q, ld, *torch.autograd.grad(loss, v)))
                 n = 1 if off == "" else 0  # the fused path, once each way, or not at all
-                assert spy.of("global_forward", "global_backward") == (before[0] + n, before[1] + n)
-            (q1, g1), (q2, g2) = out
-            assert ((q1 - q2).abs() / (1 + q2.abs())).max() < tol
-            assert ((g1 - g2).abs() / (1 + g2.abs())).max() < tol
+                assert spy.of("global_forward", "global_backward", "log_det") == (
+                    *(b + n for b in before[:2]),
+                    0,
+                )
+            (q1, l1, g1), (q2, l2, g2) = out
+            for a, b in ((q1, q2), (l1, l2), (g1, g2)):
+                assert a.shape == b.shape and ((a - b).abs() / (1 + b.abs())).max() < tol
 
 
 def test_first_bond_along_z_round_trips_exactly():

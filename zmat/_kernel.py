@@ -291,7 +291,7 @@ _SIGNATURES = {  # pointers and integers (sizes, element strides), see the C sou
     "carried_backward": [_P, _I, _I, _I, _I, _P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I]
     + [_P, _P, _I],
     "global_forward": [_P, _I, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _I, _P, _P, _P, _P, _P, _P]
-    + [_P, _I],
+    + [_P, _P, _P, _P, _I],
     "global_backward": [_P, _I, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _I, _P, _P, _P, _P, _P, _P]
     + [_I, _I, _I, _P, _I],
     "move_forward": [_P, _I, _I, _I, _I, _P, _I, _I, _I, _P, _I, _I, _I, _P, _I, _I, _I, _I, _I]
@@ -526,12 +526,16 @@ class _Library:
         head = (x.data_ptr(), x.shape[0], *x.stride(), x.shape[1], g.z_frames.shape[0])
         return (*head, *map(_ptr, rows), g.atoms.shape[0] // 3, *map(_ptr, trees), _ptr(g.scale))
 
-    def global_forward(self, x: Tensor, g) -> Tensor:
-        """The flows' global inverse rows ``(B, N, 3)`` (see :func:`global_inverse`)."""
-        out = x.new_empty(x.shape)
+    def global_forward(self, x: Tensor, g, grad: bool = False):
+        """The flows' global inverse rows ``(B, N, 3)``, minus their log-determinants ``(B,)`` (in
+        radians) and (``grad``, else ``None``) the gradient ``(B, N, 3)`` of those in the rows
+        (radians; see :func:`global_inverse`)."""
+        b, n = x.shape[:2]
+        out, ld, gl = x.new_empty(x.shape), x.new_empty((b,)), x.new_empty(x.shape) if grad else None
         fn = self.fns["global_forward", x.dtype]
-        fn(*self._global_args(x, g), _ptr(g.shift), out.data_ptr(), threads(x.shape[0], x.shape[1]))
-        return out
+        logdet = (g.ld_weights.data_ptr(), ld.data_ptr(), _ptr(gl))
+        fn(*self._global_args(x, g), _ptr(g.shift), out.data_ptr(), *logdet, threads(b, n))
+        return out, ld, gl
 
     def global_backward(self, x: Tensor, g, grad: Tensor) -> Tensor:
         """The gradient ``(B, N, 3)`` of :meth:`global_forward` for ``grad`` (any strides)."""
@@ -1104,7 +1108,7 @@ class GlobalPlan:
     ``z_frames`` ``(L,)`` int64 the tree of each chain end; ``slots`` ``(3 T,)`` int64 the flat
     ``(N, 3)`` entry each of the trees' ``(alpha, cos beta, gamma)`` (block by block) goes to, -1
     none; ``orientation`` ``(N, 3)`` bool, those entries; ``scale``, ``shift`` ``(N, 3)`` (the rows
-    are ``(q - shift) / scale``) or ``None``."""
+    are ``(q - shift) / scale``) or ``None``; ``ld_weights`` ``(2 N,)`` :func:`log_det`'s weights."""
 
     k: object
     flags: torch.Tensor
@@ -1114,6 +1118,7 @@ class GlobalPlan:
     orientation: torch.Tensor
     scale: torch.Tensor | None
     shift: torch.Tensor | None
+    ld_weights: torch.Tensor
 
 
 def global_inverse(x: torch.Tensor, plan: GlobalPlan, reference):
@@ -1121,8 +1126,11 @@ def global_inverse(x: torch.Tensor, plan: GlobalPlan, reference):
     strides) in one compiled call per direction (``zmat/csrc/internal.cpp``, ``global_forward``
     and ``global_backward``): the trees' poses (:func:`pose`), the carried rows against their axes
     (:func:`carried`, the chains ending on ``+z`` of their tree only), the trees' orientations in
-    their slots and the normalisation, with the same values and sums as those calls apart.
-    Eager CPU float calls only (as :func:`internal`).
+    their slots and the normalisation, with the same values and sums as those calls apart; and in
+    the same pass minus the rows' log-determinant ``(B,)`` (as :func:`fixed_inverse`'s: in
+    radians, the caller subtracts the normalisation's constant) and, where ``x`` requires grad,
+    its gradient ``(B, N, 3)`` in the rows (radians; else ``None``), neither differentiable (for
+    :func:`inverse_log_det`). Eager CPU float calls only (as :func:`internal`).
 
     Args:
         plan: :class:`GlobalPlan`.
@@ -1139,10 +1147,12 @@ class _GlobalInverse(torch.autograd.Function):
         ctx.plan, ctx.reference = plan, reference
         ctx.save_for_backward(x)
         ctx.set_materialize_grads(False)
-        return _state["module"].global_forward(x, plan)
+        q, ld, gl = _state["module"].global_forward(x, plan, True)
+        ctx.mark_non_differentiable(ld, gl)
+        return q, ld, gl
 
     @staticmethod
-    def backward(ctx, g):
+    def backward(ctx, g, _, __):
         if g is None:
             return None, None, None
         (x,) = ctx.saved_tensors

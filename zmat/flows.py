@@ -395,9 +395,9 @@ class InternalCoordinateTransform(Transform):
         if len(self.fixed_atoms) and fuse and _kernel.usable(xyz) and not torch.compiler.is_compiling():
             return self._fixed_inverse(xyz, t)
         x = xyz.reshape(-1, self.n_atoms, 3)
-        q = self._fused_inverse(x, t) if fuse else None
-        if q is not None:
-            return q.reshape(*xyz.shape[:-2], 3 * self.n_atoms)
+        fused = self._fused_inverse(x, t) if fuse else None
+        if fused is not None:
+            return self._kept(*fused, xyz.shape[:-2], t)
         euler = None
         if self._plan.n_trees:  # (B, T, 3, 3) axes as columns, (B, 3, T) alpha, cos beta, gamma
             R, euler = _tree_pose(x, t)
@@ -475,6 +475,17 @@ class InternalCoordinateTransform(Transform):
         reference = lambda v: self._inverse(v, fuse=False).view_as(v)  # noqa: E731
         return _kernel.global_inverse(x, t["global_plan"], reference)
 
+    def _kept(self, q: torch.Tensor, ld: torch.Tensor, grad, batch, t: dict) -> torch.Tensor:
+        """:meth:`_fused_inverse`'s rows ``q`` ``(B, N, 3)`` as ``(*batch, 3 N)``, its log-determinant
+        ``ld`` and gradient ``grad`` (radians) kept for :meth:`_inverse_log_det` of that ``q``."""
+        q, ld = q.view(*batch, 3 * self.n_atoms), ld.view(batch)
+        grad = None if grad is None else grad.view_as(q)
+        if self.normalize_angles:  # radians -> q
+            ld, grad = ld - self._constant, None if grad is None else grad * t["scale"].view(-1)
+        kept = [ld, grad]  # freed with q (the callback holds no reference to self)
+        self._last = weakref.ref(q, lambda _, kept=kept: kept.clear()), q._version, kept
+        return q
+
     def _global_plan(self, k, z_rows: torch.Tensor, t: dict) -> _kernel.GlobalPlan:
         """:meth:`_fused_inverse`'s arrays (``zmat._kernel.GlobalPlan``), once per device and dtype."""
         frame_of = t.get("frame_of")
@@ -484,7 +495,8 @@ class InternalCoordinateTransform(Transform):
         entries = orientation.flatten().nonzero().flatten()
         slots[t["euler_index"][entries]] = entries  # each orientation entry's place in the (3, T) stack
         scale, shift = (t["scale"], t["shift"]) if self.normalize_angles else (None, None)
-        return _kernel.GlobalPlan(k, t["flags"], t["tree_atoms"], z_frames, slots, orientation, scale, shift)
+        arrays = (t["flags"], t["tree_atoms"], z_frames, slots, orientation, scale, shift, t["ld_weights"])
+        return _kernel.GlobalPlan(k, *arrays)
 
     def log_abs_det_jacobian(self, q: torch.Tensor, xyz: torch.Tensor | None = None) -> torch.Tensor:
         """``log|det d xyz / d q|``, ``(...)``, from ``q`` (``xyz`` is not read)."""

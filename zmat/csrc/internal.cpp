@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "atan.h"
+#include "log_sum.h"
 #include "parallel.h"
 #include "vec3.h"
 
@@ -691,9 +692,40 @@ void poses_and_ends(const Carried& q, const Global& G, const T* x, int64_t s1, i
     for (int c = 0; c < 3; ++c) t.ends[3 * e + c] = t.pose[G.zf[e]].e[c];
 }
 
+// Minus the log-determinant of the rows o (radians; fixed.cpp's: each factor floored at clamp,
+// one log of a product, sin theta from the geometry w), and where g is given its gradient in
+// the rows (-w / r, -w' cot theta, 0 where floored).
+template <typename T>
+T inverse_log_det(const Carried& q, const Geo<T>* w, const T* o, const T* lw, T tiny, T clamp, T* g) {
+  zmat::LogSum sum;
+  for (int64_t i = 0; i < q.n; ++i) {
+    const T w0 = lw[2 * i], w1 = lw[2 * i + 1];
+    double sin_t = 0, cos_t = 0;
+    if (w1 != T(0) && (q.flags[i] & 2) && !(q.flags[i] & 8)) {
+      const T y = w[i].s, x = -dot(w[i].b2, w[i].b3), h = x * x + y * y;
+      if (!(h <= tiny)) {
+        const double norm_h = std::sqrt(static_cast<double>(x) * x + static_cast<double>(y) * y);
+        sin_t = y / norm_h, cos_t = x / norm_h;
+      }
+    }
+    if (g) {
+      g[3 * i] = w0 != T(0) && o[3 * i] >= clamp ? -w0 / o[3 * i] : T(0);
+      g[3 * i + 1] = w1 != T(0) && sin_t >= clamp ? static_cast<T>(-w1 * cos_t / sin_t) : T(0);
+      g[3 * i + 2] = T(0);
+    }
+    if (w0 == T(0) && w1 == T(0)) continue;
+    double v = w0 != T(0) ? zmat::power(zmat::floor_abs(o[3 * i], clamp), w0) : 1.0;
+    if (w1 != T(0)) v *= zmat::power(sin_t < clamp ? static_cast<double>(clamp) : sin_t, w1);
+    sum.add(v);
+  }
+  return -static_cast<T>(sum.value());
+}
+
+// lw (N, 2) the log-det's weights, ld (B,), gl (B, N, 3): with ld, minus the log-determinant of
+// the rows (radians) per structure, with gl its gradient in them (radians; the caller scales).
 template <typename T>
 void global_forward(const T* p, int64_t bn, const int64_t* ps, const Carried& q, const Global& G, const T* scale,
-                    const T* shift, T* out, T tiny, T c, int64_t threads) {
+                    const T* shift, T* out, const T* lw, T* ld, T* gl, T tiny, T c, T clamp, int64_t threads) {
   zmat::parallel_for(bn, threads, [&](int64_t s) {
     const T* x = p + s * ps[0];
     Trees<T>& t = trees<T>(q, G);
@@ -701,6 +733,7 @@ void global_forward(const T* p, int64_t bn, const int64_t* ps, const Carried& q,
     T* o = out + s * 3 * q.n;
     Scratch<T>& sc = scratch<T>(q);
     carried_rows(q, View<T>{x, ps[1], ps[2], t.ends.data(), 3, 1}, tiny, c, sc.w.data(), sc.buf.data(), o);
+    if (ld) ld[s] = inverse_log_det(q, sc.w.data(), o, lw, tiny, clamp, gl ? gl + s * 3 * q.n : nullptr);
     for (int64_t j = 0; j < G.nt; ++j) {
       T chart[3];
       t.pose[j].chart(tiny, chart, 1);
@@ -751,16 +784,18 @@ void global_backward(const T* p, int64_t bn, const int64_t* ps, const Carried& q
 }  // namespace
 
 // x (B, N, 3) with element strides; the carried arrays as above, L = len(zf); the Global
-// arrays; scale, shift (N, 3) contiguous or null; out, gx (B, N, 3) contiguous; g (B, N, 3) strided.
-#define ZMAT_GLOBAL(T, SUFFIX, TINY, C)                                                                        \
+// arrays; scale, shift (N, 3) contiguous or null; out, gx (B, N, 3) contiguous; g (B, N, 3) strided;
+// lw (N, 2), ld (B,), gl (B, N, 3) contiguous, ld and gl null where not asked (see global_forward).
+#define ZMAT_GLOBAL(T, SUFFIX, TINY, C, CLAMP)                                                                        \
   extern "C" void zmat_global_forward_##SUFFIX(                                                               \
       const T* p, int64_t b, int64_t p0, int64_t p1, int64_t p2, int64_t n, int64_t l, const int64_t* ab,     \
       const int64_t* ref, const int64_t* eslot, const uint8_t* mode, const uint8_t* flags, const int64_t* order, \
       int64_t nt, const int64_t* atoms, const int64_t* zf, const int64_t* slots, const uint8_t* orient,        \
-      const T* scale, const T* shift, T* out, int64_t threads) {                                               \
+      const T* scale, const T* shift, T* out, const T* lw, T* ld, T* gl, int64_t threads) {                    \
     const int64_t ps[3] = {p0, p1, p2};                                                                       \
     global_forward<T>(p, b, ps, Carried{n, l, ab, ab + n, ref, eslot, mode, flags, order},                    \
-                      Global{nt, atoms, zf, slots, orient}, scale, shift, out, TINY, C, threads);             \
+                      Global{nt, atoms, zf, slots, orient}, scale, shift, out, lw, ld, gl, TINY, C, CLAMP,   \
+                      threads);                                                                               \
   }                                                                                                           \
   extern "C" void zmat_global_backward_##SUFFIX(                                                              \
       const T* p, int64_t b, int64_t p0, int64_t p1, int64_t p2, int64_t n, int64_t l, const int64_t* ab,     \
@@ -772,5 +807,5 @@ void global_backward(const T* p, int64_t bn, const int64_t* ps, const Carried& q
                        Global{nt, atoms, zf, slots, orient}, scale, g, gs, gx, TINY, C, threads);             \
   }
 
-ZMAT_GLOBAL(float, f32, 1e-12f, 1e-5f)
-ZMAT_GLOBAL(double, f64, 1e-24, 1e-10)
+ZMAT_GLOBAL(float, f32, 1e-12f, 1e-5f, 1e-6f)
+ZMAT_GLOBAL(double, f64, 1e-24, 1e-10, 1e-12)
