@@ -167,19 +167,15 @@ inline T dlog_floor(T v, T clamp) {  // d log max(|v|, clamp) / dv
   return std::fabs(v) >= clamp ? T(1) / v : T(0);
 }
 
-// What atom p of one structure's placement order needs of q alone (no atom waits on another for
-// it), from sin, cos of its angle and dihedral (sn, cs; THIRD and NERF): the log-det factor it
-// returns, and o: CART its position; SECOND, THIRD its offset from x_b; NERF its offset's
-// components (-r cos t, r sin t cos p, r sin t sin p) along the frame's e1, e2, e3.
+// What atom p (not CART) of one structure's placement order needs of q alone (no atom waits on
+// another for it), from sin, cos of its angle and dihedral (sn, cs; THIRD and NERF): the log-det
+// factor it returns, and o: SECOND, THIRD its offset from x_b; NERF its offset's components
+// (-r cos t, r sin t cos p, r sin t sin p) along the frame's e1, e2, e3.
 template <typename T>
 inline double coefficients(const Q<T>& qq, const Plan& pl, int64_t p, const double* sn, const double* cs, T* o) {
   const Consts<T>& k = qq.k;
   const int64_t i = pl.atom[p];
   const uint8_t kind = pl.kind[p];
-  if (kind == CART) {
-    for (int c = 0; c < 3; ++c) o[c] = qq.raw(i, c);
-    return 1.0;
-  }
   const T r = qq.val(i, 0);
   const double r2 = floor_abs(r, k.clamp) * floor_abs(r, k.clamp);
   if (kind == SECOND) {
@@ -224,42 +220,49 @@ inline void place_nerf(T* xs, int64_t i, int64_t b, int64_t a, int64_t d, const 
   for (int c = 0; c < 3; ++c) xs[3 * i + c] = xs[3 * b + c] + (o[0] * f.e1[c] + o[1] * f.e2[c] + o[2] * f.e3[c]);
 }
 
-// S structures (q, positions xs, log-dets ld), their atoms in chunks: for each chunk the sines and
-// cosines (one vectorised pass), the coefficients (independent atoms), then the placement (each
-// atom after its references), the S structures' atoms in turn: their waits overlap.
+// S structures (q, positions xs, log-dets ld), their atoms in chunks. In each chunk: the fixed
+// atoms (CART: no reference, so before the others); then for the placed ones their sines and
+// cosines (one vectorised pass), their coefficients (independent atoms), and their placement (each
+// atom after its references), the S structures' atoms in turn, so that their waits overlap. The
+// atoms of each kind are listed first: no branch per atom on which kind it is.
 template <typename T, int S>
 inline void place_all(const Q<T>* qq, T* const* xs, const Plan& pl, double* ld) {
   constexpr int64_t chunk = 256;
   T o[S][3 * chunk];
   double ang[2 * chunk], sn[2 * chunk], cs[2 * chunk];
+  int64_t cart[chunk], placed[chunk];
   LogSum sum[S];
   for (int64_t p0 = 0; p0 < pl.n; p0 += chunk) {
     const int64_t p1 = p0 + chunk < pl.n ? p0 + chunk : pl.n;
-    for (int s = 0; s < S; ++s) {
-      for (int64_t p = p0; p < p1; ++p) {
-        const bool angles = pl.kind[p] >= THIRD_ON_SECOND;
-        const int64_t i = pl.atom[p];
-        ang[2 * (p - p0)] = angles ? static_cast<double>(qq[s].val(i, 1)) : 0.0;
-        ang[2 * (p - p0) + 1] = angles ? static_cast<double>(qq[s].val(i, 2)) : 0.0;
-      }
-      zmat::sin_cos_n(ang, sn, cs, 2 * (p1 - p0));
-      for (int64_t p = p0; p < p1; ++p) {
-        const int64_t j = p - p0;
-        sum[s].add(coefficients(qq[s], pl, p, sn + 2 * j, cs + 2 * j, o[s] + 3 * j));
-      }
-    }
+    int64_t nc = 0, m = 0;
     for (int64_t p = p0; p < p1; ++p) {
-      const int64_t i = pl.atom[p], b = pl.b[p];
-      const uint8_t kind = pl.kind[p];
+      const bool fixed = pl.kind[p] == CART;
+      cart[nc] = placed[m] = p, nc += fixed, m += !fixed;
+    }
+    for (int s = 0; s < S; ++s) {
+      for (int64_t j = 0; j < nc; ++j) {
+        const int64_t i = pl.atom[cart[j]];
+        for (int c = 0; c < 3; ++c) xs[s][3 * i + c] = qq[s].raw(i, c);
+      }
+      for (int64_t j = 0; j < m; ++j) {
+        const int64_t p = placed[j], i = pl.atom[p];
+        const bool angles = pl.kind[p] >= THIRD_ON_SECOND;
+        ang[2 * j] = angles ? static_cast<double>(qq[s].val(i, 1)) : 0.0;
+        ang[2 * j + 1] = angles ? static_cast<double>(qq[s].val(i, 2)) : 0.0;
+      }
+      zmat::sin_cos_n(ang, sn, cs, 2 * m);
+      for (int64_t j = 0; j < m; ++j)
+        sum[s].add(coefficients(qq[s], pl, placed[j], sn + 2 * j, cs + 2 * j, o[s] + 3 * j));
+    }
+    for (int64_t j = 0; j < m; ++j) {
+      const int64_t p = placed[j], i = pl.atom[p], b = pl.b[p];
+      const bool nerf = pl.kind[p] == NERF;
       for (int s = 0; s < S; ++s) {
-        const T* op = o[s] + 3 * (p - p0);
-        if (kind == NERF) {
+        const T* op = o[s] + 3 * j;
+        if (nerf)
           place_nerf(xs[s], i, b, pl.a[p], pl.d[p], op, qq[s].k);
-        } else if (kind == CART) {
-          for (int c = 0; c < 3; ++c) xs[s][3 * i + c] = op[c];
-        } else {
+        else
           for (int c = 0; c < 3; ++c) xs[s][3 * i + c] = xs[s][3 * b + c] + op[c];
-        }
       }
     }
   }
