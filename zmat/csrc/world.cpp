@@ -169,8 +169,8 @@ inline T dlog_floor(T v, T clamp) {  // d log max(|v|, clamp) / dv
 
 // What atom p (not CART) of one structure's placement order needs of q alone (no atom waits on
 // another for it), from sin, cos of its angle and dihedral (sn, cs; THIRD and NERF): the log-det
-// factor it returns, and o: SECOND, THIRD its offset from x_b; NERF its offset's components
-// (-r cos t, r sin t cos p, r sin t sin p) along the frame's e1, e2, e3.
+// factor it returns, and o: SECOND, THIRD its offset from x_b; NERF the components
+// (-cos t, sin t cos p, sin t sin p) of its offset's direction along the frame's e1, e2, e3, and r.
 template <typename T>
 inline double coefficients(const Q<T>& qq, const Plan& pl, int64_t p, const double* sn, const double* cs, T* o) {
   const Consts<T>& k = qq.k;
@@ -187,7 +187,7 @@ inline double coefficients(const Q<T>& qq, const Plan& pl, int64_t p, const doub
   const T st = static_cast<T>(sn[0]), ct = static_cast<T>(cs[0]);
   const T sp = static_cast<T>(sn[1]), cp = static_cast<T>(cs[1]);
   if (kind == NERF) {
-    o[0] = -r * ct, o[1] = r * st * cp, o[2] = r * st * sp;
+    o[0] = -ct, o[1] = st * cp, o[2] = st * sp, o[3] = r;
   } else {
     const Pose<T> pose(qq, pl.d[p]);
     T u[3], e2[3];
@@ -199,7 +199,7 @@ inline double coefficients(const Q<T>& qq, const Plan& pl, int64_t p, const doub
   return r2 * floor_abs(st, k.clamp);
 }
 
-// x_i = x_b + o[0] e1 + o[1] e2 + o[2] e3 in the NeRF frame of (d, a, b). Where the frame is regular,
+// x_i = x_b + o[3] (o[0] e1 + o[1] e2 + o[2] e3) in the NeRF frame of (d, a, b). Where the frame is regular,
 // e1 = w/|w|, e3 = m/|m|, e2 = (m x w)/(|m||w|) with m = v x w: both norms at once, so an atom waits
 // on one square root and one division instead of two of each; else Frame's degenerate rules.
 template <typename T>
@@ -213,11 +213,11 @@ inline void place_nerf(T* xs, int64_t i, int64_t b, int64_t a, int64_t d, const 
     cross(m, w, mw);
     const T iw = T(1) / std::sqrt(sw), im = T(1) / std::sqrt(sm);
     const T a1 = o[0] * iw, a2 = o[1] * (im * iw), a3 = o[2] * im;
-    for (int c = 0; c < 3; ++c) xs[3 * i + c] = xs[3 * b + c] + (a1 * w[c] + a2 * mw[c] + a3 * m[c]);
+    for (int c = 0; c < 3; ++c) xs[3 * i + c] = xs[3 * b + c] + o[3] * (a1 * w[c] + a2 * mw[c] + a3 * m[c]);
     return;
   }
   const Frame<T> f(xs, b, a, d, k);
-  for (int c = 0; c < 3; ++c) xs[3 * i + c] = xs[3 * b + c] + (o[0] * f.e1[c] + o[1] * f.e2[c] + o[2] * f.e3[c]);
+  for (int c = 0; c < 3; ++c) xs[3 * i + c] = xs[3 * b + c] + o[3] * (o[0] * f.e1[c] + o[1] * f.e2[c] + o[2] * f.e3[c]);
 }
 
 // S structures (q, positions xs, log-dets ld), their atoms in chunks. In each chunk: the fixed
@@ -228,7 +228,7 @@ inline void place_nerf(T* xs, int64_t i, int64_t b, int64_t a, int64_t d, const 
 template <typename T, int S>
 inline void place_all(const Q<T>* qq, T* const* xs, const Plan& pl, double* ld) {
   constexpr int64_t chunk = 256;
-  T o[S][3 * chunk];
+  T o[S][4 * chunk];
   double ang[2 * chunk], sn[2 * chunk], cs[2 * chunk];
   int64_t cart[chunk], placed[chunk];
   LogSum sum[S];
@@ -252,13 +252,13 @@ inline void place_all(const Q<T>* qq, T* const* xs, const Plan& pl, double* ld) 
       }
       zmat::sin_cos_n(ang, sn, cs, 2 * m);
       for (int64_t j = 0; j < m; ++j)
-        sum[s].add(coefficients(qq[s], pl, placed[j], sn + 2 * j, cs + 2 * j, o[s] + 3 * j));
+        sum[s].add(coefficients(qq[s], pl, placed[j], sn + 2 * j, cs + 2 * j, o[s] + 4 * j));
     }
     for (int64_t j = 0; j < m; ++j) {
       const int64_t p = placed[j], i = pl.atom[p], b = pl.b[p];
       const bool nerf = pl.kind[p] == NERF;
       for (int s = 0; s < S; ++s) {
-        const T* op = o[s] + 3 * j;
+        const T* op = o[s] + 4 * j;
         if (nerf)
           place_nerf(xs[s], i, b, pl.a[p], pl.d[p], op, qq[s].k);
         else
