@@ -14,8 +14,11 @@
 // Angles are q * scale + shift (normalize_angles), cos b clamped to [-1, 1] (zero gradient
 // outside), sin b = sqrt((1 - c)(1 + c)) (0, zero gradient, at the poles). Log-det: 2 log|r| on
 // every free atom and log|sin t| on THIRD and NERF atoms, each floored at `clamp` (zero gradient).
+// Forward: per chunk of atoms, first what needs q alone (no atom waits on another: fixed atoms,
+// sines and cosines, coefficients, log-det factors), then the placement (place_all).
 // Backward: the chain rule in reverse order into every reference, per structure (the same bits
-// on any number of threads). Arithmetic in the tensors' dtype, as the torch path's.
+// on any number of threads). Arithmetic in the tensors' dtype, as the torch path's (sines and
+// cosines in double).
 #include <cmath>
 #include <cstdint>
 #include <vector>
