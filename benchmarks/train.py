@@ -57,8 +57,14 @@ SIZES = {
 }  # fmt: skip
 #: the other terms' own settings: "target" (last session's choice on validation: weight 3, 8
 #: chains); "unroll" (the states term through ``unroll`` sampler steps, every ``every`` steps:
-#: every 6 keeps it near 21% of a step)
-TERM_SIZES = {"target": dict(weight=3.0, chains=8), "unroll": dict(unroll=4, every=6)}
+#: every 6 keeps it near 21% of a step); "distill" (the rule's choice on validation: FoldingDiff's
+#: loss on ``pairs`` states per step of the last ``keep`` clash-guided (scale ``guided``) sampler
+#: chains at ``t < low T``, against the noise that leads each to its chain's guided sample)
+TERM_SIZES = {
+    "target": dict(weight=3.0, chains=8),
+    "unroll": dict(unroll=4, every=6),
+    "distill": dict(weight=0.125, low=0.5, guided=3.0, pairs=4, keep=16),
+}
 MODELS = {"own": "own loss", "own+clash": "own + clash"}
 RAMA_BINS = 18  # 20-degree bins: a few thousand angles fill them (36 x 36 would be mostly sampling noise)
 
@@ -169,7 +175,7 @@ def run(
         cfg.update(term=term, **TERM_SIZES.get(term, {}))
     if weight is not None:
         cfg["weight"] = weight
-    cfg.update({k: v for k, v in over.items() if v is not None})  # any SIZES key; unroll, every, low
+    cfg.update({k: v for k, v in over.items() if v is not None})  # any SIZES key; unroll, every, low, ...
     if guidance is not None:
         cfg["guidance"] = tuple(guidance)
     L = cfg["length"]
@@ -193,7 +199,7 @@ def run(
             clash_weight=cfg["weight"],
             chains=cfg["chains"],
             term=cfg["term"],
-            **{k: cfg[k] for k in ("unroll", "every", "low") if k in cfg},
+            **{k: cfg[k] for k in ("unroll", "every", "low", "guided", "pairs", "keep") if k in cfg},
         ),
     }
     times = {k: [] for k in steps}
@@ -304,6 +310,7 @@ def table(res: dict) -> str:
     out.append(f"Extra loss: {100 * (b - a) / b:.0f}% of a training step with it (mean over the steps from "
                f"1/3 on; term {c['term']!r}, weight {c['weight']:g}, {c['chains']} sampler chains"
                + (f", {c['unroll']} steps unrolled" if c["term"] == "unroll" else "")
+               + (f", {c['pairs']} guided states a step" if c["term"] == "distill" else "")
                + (f", every {c['every']} steps" if "every" in c else "") + "). "
                "Guidance in the last 20% of the steps. Training seed(s) "
                f"{seeds}; samples compared with {ref}; {d['entries']} entries ({len(d['held_out_entries'])} "
@@ -360,6 +367,8 @@ def main(argv=None) -> int:
     p.add_argument("--unroll", type=int, help="'unroll' term: sampler steps differentiated")
     p.add_argument("--every", type=int, help="the term every this many steps")
     p.add_argument("--low", type=float, help="the term sees states at t < low T (default 0.2)")
+    p.add_argument("--pairs", type=int, help="'distill' term: guided chain states per step (default 4)")
+    p.add_argument("--keep", type=int, help="'distill' term: the last this many guided chains (16)")
     p.add_argument("--guidance", type=float, nargs="+", help="guidance scales at sampling (default per size)")
     p.add_argument("--validate", action="store_true", help="compare with the training windows, other noise")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: a shared machine)")
@@ -370,7 +379,7 @@ def main(argv=None) -> int:
     runs = [
         run("full" if a.full else a.size, s, a.weight, log=lambda x: print(x, file=sys.stderr),
             guidance=a.guidance, validate=a.validate, term=a.term, chains=a.chains, unroll=a.unroll,
-            every=a.every, low=a.low)
+            every=a.every, low=a.low, pairs=a.pairs, keep=a.keep)
         for s in a.seed
     ]  # fmt: skip
     res = aggregate(runs)

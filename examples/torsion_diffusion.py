@@ -23,7 +23,9 @@ builds the backbone from them with fixed bond lengths (NeRF). Here:
   network; ``--term unroll``: the same states run ``--unroll`` more sampler steps with their
   graph kept and the clash of the state reached is the loss (reward fine-tuning, DRaFT-K style,
   :func:`unroll_steps`); ``--term target``: it moves the noise target to the clash-guided one
-  (:func:`losses`, :class:`Chains`);
+  (:func:`losses`, :class:`Chains`); ``--term distill``: FoldingDiff's loss on the states of
+  clash-guided sampler chains against the noise that leads each to its chain's guided sample
+  (:class:`GuidedChains`: training on the guided sampler's own outputs);
 * sampling-time clash guidance (``--guidance``): the same gradient on the DDPM mean.
 
 The default is tiny (seconds; CI runs it). ``python -m benchmarks --suite train`` trains
@@ -33,6 +35,7 @@ two models that differ only in the extra loss and compares their samples.
     python examples/torsion_diffusion.py --clash-weight 0      # FoldingDiff's own loss only
     python examples/torsion_diffusion.py --term target --clash-weight 3 --chains 8   # last session's term
     python examples/torsion_diffusion.py --term unroll --clash-weight 0.1   # through 4 sampler steps
+    python examples/torsion_diffusion.py --term distill --clash-weight 0.125 --steps 300   # guided outputs
     python examples/torsion_diffusion.py --guidance 0          # no clash guidance at sampling
     python examples/torsion_diffusion.py --steps 2000 --length 32 --diffusion-steps 200
 """
@@ -234,6 +237,47 @@ class SamplerChains(Chains):
         return wrap(torch.randn(len(t), self.length, 6, generator=self.gen))
 
 
+class GuidedChains(SamplerChains):
+    """:class:`SamplerChains` stepped as :func:`sample` with clash guidance ``guidance`` (at
+    ``t < guide_frac T``): the teacher of the ``"distill"`` term. Each chain's states at ``t < t0``
+    are recorded; when a chain that started from noise at ``T - 1`` ends, its states and its sample
+    become training pairs (those of the last ``keep`` chains are kept)."""
+
+    def __init__(self, k, length, sched, gen, bb, guidance, t0, keep=16, guide_frac=0.2) -> None:
+        super().__init__(k, length, sched, gen)
+        self.bb, self.guidance, self.t_rec, self.keep, self.guide_frac = bb, guidance, t0, keep, guide_frac
+        self.seen = torch.zeros(k, t0, length, 6)  # each chain's state at each t < t0
+        self.whole = self.t == sched.T - 1  # the others started mid-way from noise: not the sampler's
+        self.states, self.ends = torch.zeros(0, t0, length, 6), torch.zeros(0, length, 6)
+
+    def advance(self, eps_hat: torch.Tensor) -> None:
+        x, t, s = self.x, self.t, self.sched
+        rec = t < self.t_rec
+        self.seen[rec, t[rec]] = x[rec]
+        ab, b = (v[t][:, None, None] for v in (s.abar, s.beta))
+        mean = guided_mean(x, eps_hat, ab, b, None, 0.0)
+        g = t < self.guide_frac * s.T
+        if g.any():
+            mean[g] = guided_mean(x[g], eps_hat[g], ab[g], b[g], self.bb, self.guidance)
+        z = torch.randn(x.shape, generator=self.gen) * (t > 0)[:, None, None]
+        x = wrap(mean + b.sqrt() * z)
+        done = t == 0
+        end = done & self.whole
+        self.states = torch.cat([self.states, self.seen[end]])[-self.keep :]
+        self.ends = torch.cat([self.ends, x[end]])[-self.keep :]
+        self.whole = self.whole | done
+        self.t = torch.where(done, s.T - 1, t - 1)
+        self.x = torch.where(done[:, None, None], self._start(self.t), x)
+
+    def draw(self, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``n`` recorded (state, step, noise target) triples: the noise target is the one that
+        leads the state to its chain's guided sample, ``wrap(x_t - sqrt(abar) x0) / sqrt(1 - abar)``."""
+        c = torch.randint(0, len(self.ends), (n,), generator=self.gen)
+        t = torch.randint(0, self.t_rec, (n,), generator=self.gen)
+        x, x0, ab = self.states[c, t], self.ends[c], self.sched.abar[t][:, None, None]
+        return x, t, wrap(x - ab.sqrt() * x0) / (1 - ab).sqrt()
+
+
 def chain_clash(
     model, chains: SamplerChains, bb: Backbone, t0: int, tolerance: float = 1.5, unroll: int = 0
 ) -> torch.Tensor:
@@ -274,7 +318,7 @@ def unroll_steps(model, sched: Schedule, x, t, eps, k: int, gen: torch.Generator
 
 def losses(
     model, x0, sched: Schedule, bb: Backbone, clash_weight: float, gen: torch.Generator, *,
-    chains: Chains | None = None, guide_frac: float = 0.2,
+    chains: Chains | None = None, guide_frac: float = 0.2, pairs=None, pair_weight: float = 0.0,
 ) -> Losses:  # fmt: skip
     """FoldingDiff's loss on a batch of normalised windows ``x0`` (B, L, 6), with the clash term.
 
@@ -282,6 +326,9 @@ def losses(
     ``t < guide_frac T`` (the batch's, and ``chains``' sampler states, whose own target is the
     network's current output) to the clash-guided one, ``eps + clash_weight sqrt((1 - abar) / abar)
     d penalty / d x0_hat``: the loss is still FoldingDiff's, so it cannot outweigh it.
+
+    ``pairs``: (states, steps, noise targets) of the ``"distill"`` term (:meth:`GuidedChains.draw`),
+    FoldingDiff's loss on them added with ``pair_weight``; they share the batch's network call.
     """
     t = torch.randint(0, sched.T, (x0.shape[0],), generator=gen)
     eps = torch.randn(x0.shape, generator=gen)
@@ -291,7 +338,12 @@ def losses(
     if chains is not None:
         xt, t = torch.cat([xt, chains.x]), torch.cat([t, chains.t])
         ab = sched.abar[t][:, None, None]
-    eps_hat = model(xt, t, sched.T)
+    m = len(xt)
+    if pairs is not None:
+        out = model(torch.cat([xt, pairs[0]]), torch.cat([t, pairs[1]]), sched.T)
+        eps_hat, eps_pairs = out[:m], out[m:]
+    else:
+        eps_hat = model(xt, t, sched.T)
     if chains is not None:
         target = torch.cat([eps, eps_hat[len(eps) :].detach()])
         chains.advance(eps_hat[len(eps) :].detach())
@@ -302,7 +354,10 @@ def losses(
         target = target.index_add(0, low, clash_weight * ((1 - a) / a).sqrt() * g)
         extra = per.sum() / len(t)
     own = F.smooth_l1_loss(wrap(eps_hat - target), torch.zeros_like(eps_hat), beta=0.1 * math.pi)
-    return Losses(own, own.detach(), extra)
+    if pairs is None:
+        return Losses(own, own.detach(), extra)
+    d = F.smooth_l1_loss(wrap(eps_pairs - pairs[2]), torch.zeros_like(eps_pairs), beta=0.1 * math.pi)
+    return Losses(own + pair_weight * d, own.detach(), d.detach())
 
 
 def penalty_grad(bb: Backbone, x0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -320,6 +375,17 @@ def clash_grad(bb: Backbone, x0: torch.Tensor) -> torch.Tensor:
     with torch.enable_grad():
         x0 = x0.detach().requires_grad_()
         return torch.autograd.grad(bb.clash(bb.xyz(x0)).sum(), x0)[0]
+
+
+def guided_mean(x, eps, ab, b, bb: Backbone | None, guidance: float) -> torch.Tensor:
+    """The DDPM mean of states ``x`` given their predicted noise ``eps`` (``ab``, ``b``: abar_t and
+    beta_t, broadcastable), moved by clash guidance ``-guidance * beta_t / sqrt(abar_t) d clash /
+    d x0_hat`` when ``guidance > 0`` (:func:`sample`'s step)."""
+    mean = (x - b / (1 - ab).sqrt() * eps) / (1 - b).sqrt()
+    if guidance > 0:
+        x0_hat = (x - (1 - ab).sqrt() * eps) / ab.sqrt()
+        mean = mean - guidance * b / ab.sqrt() * clash_grad(bb, x0_hat)
+    return mean
 
 
 @torch.no_grad()
@@ -343,20 +409,17 @@ def sample(
         tt = torch.full((n,), t)
         ab, b = sched.abar[t], sched.beta[t]
         eps = model(x, tt, sched.T)
-        mean = (x - b / (1 - ab).sqrt() * eps) / (1 - b).sqrt()
-        if guidance > 0 and t < guide_frac * sched.T:
-            x0_hat = (x - (1 - ab).sqrt() * eps) / ab.sqrt()
-            mean = mean - guidance * b / ab.sqrt() * clash_grad(bb, x0_hat)
+        mean = guided_mean(x, eps, ab, b, bb, guidance if t < guide_frac * sched.T else 0.0)
         x = wrap(mean + (b.sqrt() * torch.randn(x.shape, generator=gen) if t > 0 else 0))
     return x
 
 
-TERMS = ("states", "target", "unroll")
+TERMS = ("states", "target", "unroll", "distill")
 
 
 def trainer(
     model, data, sched, bb, *, steps, batch, clash_weight, seed, lr=1e-3, chains=0, term="states",
-    every=2, start=1 / 3, margin=0.2, unroll=4, low=0.2,
+    every=2, start=1 / 3, margin=0.2, unroll=4, low=0.2, guided=3.0, pairs=4, keep=16,
 ):  # fmt: skip
     """A closure making one training step of ``model`` on normalised windows ``data`` (n, L, 6)
     per call; returns its :class:`Losses` and its wall time (s). Batches, steps and noise come
@@ -373,7 +436,13 @@ def trainer(
       differentiated through those steps (:func:`chain_clash`'s ``unroll``, reward fine-tuning
       as DRaFT-K, with the denoising loss kept as the regulariser);
     * ``"target"``: the clash-guided noise target of :func:`losses` on the batch and on ``chains``
-      (:class:`Chains`) at every step.
+      (:class:`Chains`) at every step;
+    * ``"distill"``: guidance distilled into the network: ``chains`` sampler chains stepped with
+      clash guidance ``guided`` (:class:`GuidedChains`, every ``every`` steps, from ``T every``
+      steps before ``start * steps``, so that whole chains have ended by then) record their states
+      at ``t < low T``; from ``start * steps`` on, ``clash_weight`` x FoldingDiff's loss of
+      ``pairs`` such states (of the last ``keep`` chains) against the noise that leads each to its
+      chain's guided sample is added. Its minimiser is the guided sampler's own denoiser.
     """
     if term not in TERMS:
         raise ValueError(f"trainer: term must be one of {TERMS}, not {term!r}")
@@ -389,17 +458,35 @@ def trainer(
         if on and term == "target"
         else None
     )
-    sc = SamplerChains(chains, data.shape[1], sched, chain_gen) if on and term != "target" else None
+    sc = (
+        SamplerChains(chains, data.shape[1], sched, chain_gen)
+        if on and term in ("states", "unroll")
+        else None
+    )
+    t_low = max(1, int(low * sched.T))
+    gc = (
+        GuidedChains(chains, data.shape[1], sched, chain_gen, bb, guided, t_low, keep)
+        if on and term == "distill"
+        else None
+    )
+    chain_from = max(0, start * steps - every * sched.T)
     n_unroll = unroll if term == "unroll" else 0
     count = iter(range(1 << 62))
 
     def step() -> tuple[Losses, float]:
         t0, k = time.perf_counter(), next(count)
         x0 = data[torch.randint(0, len(data), (batch,), generator=gen)]
-        ls = losses(model, x0, sched, bb, clash_weight if term == "target" else 0.0, gen, chains=ch)
+        pr = None
+        if gc is not None:
+            if k >= chain_from and k % every == 0:
+                with torch.no_grad():
+                    gc.advance(model(gc.x, gc.t, sched.T))
+            pr = gc.draw(pairs) if k >= start * steps and len(gc.ends) else None
+        cw = clash_weight if term == "target" else 0.0
+        ls = losses(model, x0, sched, bb, cw, gen, chains=ch, pairs=pr, pair_weight=clash_weight)
         total = ls.total
         if sc is not None and k >= start * steps and k % every == 0:
-            per = chain_clash(model, sc, bb, max(1, int(low * sched.T)), 1.5 - margin, n_unroll)
+            per = chain_clash(model, sc, bb, t_low, 1.5 - margin, n_unroll)
             total = total + clash_weight * per.mean()
             ls.extra = per.detach().mean()
         opt.zero_grad(set_to_none=True)

@@ -201,3 +201,41 @@ def test_every_torsion_stays_a_row_beside_a_residue_cut_by_missing_atoms():
     exists = q[..., 3] >= 0
     is_row = exists & (c.refs[np.maximum(q[..., 3], 0)] == q[..., 2::-1]).all(-1)
     assert exists.sum() > 250 and np.array_equal(is_row, exists)
+
+
+def _first_residue_without(name, atoms_out, frac=0.0, seed=0):
+    """``name`` with its first residue's ``atoms_out`` removed (and a ``frac`` of all atoms)."""
+    atoms = read_atoms(os.path.join(DATA, name))
+    drop = (atoms.res_id == atoms.res_id[0]) & np.isin(atoms.atom_name, atoms_out)
+    drop |= np.random.default_rng(seed).random(atoms.array_length()) < frac
+    return atoms[~drop]
+
+
+@pytest.mark.parametrize(
+    "name, frac, seed",
+    [
+        ("1aki.pdb", 0.0, 0),
+        ("3o5r.cif", 0.0, 0),
+        ("7pfl.pdb", 0.0, 0),
+        ("1aki.pdb", 0.3, 1),
+        ("1l2y.pdb", 0.3, 2),
+    ],
+)
+def test_the_views_agree_when_the_first_residue_lacks_n_and_ca(name, frac, seed):
+    """``Protein`` roots its tree at the first atom (1aki's LYS 1 without N, CA: its C, with
+    children O and the next N; 3o5r's first residue: C and O only); the "continue" view keeps
+    that root and ``Protein``'s frame rows instead of moving the root to a leaf (on the code
+    before, 2-11 rows of the frame differed), and rebuilds the structure exactly."""
+    atoms = _first_residue_without(name, ["N", "CA"], frac, seed)
+    lay = parse_atoms(atoms).layout
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        c = parse_complex(atoms, breaks="continue")
+    assert lay.atom_names[0] != "N" and np.array_equal(c.atom_names, lay.atom_names)
+    assert np.array_equal(c.refs, lay.refs)
+    assert np.array_equal(c.quads[:, : len(TORSION_NAMES)], lay.torsion_atoms)
+    table = zmat.ConstructionTable(c.refs)
+    xyz = torch.from_numpy(c.xyz)
+    x = zmat.to_xyz(zmat.to_internal(xyz, table), table)
+    err = (superpose_on_atoms(x, xyz, (0, 1, 2)) - xyz).norm(dim=-1).max()
+    assert err < 1e-10, f"rebuild error {float(err):.1e} A"

@@ -152,22 +152,28 @@ def test_model_hessian_hydrogen_bond_follows_lindhs_decay():
     assert h[weak].max() < 0.03
 
 
-def test_a_step_moves_no_atom_more_than_the_cartesian_bound_and_a_capped_step_keeps_its_trust():
-    """With a trust radius grown large (in internal coordinates) the soft contacts between fragments turned
-    a step into Angstrom-long moves (water clusters collided: +16 eV in one step); the step's Cartesian
-    image moves no atom more than 0.3 A, and a step held by that cap does not double the trust radius."""
-    from zmat.optimize.optimizer import CARTESIAN_MAX, InternalStepper
+@pytest.mark.parametrize("trust", [None, 3.0])
+def test_the_trust_radius_bounds_each_fragments_rms_move_in_angstrom(trust):
+    """The trust radius is Cartesian (geomeTRIC's): no fragment's atoms move more than it RMS in a step,
+    0.1 A to start, never above 0.3 A however large the radius asked for. In internal coordinates (bohr
+    and radians, the radius of before) the soft contact between fragments turned steps into Angstrom-long
+    moves (water clusters collided: +16 eV in one step)."""
+    from zmat.optimize.optimizer import TRUST_MAX, InternalStepper
 
     start = WATER_DIMER.copy()
     start.positions[3:] += [0.5, 0.0, 0.0]  # pulled apart: long steps wanted along the one soft contact
     x = torch.tensor(start.positions)[None]
-    stepper = InternalStepper(x, start.numbers, trust=3.0)
-    for _ in range(3):
+    kw = {} if trust is None else {"trust": trust}
+    stepper = InternalStepper(x, start.numbers, **kw)
+    bound = 0.1 if trust is None else TRUST_MAX
+    for k in range(3):
         e, g = _energy_and_grad(x)
         _, x_new = stepper.step(x, e, g)
-        moved = (x_new - x).norm(dim=-1).max() / BOHR
-        assert moved < 1.05 * CARTESIAN_MAX  # the linear image is capped; the back-transformation is near it
-        assert float(stepper.trust[0]) <= 3.0  # never doubled by a capped step
+        radius = float(stepper.trust[0]) * BOHR  # the radius this step was taken with
+        assert radius <= TRUST_MAX + 1e-12 and (k or radius == pytest.approx(bound))
+        moved = (x_new - x)[0].norm(dim=-1) ** 2
+        rms = max(float(moved[:3].mean().sqrt()), float(moved[3:].mean().sqrt()))
+        assert rms < 1.1 * radius  # the linear image is bounded; the back-transformation stays near it
         x = x_new
 
 

@@ -14,8 +14,9 @@ from zmat.optimize.steps import back_transform, reduced_space, wrap
 from zmat.testing import DispatchAudit
 
 # ops of one step at batch 1 (allene, kernel on): values_and_b 2 and back_transform 5 of them (the torch
-# path: 202 and ~360); the rest is the step's linear algebra and bookkeeping (~500-690 measured)
-VALUES_AND_B_OPS, BACK_TRANSFORM_OPS, STEP_OPS = 2, 5, 700
+# path: 202 and ~360); the rest is the step's linear algebra and bookkeeping (~250 measured; ~430 before the
+# line search, BFGS vectors, Cartesian cap and linear check went to numpy views)
+VALUES_AND_B_OPS, BACK_TRANSFORM_OPS, STEP_OPS = 2, 5, 320
 
 
 def baker(name):

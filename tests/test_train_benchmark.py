@@ -295,9 +295,10 @@ def test_trainer_terms():
     seen = {}
     for term in ex.TERMS:
         torch.manual_seed(0)  # the same weights: "unroll" starts from the same chains as "states"
+        n, every = (7, 1) if term == "distill" else (3, 2)  # distill: after its first whole chain
         step = ex.trainer(ex.Denoiser(8, 16, 1), data, sched, bb, steps=6, batch=4, clash_weight=0.03,
-                          seed=0, chains=6, term=term, start=0.0, unroll=2, low=0.5)  # fmt: skip
-        extras = seen[term] = [float(step()[0].extra) for _ in range(3)]
+                          seed=0, chains=6, term=term, start=0.0, unroll=2, low=0.5, every=every)  # fmt: skip
+        extras = seen[term] = [float(step()[0].extra) for _ in range(n)]
         assert all(math.isfinite(e) for e in extras) and max(extras) > 0, (term, extras)
     assert seen["unroll"][0] != pytest.approx(seen["states"][0], rel=1e-3)  # the unrolled states' clash
     with pytest.raises(ValueError, match="term must be"):
@@ -335,3 +336,88 @@ def test_unroll_steps_is_the_sampler_with_its_graph():
         return ex.unroll_steps(net, sched, x, t, net(x, t, T), 2, torch.Generator().manual_seed(6))[0]
 
     assert torch.autograd.gradcheck(f, (x.requires_grad_(), w.clone().requires_grad_()))
+
+
+def _toward(bad, sched):
+    """A network whose predicted clean angles are always ``bad``."""
+
+    def net(xt, t, T):
+        ab = sched.abar[t][:, None, None]
+        return (xt - ab.sqrt() * bad) / (1 - ab).sqrt()
+
+    return net
+
+
+def test_guided_chains_step_like_the_guided_sampler_and_keep_their_pairs(held):
+    """``GuidedChains``: the guided sampler's DDPM step (the clash gradient of the decoded ``x0_hat``
+    on the mean at low ``t``, the plain step above), each whole chain's low-noise states recorded with
+    the sample it ends at, and noise targets that lead each state to that sample; guidance lowers the
+    clash of the samples reached from the same noise."""
+    x, bb = held
+    bad = ex.wrap(x[0] + 1.5 * torch.randn(x[0].shape, generator=torch.Generator().manual_seed(1)))
+    sched = ex.Schedule(6)
+    net = _toward(bad, sched)
+
+    def chains(g):
+        return ex.GuidedChains(
+            2, 16, sched, torch.Generator().manual_seed(0), bb, g, 3, keep=4, guide_frac=0.5
+        )
+
+    ch = chains(0.1)
+    assert ch.t.tolist() == [5, 2] and ch.whole.tolist() == [True, False]
+    seen = []
+    for i in range(6):  # chain 0 (from noise at T - 1) ends at the 6th step; chain 1 ends mid-way
+        x_t, t = ch.x.clone(), ch.t.clone()
+        seen.append(x_t[0])
+        gen = torch.Generator()
+        gen.set_state(ch.gen.get_state())
+        ch.advance(net(x_t, t, 6))
+        z = torch.randn(x_t.shape, generator=gen) * (t > 0)[:, None, None]
+        ab, b = (v[t][:, None, None] for v in (sched.abar, sched.beta))
+        mean = (x_t - b / (1 - ab).sqrt() * net(x_t, t, 6)) / (1 - b).sqrt()
+        g = (t < 3)[:, None, None] * ex.clash_grad(bb, bad.expand(2, 16, 6))
+        want = ex.wrap(mean - 0.1 * b / ab.sqrt() * g + b.sqrt() * z)
+        if i < 5:
+            assert torch.allclose(ch.x[0], want[0], atol=1e-5)
+        if t[1] > 0:
+            assert torch.allclose(ch.x[1], want[1], atol=1e-5)
+    assert len(ch.ends) == 1 and torch.allclose(
+        ch.ends[0], want[0], atol=1e-5
+    )  # chain 1's first run: not whole
+    assert torch.equal(ch.states[0], torch.stack(seen[3:][::-1]))  # its states at t = 0, 1, 2
+    xs, ts, eps = ch.draw(8)
+    ab = sched.abar[ts][:, None, None]
+    x0_hat = ex.wrap((xs - (1 - ab).sqrt() * eps) / ab.sqrt())
+    plain = (xs - ab.sqrt() * ch.ends[0]).abs() < math.pi  # no 2 pi folded into the noise
+    assert ex.wrap(x0_hat - ch.ends[0])[plain].abs().max() < 1e-4 and plain.float().mean() > 0.9
+    un = chains(0.0)
+    for _ in range(6):
+        un.advance(net(un.x, un.t, 6))
+    assert float(bb.clash(bb.xyz(ch.ends))) < float(bb.clash(bb.xyz(un.ends)))  # the same noise
+
+
+def test_distill_term_is_foldingdiffs_loss_on_the_pairs(held):
+    """``losses(pairs=)``: the own loss unchanged plus ``pair_weight`` x FoldingDiff's wrapped smooth L1
+    of the network's noise on the pairs' states against their targets, in one network call; its gradient
+    reaches the network only through the pairs."""
+    x, bb = held
+    sched = ex.Schedule(10)
+    torch.manual_seed(0)
+    model = ex.Denoiser(16, 16, 1)
+    xs, ts = x[8:11], torch.tensor([0, 1, 2])
+    eps = torch.randn(xs.shape, generator=torch.Generator().manual_seed(2))
+    plain = ex.losses(model, x[:4], sched, bb, 0.0, torch.Generator().manual_seed(0))
+    ls = ex.losses(model, x[:4], sched, bb, 0.0, torch.Generator().manual_seed(0), pairs=(xs, ts, eps),
+                   pair_weight=0.5)  # fmt: skip
+    want = torch.nn.functional.smooth_l1_loss(
+        ex.wrap(model(xs, ts, 10) - eps), torch.zeros_like(eps), beta=0.1 * math.pi
+    )
+    w = float(want.detach())
+    assert float(ls.eps) == pytest.approx(float(plain.eps), rel=1e-5)
+    assert float(ls.extra) == pytest.approx(w, rel=1e-5) and w > 0
+    assert float(ls.total.detach()) == pytest.approx(float(plain.total.detach()) + 0.5 * w, rel=1e-5)
+    p = model.out.weight
+    (g_plain,) = torch.autograd.grad(plain.total, p)
+    (g,) = torch.autograd.grad(ls.total, p)
+    (g_pairs,) = torch.autograd.grad(0.5 * want, p)
+    assert torch.allclose(g - g_plain, g_pairs, atol=1e-6) and g_pairs.abs().max() > 0

@@ -164,7 +164,8 @@ class InternalOptimizer(_AseOptimizer):
         constraints: :func:`zmat.optimize.minimize`'s (bonds, angles,
             dihedrals held; ``"frozen"`` atoms); then convergence is judged
             on the forces left after removing the constraint forces.
-        trust: initial trust radius (bohr / radian).
+        trust: initial trust radius (Angstrom, geomeTRIC's 0.1): the largest RMS displacement of one
+            fragment's atoms in a step.
         out_of_plane: include out-of-plane angles of three-coordinate centres.
         coords: ``"redundant"`` (fragments joined by contact bonds) or
             ``"tric"`` (each fragment's translation and rotation instead).
@@ -187,7 +188,7 @@ class InternalOptimizer(_AseOptimizer):
         append_trajectory: bool = False,
         *,
         constraints=None,
-        trust: float = 0.3,
+        trust: float = 0.1,
         out_of_plane: bool = True,
         coords: str = "redundant",
         **kwargs,

@@ -245,25 +245,25 @@ inline T wrap(T dq) {
 }
 
 // One round of back_transform for one conformer: from x0 and the residual r0, x <- x + Vs (U^T r)
-// until done (update below tol, or the residual above stall times its best when `stall_on`),
-// keeping the iterate of the smallest residual in best / best_x / best_q.
+// (U: P x rank, Vs: n3 x rank) until done (update below tol, or the residual above stall times its
+// best when `stall_on`), keeping the iterate of the smallest residual in best / best_x / best_q.
 template <typename T>
 void back_round(const T* x0, const T* r0, const T* target, const T* U, const T* Vs, const uint8_t* periodic,
-                const Layout<T>& L, int64_t n3, int64_t iterations, T tol, T stall, bool stall_on, T tiny,
-                T* best, T* best_x, T* best_q) {
+                const Layout<T>& L, int64_t n3, int64_t rank, int64_t iterations, T tol, T stall, bool stall_on,
+                T tiny, T* best, T* best_x, T* best_q) {
   const int64_t p = L.g + L.c;
-  std::vector<T> x(x0, x0 + n3), r(r0, r0 + p), t(n3), q(p);
+  std::vector<T> x(x0, x0 + n3), r(r0, r0 + p), t(rank), q(p);
   for (int64_t it = 0; it < iterations; ++it) {
-    for (int64_t j = 0; j < n3; ++j) t[j] = T(0);
+    for (int64_t j = 0; j < rank; ++j) t[j] = T(0);
     for (int64_t i = 0; i < p; ++i) {  // t = U^T r
-      const T* u = U + i * n3;
-      for (int64_t j = 0; j < n3; ++j) t[j] += u[j] * r[i];
+      const T* u = U + i * rank;
+      for (int64_t j = 0; j < rank; ++j) t[j] += u[j] * r[i];
     }
     T step = T(0);
     for (int64_t j = 0; j < n3; ++j) {  // x += Vs t
-      const T* vs = Vs + j * n3;
+      const T* vs = Vs + j * rank;
       T dx = T(0);
-      for (int64_t k = 0; k < n3; ++k) dx += vs[k] * t[k];
+      for (int64_t k = 0; k < rank; ++k) dx += vs[k] * t[k];
       x[j] += dx;
       step = std::fabs(dx) > step || std::isnan(dx) ? std::fabs(dx) : step;
     }
@@ -281,6 +281,55 @@ void back_round(const T* x0, const T* r0, const T* target, const T* U, const T* 
       for (int64_t i = 0; i < p; ++i) best_q[i] = q[i];
     }
     if (done || step < tol) break;
+  }
+}
+
+// The distinct columns of a row of B and their entries (a row's repeated padding atom counted once):
+// at most 12; returns how many.
+template <typename T>
+int row_columns(const T* row, const int64_t* a, int64_t* col, T* val) {
+  int m = 0;
+  for (int j = 0; j < 4; ++j) {
+    bool seen = false;
+    for (int i = 0; i < j; ++i) seen = seen || a[i] == a[j];
+    if (seen) continue;
+    for (int e = 0; e < 3; ++e) {
+      col[m] = 3 * a[j] + e;
+      val[m++] = row[3 * a[j] + e];
+    }
+  }
+  return m;
+}
+
+// G = B^T B (n3 x n3) of one conformer from the rows' at most 12 nonzero columns (geometric rows, then
+// the Cartesian rows' single ones): ~150 multiply-adds a row where the dense product takes 3N^2.
+template <typename T>
+void gram(const T* bm, const Layout<T>& L, int64_t n3, T* G) {
+  for (int64_t k = 0; k < n3 * n3; ++k) G[k] = T(0);
+  int64_t col[12];
+  T val[12];
+  for (int64_t r = 0; r < L.g; ++r) {
+    const int m = row_columns(bm + r * n3, L.atoms + 4 * r, col, val);
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < m; ++j) G[col[i] * n3 + col[j]] += val[i] * val[j];
+  }
+  for (int64_t r = 0; r < L.c; ++r) G[L.cart[r] * n3 + L.cart[r]] += T(1);
+}
+
+// U = B W (P x rank) of one conformer, W (n3 x rank), from the rows' nonzero columns.
+template <typename T>
+void sparse_times(const T* bm, const Layout<T>& L, int64_t n3, const T* W, int64_t rank, T* U) {
+  int64_t col[12];
+  T val[12];
+  for (int64_t r = 0; r < L.g + L.c; ++r) {
+    T* u = U + r * rank;
+    for (int64_t k = 0; k < rank; ++k) u[k] = T(0);
+    const int m = r < L.g ? row_columns(bm + r * n3, L.atoms + 4 * r, col, val) : 1;
+    if (r >= L.g) col[0] = L.cart[r - L.g], val[0] = T(1);
+    for (int i = 0; i < m; ++i) {
+      const T* w = W + col[i] * rank;
+      for (int64_t k = 0; k < rank; ++k) u[k] += val[i] * w[k];
+    }
   }
 }
 
@@ -315,20 +364,42 @@ constexpr T tiny_of() {
       values_and_b<T>(x + k * n3, L, n3, tiny_of<T>(), q + k * p, bm + k * p * n3);                         \
     });                                                                                                     \
   }                                                                                                         \
-  /* x0, r0, target, U (B, P, 3N), Vs (B, 3N, 3N) contiguous; best (B), best_x, best_q updated */          \
+  /* x0, r0, target, U (B, P, R), Vs (B, 3N, R) contiguous; best (B), best_x, best_q updated */            \
   extern "C" void zmat_back_round_##SUFFIX(                                                                 \
       const T* x0, const T* r0, const T* target, const T* U, const T* Vs, const uint8_t* periodic,          \
       int64_t b, int64_t n, int64_t g, const int64_t* atoms, const int64_t* kind, const T* ref, int64_t c,  \
-      const int64_t* cart, int64_t iterations, double tol, double stall, int64_t stall_on, T* best,         \
-      T* best_x, T* best_q, int64_t threads) {                                                              \
+      const int64_t* cart, int64_t rank, int64_t iterations, double tol, double stall, int64_t stall_on,    \
+      T* best, T* best_x, T* best_q, int64_t threads) {                                                     \
     const Layout<T> L = layout<T>(g, atoms, kind, ref, c, cart);                                           \
     const int64_t p = g + c, n3 = 3 * n;                                                                    \
     zmat::parallel_for(b, threads, [&](int64_t k) {                                                         \
-      back_round<T>(x0 + k * n3, r0 + k * p, target + k * p, U + k * p * n3, Vs + k * n3 * n3, periodic, L, \
-                    n3, iterations, T(tol), T(stall), stall_on != 0, tiny_of<T>(), best + k,               \
-                    best_x + k * n3, best_q + k * p);                                                       \
+      back_round<T>(x0 + k * n3, r0 + k * p, target + k * p, U + k * p * rank, Vs + k * n3 * rank,         \
+                    periodic, L, n3, rank, iterations, T(tol), T(stall), stall_on != 0, tiny_of<T>(),      \
+                    best + k, best_x + k * n3, best_q + k * p);                                             \
     });                                                                                                     \
   }
 
+// bm (B, P, 3N) as zmat_prims_b wrote it; G (B, 3N, 3N); W (B, 3N, R) and U (B, P, R).
+#define ZMAT_PRIMITIVES_SPARSE(T, SUFFIX)                                                                   \
+  extern "C" void zmat_prims_gram_##SUFFIX(const T* bm, int64_t b, int64_t n, int64_t g,                   \
+                                           const int64_t* atoms, const int64_t* kind, const T* ref,         \
+                                           int64_t c, const int64_t* cart, T* G, int64_t threads) {        \
+    const Layout<T> L = layout<T>(g, atoms, kind, ref, c, cart);                                           \
+    const int64_t p = g + c, n3 = 3 * n;                                                                    \
+    zmat::parallel_for(b, threads, [&](int64_t k) { gram<T>(bm + k * p * n3, L, n3, G + k * n3 * n3); });  \
+  }                                                                                                         \
+  extern "C" void zmat_prims_times_##SUFFIX(const T* bm, int64_t b, int64_t n, int64_t g,                  \
+                                            const int64_t* atoms, const int64_t* kind, const T* ref,        \
+                                            int64_t c, const int64_t* cart, const T* W, int64_t rank, T* U, \
+                                            int64_t threads) {                                              \
+    const Layout<T> L = layout<T>(g, atoms, kind, ref, c, cart);                                           \
+    const int64_t p = g + c, n3 = 3 * n;                                                                    \
+    zmat::parallel_for(b, threads, [&](int64_t k) {                                                         \
+      sparse_times<T>(bm + k * p * n3, L, n3, W + k * n3 * rank, rank, U + k * p * rank);                   \
+    });                                                                                                     \
+  }
+
+ZMAT_PRIMITIVES_SPARSE(float, f32)
+ZMAT_PRIMITIVES_SPARSE(double, f64)
 ZMAT_PRIMITIVES(float, f32)
 ZMAT_PRIMITIVES(double, f64)

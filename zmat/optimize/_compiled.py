@@ -32,7 +32,9 @@ _LAYOUT = [_I, _I, _I, _P, _P, _P, _I, _P]  # b, n, g, atoms, kind, ref, c, cart
 _ARGS = {
     "prims_values": [_P, *_LAYOUT, _P, _I],
     "prims_b": [_P, *_LAYOUT, _P, _P, _I],
-    "back_round": [_P] * 6 + _LAYOUT + [_I, _F, _F, _I, _P, _P, _P, _I],
+    "back_round": [_P] * 6 + _LAYOUT + [_I, _I, _F, _F, _I, _P, _P, _P, _I],
+    "prims_gram": [_P, *_LAYOUT, _P, _I],
+    "prims_times": [_P, *_LAYOUT, _P, _I, _P, _I],
 }
 _fns: dict = {}
 
@@ -85,11 +87,31 @@ def values_and_b(lay: tuple, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
 
 def back_round(lay, x, r, target, U, Vs, periodic, iterations, tol, stall, stall_on, best, best_x, best_q):
     """One round of :func:`.steps.back_transform` from ``x`` ``(B, N, 3)`` and the residual ``r``
-    ``(B, P)`` (every row in ``lay``); ``best`` ``(B,)``, ``best_x``, ``best_q`` (contiguous) are
-    updated in place."""
+    ``(B, P)`` (every row in ``lay``), ``U`` ``(B, P, R)`` and ``Vs`` ``(B, 3N, R)``; ``best`` ``(B,)``,
+    ``best_x``, ``best_q`` (contiguous) are updated in place."""
     x, r, target, U, Vs = (t.contiguous() for t in (x, r, target, U, Vs))
     _fn("back_round", x.dtype)(
         x.data_ptr(), r.data_ptr(), target.data_ptr(), U.data_ptr(), Vs.data_ptr(), periodic.data_ptr(),
-        *_args(x, lay), iterations, tol, stall, int(stall_on), best.data_ptr(), best_x.data_ptr(),
-        best_q.data_ptr(), _threads(x, 4 * U.shape[1]),
+        *_args(x, lay), U.shape[-1], iterations, tol, stall, int(stall_on), best.data_ptr(),
+        best_x.data_ptr(), best_q.data_ptr(), _threads(x, 4 * U.shape[1]),
     )  # fmt: skip
+
+
+def gram(lay: tuple, bm: torch.Tensor) -> torch.Tensor:
+    """``B^T B`` ``(B, 3N, 3N)`` of :func:`values_and_b`'s ``bm`` (rows as ``lay``), from each row's at
+    most 12 nonzero columns."""
+    bm = bm.contiguous()
+    G = bm.new_empty((bm.shape[0], bm.shape[-1], bm.shape[-1]))
+    x = bm[:, 0].unflatten(-1, (-1, 3))  # (B, N, 3): the sizes _args reads
+    _fn("prims_gram", bm.dtype)(bm.data_ptr(), *_args(x, lay), G.data_ptr(), _threads(x, 12))
+    return G
+
+
+def times(lay: tuple, bm: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+    """``B W`` ``(B, P, R)`` for ``W`` ``(B, 3N, R)``, from each row of ``bm``'s nonzero columns."""
+    bm, W = bm.contiguous(), W.contiguous()
+    U = bm.new_empty((bm.shape[0], bm.shape[1], W.shape[-1]))
+    x = bm[:, 0].unflatten(-1, (-1, 3))  # (B, N, 3): the sizes _args reads
+    _fn("prims_times", bm.dtype)(bm.data_ptr(), *_args(x, lay), W.data_ptr(), W.shape[-1], U.data_ptr(),
+                                 _threads(x, W.shape[-1]))  # fmt: skip
+    return U

@@ -118,21 +118,44 @@ class Primitives:
         moved = {k: getattr(self, k).to(device) for k in (*KINDS, "linear_ref", "weak")}
         return replace(self, **moved, frag=self.frag.to(device) if self.frag is not None else None)
 
+    @property
+    def rigid_invariant(self) -> bool:
+        """Whether every row is unchanged by rigid motions (no linear bend's fixed direction, no
+        Cartesian or fragment rows): B's null space then holds the six rigid motions."""
+        return not any(len(getattr(self, k)) for k in ("linear", "translation", "rotation", "cartesian"))
+
     def linear_triples(self) -> frozenset:
         """The ``(i, j, k)`` triples held by linear bends."""
         return frozenset(tuple(t) for t in self.linear.tolist())
 
     def linear_check(self, xyz: torch.Tensor) -> torch.Tensor:
         """0-d bool: some angle became linear, or some linear bend bent (a rebuild is due)."""
-        out = torch.zeros((), dtype=torch.bool, device=xyz.device)
-        if len(self.angle):
-            out = out | (_angle(xyz[..., self.angle, :]) > LINEAR).any()
-        if len(self.linear):
-            ends = self.linear[:, [0, 1, 2]]
-            out = out | (_angle(xyz[..., ends, :]) < UNLINEAR).any()
+        na = len(self.angle)
+        if _compiled.usable(xyz):  # the same angles, one kernel call (the torch path: ~20 ops)
+            q = _compiled.values(_angle_layout(self, xyz.dtype), xyz).numpy()
+            out = torch.tensor(bool((q[:, :na] > LINEAR).any() or (q[:, na:] < UNLINEAR).any()))
+        else:
+            out = torch.zeros((), dtype=torch.bool, device=xyz.device)
+            if na:
+                out = out | (_angle(xyz[..., self.angle, :]) > LINEAR).any()
+            if len(self.linear):
+                out = out | (_angle(xyz[..., self.linear, :]) < UNLINEAR).any()
         if len(self.rotation):  # a fragment turned far from its reference: a new reference
             out = out | fragments.turned_far(self.frag, xyz[..., self.rotation, :])
         return out
+
+
+def _angle_layout(prims: Primitives, dtype: torch.dtype) -> tuple:
+    """:func:`kernel_layout`'s arrays for :meth:`Primitives.linear_check`: the angles, then the linear
+    bends' ``i, j, k`` as angles (kind 1), cached."""
+    cache = prims.__dict__.setdefault("_layouts", {})
+    key = "angles", dtype
+    if key not in cache:
+        rows = torch.cat([prims.angle, prims.linear]).cpu()
+        atoms = torch.cat([rows, rows[:, -1:]], 1).contiguous()
+        kind = torch.ones(len(rows), dtype=torch.long)
+        cache[key] = atoms, kind, torch.zeros(len(rows), 3, dtype=dtype), torch.zeros(0, dtype=torch.long)
+    return cache[key]
 
 
 def _angle(p: torch.Tensor) -> torch.Tensor:

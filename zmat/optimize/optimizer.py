@@ -10,12 +10,13 @@ geometry (energy, gradient) into the next one. Each step, per conformer
 3. Trust radius from the ratio of actual to predicted energy change, both
    measured from the interpolated point the last step started from
    (Fletcher: below 1/4 shrink to a quarter of the last step, above 3/4 on
-   the sphere double).
+   the sphere double). The radius is Cartesian (geomeTRIC's): the largest
+   RMS displacement of a fragment's atoms in the step's linear image.
 4. A cubic line search between the new point and the best one.
-5. From the interpolated point, the RFO / trust-sphere step in the
-   non-redundant space (with constraints: the constrained coordinates move
-   exactly to their targets, the rest minimises the model in the remaining
-   space).
+5. From the interpolated point, the RFO step in the non-redundant space,
+   scaled down to the trust radius (with constraints: the constrained
+   coordinates move exactly to their targets, the rest minimises the model
+   in the remaining space).
 6. Back-transformation to Cartesians.
 
 Everything is a tensor operation over the batch: no host synchronisation
@@ -32,8 +33,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from ase.data import covalent_radii
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
 
-from .coordinates import build_primitives, values, values_and_b
+from .coordinates import build_primitives, kernel_layout, values, values_and_b
 from .steps import (
     BOHR,
     HARTREE,
@@ -111,7 +114,8 @@ class InternalStepper:
         xyz: ``(B, N, 3)`` starting positions (Angstrom, or ``units``'s length).
         numbers: ``(N,)`` atomic numbers (for bonds and the model Hessian).
         constraints: see :func:`minimize`.
-        trust: initial trust radius (bohr / radian, pyberny's 0.3).
+        trust: initial trust radius (Angstrom, geomeTRIC's 0.1): the largest RMS displacement of the
+            atoms of one fragment in a step (at most :data:`TRUST_MAX`).
         units: ``"eV/A"`` (ASE's), ``"hartree/bohr"`` or ``"kcal/mol/A"``.
         out_of_plane: include out-of-plane angles.
         back_iterations: most iterations of the back-transformation per step.
@@ -126,7 +130,7 @@ class InternalStepper:
         xyz: torch.Tensor,
         numbers,
         constraints=None,
-        trust: float = 0.3,
+        trust: float = 0.1,
         units: str = "eV/A",
         out_of_plane: bool = True,
         back_iterations: int = 10,
@@ -150,7 +154,7 @@ class InternalStepper:
         x = self._internal(xyz)
         self.x0 = x
         self.rebuild(x)
-        self.trust = torch.full((bsz,), float(trust), dtype=torch.float64, device=self.device)
+        self.trust = torch.full((bsz,), min(trust, TRUST_MAX) / BOHR, dtype=torch.float64, device=self.device)
         # constraint targets: given values, or the starting values
         q0 = values(self.prims, x)
         targets = []
@@ -189,6 +193,7 @@ class InternalStepper:
         idx += [self.prims.kind_slice("cartesian").start + k for k in range(3 * len(self.frozen))]
         self.cidx = torch.tensor(idx, dtype=torch.long, device=self.device)
         self.periodic = self.prims.periodic(self.device)
+        self.fragment = _fragments(self.prims, len(self.numbers)).to(self.device, x.dtype)
         self.H = model_hessian(self.prims, x, self.radii, self.rows)
         bsz, p = x.shape[0], len(self.prims)
         zeros = x.new_zeros(bsz)
@@ -198,6 +203,11 @@ class InternalStepper:
         self.on_sphere = torch.zeros(bsz, dtype=torch.bool, device=self.device)
         self.best_off = torch.zeros(bsz, dtype=torch.bool, device=self.device)  # best point off target
         self.step_norm = zeros
+
+    def _rigid(self, x: torch.Tensor) -> tuple | None:
+        """``(x, layout)`` where B's null space is the rigid motions (:func:`.steps.reduced_space` then
+        factorises instead of decomposing), else None."""
+        return (x, kernel_layout(self.prims, x.dtype)) if self.prims.rigid_invariant else None
 
     def needs_rebuild(self, xyz: torch.Tensor) -> torch.Tensor:
         """0-d bool tensor: an angle became linear or a linear bend bent (no host sync)."""
@@ -246,7 +256,7 @@ class InternalStepper:
             return grad.detach().norm(dim=-1).amax(-1)
         x, gx = self._cartesian(xyz, grad)
         q, Bm = values_and_b(self.prims, x)
-        U, Vs, _ = reduced_space(Bm)
+        U, Vs, _ = reduced_space(Bm, rigid=self._rigid(x))
         gq = pinv_t_apply(U, Vs, gx)
         return self._fmax(Bm, U, self._free_projector(U), gq, gx, q).to(grad.dtype)
 
@@ -271,7 +281,7 @@ class InternalStepper:
         x, gx = self._cartesian(xyz, grad)
         E = energy.detach().to(torch.float64) / self.energy_unit
         q, Bm = values_and_b(self.prims, x)
-        U, Vs, keep = reduced_space(Bm)
+        U, Vs, keep = reduced_space(Bm, rigid=self._rigid(x))
         gq = pinv_t_apply(U, Vs, gx)
         first, upd = self.first, active & ~self.first
 
@@ -284,7 +294,7 @@ class InternalStepper:
         noise = predicted.abs() < 2e-7
         grow = torch.where(self.on_sphere, 2 * self.trust, self.trust)
         trust = torch.where(r < 0.25, self.step_norm / 4, torch.where(r > 0.75, grow, self.trust))
-        trust = torch.where(noise, grow, trust)
+        trust = torch.where(noise, grow, trust).clamp_max(TRUST_MAX / BOHR)
         trust = torch.where(upd, trust, self.trust)
 
         d = wrap(self.best_q - q, self.periodic)
@@ -303,18 +313,15 @@ class InternalStepper:
         gr = (U.transpose(1, 2) @ ig[..., None])[..., 0]
         Pz = None
         s0 = torch.zeros_like(gr)
+        unbounded = torch.full_like(trust, float("inf"))  # the RFO step; the trust radius is Cartesian
         if self.constrained:  # the constrained coordinates go to their targets; the rest is free
             Pz, s0 = self._free_projector(U), self._to_targets(U, iq)
             eye = torch.eye(Pz.shape[-1], dtype=Pz.dtype, device=Pz.device)
             g_free = (Pz @ (gr + (Hr @ s0[..., None])[..., 0])[..., None])[..., 0]
-            y, _, on_sphere = trust_step(g_free, Pz @ Hr @ Pz + 1000 * (eye - Pz), trust)
+            y, _, _ = trust_step(g_free, Pz @ Hr @ Pz + 1000 * (eye - Pz), unbounded)
         else:
-            y, _, on_sphere = trust_step(gr, Hr, trust)
-        y, capped = _cap_cartesian(y, Vs, trust)
-        # a capped step was held by the Cartesian cap, not by the trust radius: a good ratio then says
-        # nothing about a larger radius (counted as on the sphere, the radius doubled every step while
-        # the cap held, and the cap, 2 radii, let water clusters move atoms 1.3 A and collide)
-        on_sphere = on_sphere & ~capped
+            y, _, _ = trust_step(gr, Hr, unbounded)
+        y, on_sphere, size = _cartesian_trust(y, Vs, trust, self.fragment)
         s = s0 + y
         dE = (gr * s).sum(-1) + 0.5 * (s * (Hr @ s[..., None])[..., 0]).sum(-1)
         pred_q = iq + (U @ s[..., None])[..., 0]
@@ -331,8 +338,10 @@ class InternalStepper:
         if self.frozen:
             x_new[:, list(self.frozen)] = self.x0[:, list(self.frozen)]
 
+        everyone = active.device.type == "cpu" and bool(active.all())  # (reading a CPU tensor: no sync)
+
         def keep_old(new, old):
-            return torch.where(active.reshape(-1, *[1] * (new.ndim - 1)), new, old)
+            return new if everyone else torch.where(active.reshape(-1, *[1] * (new.ndim - 1)), new, old)
 
         better = fresh | (E < self.best_E)
         self.best_off = keep_old(moving, self.best_off)
@@ -342,36 +351,45 @@ class InternalStepper:
         self.best_E = keep_old(torch.where(better, E, self.best_E), self.best_E)
         self.pred_E, self.interp_E = keep_old(Ei + dE, self.pred_E), keep_old(Ei, self.interp_E)
         self.on_sphere = keep_old(on_sphere, self.on_sphere)
-        self.step_norm = keep_old(y.norm(dim=-1), self.step_norm)
+        self.step_norm = keep_old(size, self.step_norm)
         self.first = first & ~active
         fmax = self._fmax(Bm, U, Pz, gq, gx, q).to(grad.dtype)
         x_new = keep_old(x_new, x) * self.length_unit
         return fmax, x_new.to(xyz.dtype)
 
 
-#: the largest atom displacement of a step's linear Cartesian image, in trust radii
-CARTESIAN_CAP = 2.0
-#: and in any case (bohr): 0.3 A, geomeTRIC's largest trust radius (its trust is Cartesian)
-CARTESIAN_MAX = 0.3 / BOHR
+#: the largest trust radius (Angstrom): geomeTRIC's
+TRUST_MAX = 0.3
 
 
-def _cap_cartesian(y: torch.Tensor, Vs: torch.Tensor, trust: torch.Tensor):
-    """``y`` ``(B, r)`` scaled so that no atom of its Cartesian image ``B^+ U y = Vs y`` (``Vs``:
-    :func:`.steps.reduced_space`'s) moves more than
-    :data:`CARTESIAN_CAP` trust radii nor more than :data:`CARTESIAN_MAX`, and ``(B,)`` bool where
-    it was.
+def _fragments(prims, n: int) -> torch.Tensor:
+    """``(F, N)``: row ``f`` averages over fragment ``f``'s atoms (the connected pieces of the
+    covalent bonds), so that ``d2 @ M.T`` is each fragment's mean square displacement."""
+    i, j = prims.bond[prims.weak[: len(prims.bond)] == 0].cpu().numpy().T
+    graph = coo_matrix((np.ones(len(i)), (i, j)), shape=(n, n))
+    label = connected_components(graph, directed=False)[1]
+    mean = (label[None, :] == np.arange(label.max() + 1)[:, None]).astype(float)
+    return torch.as_tensor(mean / mean.sum(1, keepdims=True))
 
-    A direction of ``B^T B`` just above the cut of :func:`.steps.reduced_space`
-    turns a small internal step into a jump of many Angstrom (a water trimer
-    whose two O-H...O became linear moved 50 A in one step); covalent steps
-    stay far below the cap. The absolute bound matters where the trust radius,
-    measured in internal coordinates, has grown large while the soft contacts
-    between fragments turn it into Angstrom-long moves.
+
+def _cartesian_trust(y: torch.Tensor, Vs: torch.Tensor, trust: torch.Tensor, fragment_mean: torch.Tensor):
+    """``y`` ``(B, r)`` scaled so that the step's linear Cartesian image ``B^+ U y = Vs y`` (``Vs``:
+    :func:`.steps.reduced_space`'s) moves no fragment's atoms more than ``trust`` (bohr) RMS.
+
+    Returns ``(y, on_sphere, size)``: the step, whether it was scaled, and its size (the largest
+    fragment RMS displacement) ``(B,)``.
+
+    A trust radius in internal coordinates (bohr and radians alike, pyberny's) says little about how
+    far atoms move: a torsion's step swings distant atoms, and a soft direction between fragments
+    turns a small internal step into a jump of many Angstrom (a water trimer whose two O-H...O had
+    turned linear moved 50 A in one step). geomeTRIC measures its radius in Cartesians; per fragment
+    here, so that in a cluster one molecule cannot travel far while the others stay.
     """
-    dx = (Vs @ y[..., None])[..., 0].unflatten(-1, (-1, 3)).norm(dim=-1).amax(-1)
-    cap = (CARTESIAN_CAP * trust).clamp_max(CARTESIAN_MAX)
-    capped = dx > cap
-    return y * torch.where(capped, cap / dx.clamp_min(1e-300), 1.0)[:, None], capped
+    d2 = (Vs @ y[..., None])[..., 0].unflatten(-1, (-1, 3)).pow(2).sum(-1)
+    rms = (d2 @ fragment_mean.T).sqrt().amax(-1)
+    on_sphere = rms > trust
+    y = y * torch.where(on_sphere, trust / rms.clamp_min(1e-300), 1.0)[:, None]
+    return y, on_sphere, torch.minimum(rms, trust)
 
 
 def _evaluate(energy, xyz: torch.Tensor):
@@ -407,7 +425,7 @@ def minimize(
     constraints=None,
     *,
     numbers=None,
-    trust: float = 0.3,
+    trust: float = 0.1,
     units: str = "eV/A",
     coords: str = "redundant",
 ) -> Result:
@@ -429,7 +447,8 @@ def minimize(
             conformer, see :func:`scan`), frozen atoms kept in place.
         numbers: ``(N,)`` atomic numbers (bonds come from covalent radii);
             default all carbon, which suits carbon skeletons only; pass them.
-        trust: initial trust radius (bohr / radian).
+        trust: initial trust radius (Angstrom): the largest RMS displacement of one fragment's atoms
+            in a step (geomeTRIC's 0.1; grown to at most :data:`TRUST_MAX`).
         units: units of ``energy`` and ``xyz``: ``"eV/A"``, ``"hartree/bohr"``,
             ``"kcal/mol/A"`` (the model Hessian is in atomic units).
         coords: ``"redundant"``: fragments (molecules of a cluster, a ligand

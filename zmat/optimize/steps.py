@@ -37,7 +37,7 @@ import math
 import numpy as np
 import torch
 
-from . import _compiled
+from . import _compiled, _rigid
 from .coordinates import Primitives, kernel_layout, values, wilson_b
 
 BOHR = 0.52917721092  # Angstrom
@@ -146,17 +146,22 @@ def bfgs(H: torch.Tensor, dq: torch.Tensor, dg: torch.Tensor, on: torch.Tensor) 
     denominator skips it.
     """
     Hdq = (H @ dq[..., None])[..., 0]
+    dq, dg, Hdq, on = _host(dq, dg, Hdq, on)  # (the vectors' arithmetic on numpy views on the CPU)
+    xp = np if isinstance(dq, np.ndarray) else torch
     a = (dq * dg).sum(-1)
     b = (dq * Hdq).sum(-1)
-    ok = (on & (a.abs() > 1e-14) & (b.abs() > 1e-14))[:, None]
-    u = torch.where(ok, dg / torch.where(ok[:, 0], a, 1.0)[:, None], 0.0)
-    v = torch.where(ok, Hdq / torch.where(ok[:, 0], b, 1.0)[:, None], 0.0)
+    ok = (on & (abs(a) > 1e-14) & (abs(b) > 1e-14))[:, None]
+    u = xp.where(ok, dg / xp.where(ok[:, 0], a, 1.0)[:, None], 0.0)
+    v = xp.where(ok, Hdq / xp.where(ok[:, 0], b, 1.0)[:, None], 0.0)
+    left, right = (
+        torch.as_tensor(xp.stack(t, k), device=H.device) for t, k in (((u, v), 2), ((dg, -Hdq), 1))
+    )
     # one rank-2 product, in place: a new (B, P, P) tensor is fresh memory to fault in (5x the update's
     # own time at B = 1024)
-    return H.baddbmm_(torch.stack([u, v], 2), torch.stack([dg, -Hdq], 1))
+    return H.baddbmm_(left, right)
 
 
-def reduced_space(Bm: torch.Tensor, rcond: float = 1e-6):
+def reduced_space(Bm: torch.Tensor, rcond: float = 1e-6, rigid: tuple | None = None):
     """The non-redundant space of ``B`` ``(B, P, 3N)``.
 
     Returns ``(U, Vs, keep)``: ``U`` ``(B, P, 3N)`` orthonormal columns
@@ -169,7 +174,16 @@ def reduced_space(Bm: torch.Tensor, rcond: float = 1e-6):
     bool, the columns in use. ``rcond`` 1e-6 (``B^+`` amplifies at most
     1000-fold): with 1e-8 the soft direction of a loosely bound water dimer
     (one O-H...O contact) stayed in, and a 0.3 step in ``q`` moved atoms by 130 A.
+    ``rigid``: ``(xyz, layout)``, the positions ``(B, N, 3)`` and :func:`.coordinates.kernel_layout`'s
+    rows, given where B's rows are invariant under rigid motions
+    (:attr:`.coordinates.Primitives.rigid_invariant`): on the CPU the same space then comes from a
+    Cholesky factorisation (:mod:`._rigid`) where that is certified, in another orthonormal basis
+    and without the six dropped columns (``U`` ``(B, P, 3N - 6)``, ``Vs`` ``(B, 3N, 3N - 6)``, every
+    column kept): what follows works in any orthonormal basis of the space, of any width.
     """
+    fast = None if rigid is None else _rigid.reduced_space(Bm, *rigid, rcond=rcond)
+    if fast is not None:
+        return fast
     s, V = torch.linalg.eigh(Bm.transpose(1, 2) @ Bm)
     keep = s > rcond * s[:, -1:].clamp_min(1e-300)
     Vs = V * torch.where(keep, torch.rsqrt(torch.where(keep, s, 1.0)), 0.0)[:, None, :]
@@ -293,7 +307,7 @@ def trust_step(g: torch.Tensor, H: torch.Tensor, trust: torch.Tensor):
 
 
 def _polyval(p, t):
-    out = torch.zeros_like(t)
+    out = t * 0
     for coef in p:
         out = out * t + coef
     return out
@@ -304,25 +318,31 @@ def cubic_search(E0, E1, g0, g1):
 
     pyberny's rule: the cubic's minimum if it exists, is not beaten by a
     maximum inside ``(0, 1)`` nearer the middle, and lies in ``[0, 1]``;
-    otherwise the lower end point. All ``(B,)``; returns ``(t, E)``.
+    otherwise the lower end point. All ``(B,)``; returns ``(t, E)`` (on the CPU the
+    arithmetic runs on numpy views, :func:`_host`).
     """
+    device = E0.device
+    E0, E1, g0, g1 = _host(E0, E1, g0, g1)
+    xp = np if isinstance(E0, np.ndarray) else torch
     a = 2 * (E0 - E1) + g0 + g1
     b = -3 * (E0 - E1) - 2 * g0 - g1
     disc = b * b - 3 * a * g0
     ok = disc >= 0
-    sq = torch.sqrt(torch.where(ok, disc, 0.0))
-    cubic = a.abs() > 1e-12
-    a_safe = torch.where(cubic, a, 1.0)
+    sq = xp.sqrt(xp.where(ok, disc, 0.0))
+    cubic = abs(a) > 1e-12
+    a_safe = xp.where(cubic, a, 1.0)
     r1, r2 = (-b + sq) / (3 * a_safe), (-b - sq) / (3 * a_safe)  # r1: where p'' = 2 sq > 0
-    tmin = torch.where(cubic, r1, -g0 / torch.where(b.abs() > 1e-300, 2 * b, 1.0))
-    tmax = torch.where(cubic, r2, torch.full_like(r2, float("inf")))
+    tmin = xp.where(cubic, r1, -g0 / xp.where(abs(b) > 1e-300, 2 * b, 1.0))
+    tmax = xp.where(cubic, r2, math.inf)
     ok = ok & (cubic | (b > 0))
-    ok = ok & ~((tmax > 0) & (tmax < 1) & ((tmin - 0.5).abs() > (tmax - 0.5).abs()))
+    ok = ok & ~((tmax > 0) & (tmax < 1) & (abs(tmin - 0.5) > abs(tmax - 0.5)))
     ok = ok & (tmin >= 0) & (tmin <= 1)
     Emin = _polyval((a, b, g0, E0), tmin)
-    t_end = torch.where(E0 <= E1, 0.0, 1.0).to(E0.dtype)
-    E_end = torch.where(E0 <= E1, E0, E1)
-    return torch.where(ok, tmin, t_end), torch.where(ok, Emin, E_end)
+    low = E0 <= E1
+    t_end = xp.where(low, 0.0, 1.0)
+    t_end = t_end if xp is np else t_end.to(E0.dtype)
+    t, E = xp.where(ok, tmin, t_end), xp.where(ok, Emin, xp.where(low, E0, E1))
+    return torch.as_tensor(t, device=device), torch.as_tensor(E, device=device)
 
 
 def back_transform(

@@ -69,19 +69,20 @@ from __future__ import annotations
 
 import functools
 import heapq
+import itertools
 import warnings
 from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
 
-from .._segments import segment_ids
+from .._segments import segment_arange, segment_ids, starts
 from ..autotable import connectivity, elements
 from ..protein.io import chain_mask, reroute_degenerate, warn_coincident
 from ..protein.layout import amino_tree, template_slots
 from ..protein.topology import RESIDUES
 from .ccd import ccd_residue
-from .hydrogens import LINK_ATOMS, Protonation, extra_names, file_names, missing, place
+from .hydrogens import AMIDE, LINK_ATOMS, Protonation, extra_names, file_names, place, place_all, plan
 from .ligands import rotatable_bonds, torsion_rows
 from .modified import beyond_parent, is_cysteine, own_name, parent_name, parent_type, residue_type
 from .nucleic import NUCLEOTIDES
@@ -240,7 +241,7 @@ class _Res:
     hetero: bool
     names: list
     elements: list
-    xyz: list
+    xyz: np.ndarray  # (n, 3) float64
     added: list
     extra: list  # per atom: not in the CCD entry (kept, bonded by distance)
     extra_bonds: list  # local (i, j) bonds of the extra atoms (_extra_bonds)
@@ -268,64 +269,89 @@ def _select(atoms, chain, hydrogens: bool, ligands: bool):
 def _residues(atoms, modified: np.ndarray) -> list[_Res]:
     """The kept residues, atoms by their CCD names (first of a name wins); an in-chain
     modified residue (``modified``: per atom) with a standard parent is a polymer residue
-    of its parent's family (``zmat/structure/modified.py``)."""
+    of its parent's family (``zmat/structure/modified.py``). Per residue slices of arrays
+    read once (an AtomArray's attribute access costs ~10 us a call); the atoms a residue's
+    CCD entry lacks found per residue name at once (:func:`_unknown`)."""
     import biotite.structure as struc
 
     # a change of name starts a residue too: two residues sharing chain, number and insertion
     # code (biotite's 1xnr has U129 / G129) stay two
-    starts = struc.get_residue_starts(atoms, add_exclusive_stop=True, extra_categories=("res_name",))
+    bounds = struc.get_residue_starts(atoms, add_exclusive_stop=True, extra_categories=("res_name",))
+    first = bounds[:-1]
+    atom_name = atoms.atom_name.tolist()
+    element = atoms.element.tolist()
+    cap = {e: str(e).capitalize() for e in set(element)}
+    element = [cap[e] for e in element]
+    coord = atoms.coord.astype(np.float64)
+    meta = zip(
+        atoms.res_name[first].tolist(),
+        atoms.chain_id[first].tolist(),
+        atoms.res_id[first].tolist(),
+        atoms.ins_code[first].tolist(),
+        atoms.hetero[first].tolist(),
+        modified[first].tolist(),
+        strict=True,
+    )
     out = []
-    # the per-atom annotations read once (an AtomArray's attribute access costs ~10 us a call)
-    atom_name, element = atoms.atom_name.tolist(), atoms.element.tolist()
-    coord = list(atoms.coord.astype(np.float64))
-    for s, e in zip(starts[:-1], starts[1:], strict=True):
-        name = str(atoms.res_name[s])
+    for name, chain, res_id, ins, hetero, mod in meta:
         fam = family_of(name)
-        if fam == "ligand" and modified[s] and family_of(parent_type(name)) == _polymer_kind(name):
+        if fam == "ligand" and mod and family_of(parent_type(name)) == _polymer_kind(name):
             fam = family_of(parent_type(name))
-        ccd = ccd_residue(name)  # raises, naming the residue, without a CCD entry
-        kind = backbone_kind(name, fam)
-        known = set(ccd.atom_names.tolist()) | set(extra_names(name, kind))
-        label = f"{name} {atoms.chain_id[s]}{atoms.res_id[s]}{atoms.ins_code[s]}"
-        res = _Res(
-            name,
-            fam,
-            kind,
-            str(atoms.chain_id[s]),
-            int(atoms.res_id[s]),
-            str(atoms.ins_code[s]),
-            bool(atoms.hetero[s]),
-            [],
-            [],
-            [],
-            [],
-            [],
-            [],
-        )
-        for i in range(s, e):
-            a = str(atom_name[i])
-            if a in res.names:
-                warnings.warn(
-                    f"residue {label}: atom {a!r} appears again (a repeated residue number?); the "
-                    "first one is kept",
-                    stacklevel=4,
-                )
-                continue
-            res.names.append(a)
-            res.elements.append(str(element[i]).capitalize())
-            res.xyz.append(coord[i])
-            res.added.append(False)
-            res.extra.append(a not in known)
+        ccd_residue(name)  # raises, naming the residue, without a CCD entry
+        out.append(_Res(name, fam, backbone_kind(name, fam), str(chain), int(res_id), str(ins), bool(hetero),
+                        [], [], [], [], [], []))  # fmt: skip
+    extra = _unknown(out, np.asarray(atoms.atom_name), bounds)
+    for res, s, e in zip(out, bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+        keep = _first_of_names(res, atom_name[s:e])
+        if keep is None:
+            res.names, res.elements, res.extra, res.xyz = atom_name[s:e], element[s:e], extra[s:e], coord[s:e]
+        else:
+            at = [s + i for i in keep]
+            res.names, res.elements = [atom_name[i] for i in at], [element[i] for i in at]
+            res.extra, res.xyz = [extra[i] for i in at], coord[np.array(at, np.int64)].reshape(-1, 3)
+        res.added = [False] * len(res.names)
         if any(res.extra):
             res.extra_bonds = _extra_bonds(res)
             kept = [a for a, x in zip(res.names, res.extra, strict=True) if x]
             warnings.warn(
-                f"chain {res.chain} residue {res.res_id}{res.ins_code} {name}: atoms {kept} are not in "
-                "its CCD entry; kept as extra atoms, bonded by distance within the residue",
+                f"chain {res.chain} residue {res.res_id}{res.ins_code} {res.name}: atoms {kept} are not "
+                "in its CCD entry; kept as extra atoms, bonded by distance within the residue",
                 stacklevel=4,
             )
-        out.append(res)
     return out
+
+
+def _first_of_names(res: _Res, names: list) -> list[int] | None:
+    """The atoms kept of a residue whose names repeat (the first of each, with a warning);
+    None where none repeats (all kept)."""
+    if len(set(names)) == len(names):
+        return None
+    keep, seen = [], set()
+    for i, a in enumerate(names):
+        if a in seen:
+            warnings.warn(
+                f"residue {res.name} {res.chain}{res.res_id}{res.ins_code}: atom {a!r} appears again (a "
+                "repeated residue number?); the first one is kept",
+                stacklevel=5,
+            )
+            continue
+        seen.add(a)
+        keep.append(i)
+    return keep
+
+
+def _unknown(residues: list[_Res], atom_name: np.ndarray, bounds: np.ndarray) -> list[bool]:
+    """Per atom: its name is neither in its residue's CCD entry nor one of the hydrogens the
+    residue may have beyond it (``hydrogens.extra_names``); one ``isin`` per residue variant."""
+    variant = {}
+    group = np.array([variant.setdefault((r.name, r.kind), len(variant)) for r in residues], np.int64)
+    group = np.repeat(group, np.diff(bounds))
+    out = np.zeros(len(atom_name), bool)
+    for (name, kind), g in variant.items():
+        sel = np.flatnonzero(group == g)
+        known = list(ccd_residue(name).atom_names.tolist()) + list(extra_names(name, kind))
+        out[sel] = ~np.isin(atom_name[sel], known)
+    return out.tolist()
 
 
 def _extra_bonds(res: _Res) -> list[tuple[int, int]]:
@@ -364,16 +390,20 @@ def backbone_kind(res_name: str, family: str) -> str:
 
 def _linked(residues: list[_Res]) -> np.ndarray:
     """``(R,)``: residue ``k`` is covalently linked to ``k - 1`` in its polymer
-    (same chain and backbone, ``C-N`` / ``O3'-P`` at most ``LINK_MAX``)."""
-    out = np.zeros(len(residues), bool)
+    (same chain and backbone, ``C-N`` / ``O3'-P`` at most ``LINK_MAX``); the distances at once."""
+    pairs = []  # (k, atom x of k - 1, atom y of k)
     for k in range(1, len(residues)):
         p, q = residues[k - 1], residues[k]
         if p.chain != q.chain or not q.kind or p.kind != q.kind:
             continue
         y, x = LINK_ATOMS[q.kind]
         if x in p.names and y in q.names:
-            d = np.linalg.norm(p.xyz[p.names.index(x)] - q.xyz[q.names.index(y)])
-            out[k] = d <= LINK_MAX
+            pairs.append((k, p.xyz[p.names.index(x)], q.xyz[q.names.index(y)]))
+    out = np.zeros(len(residues), bool)
+    if pairs:
+        k, px, qy = zip(*pairs, strict=True)
+        d = np.array(px) - np.array(qy)
+        out[list(k)] = np.sqrt(np.vecdot(d, d)) <= LINK_MAX  # np.linalg.norm's bits
     return out
 
 
@@ -381,47 +411,73 @@ def _disulfides(residues: list[_Res]) -> list[tuple[int, int]]:
     """Pairs of cysteines (residue indices) whose SG atoms are closer than ``DISULFIDE_MAX``;
     a modified cysteine in a chain (CSO, CME, CSD: parent type ``CYS``) counts as one."""
     cys = [k for k, r in enumerate(residues) if is_cysteine(r.name, r.family, r.names)]
-    sg = [residues[k].xyz[residues[k].names.index(own_name(residues[k].name, "SG"))] for k in cys]
-    return [
-        (cys[i], cys[j])
-        for i in range(len(cys))
-        for j in range(i + 1, len(cys))
-        if np.linalg.norm(sg[i] - sg[j]) < DISULFIDE_MAX
-    ]
+    sg = np.array([residues[k].xyz[residues[k].names.index(own_name(residues[k].name, "SG"))] for k in cys])
+    i, j = np.triu_indices(len(cys), 1)
+    d = sg[i] - sg[j] if len(cys) else np.zeros((0, 3))
+    near = np.sqrt(np.vecdot(d, d)) < DISULFIDE_MAX  # np.linalg.norm's bits
+    return [(cys[a], cys[b]) for a, b in zip(i[near].tolist(), j[near].tolist(), strict=True)]
 
 
-def _complete_hydrogens(residues: list[_Res], linked: np.ndarray, opts: Protonation) -> None:
-    """Add every residue's missing hydrogens (``hydrogens.missing``) after its atoms;
-    warn, naming them, where coincident or collinear heavy atoms leave no direction."""
-    bridged = {k for pair in _disulfides(residues) for k in pair}
-    degenerate = []
+def _complete_hydrogens(residues: list[_Res], linked: np.ndarray, opts: Protonation, bridged: set) -> None:
+    """Add every residue's missing hydrogens after its atoms: each residue variant's plan
+    (``hydrogens.plan``: which ones, on which reference atoms, made once per variant) offset by
+    the residue's first atom, and all of them placed at once (``hydrogens.place_all``); warn,
+    naming them, where coincident or collinear heavy atoms leave no direction (those, and
+    proline's N-terminal pair, are placed one by one, ``hydrogens.place``)."""
+    R = len(residues)
+    plans, c_at = [], np.full(R, -1, np.int64)
     for k, res in enumerate(residues):
-        nxt = k + 1 < len(residues) and linked[k + 1]
         res.names = file_names(res.name, res.kind, bool(linked[k]), res.names)
-        heavy = {a for a, e in zip(res.names, res.elements, strict=True) if e != "H"}
-        have = [a for a, e, x in zip(res.names, res.elements, res.extra, strict=True) if e == "H" and not x]
-        # a heavy atom with a file hydrogen of an unknown name (CHARMM's HN) gets no more
         elem = res.elements
-        carried = {
+        # a heavy atom with a file hydrogen of an unknown name (CHARMM's HN) gets no more
+        carried = frozenset(
             res.names[j if elem[i] == "H" else i] for i, j in res.extra_bonds if "H" in (elem[i], elem[j])
-        }
-        coords = {a: x for a, x in zip(res.names, res.xyz, strict=True) if a in heavy}
-        prev_c = None
-        if linked[k] and res.kind == "protein" and "C" in residues[k - 1].names:
-            p = residues[k - 1]
-            prev_c = p.xyz[p.names.index("C")]
+        )
+        prev_c = bool(linked[k]) and res.kind == "protein" and "C" in residues[k - 1].names
+        if prev_c:
+            c_at[k] = residues[k - 1].names.index("C")
+        nxt = k + 1 < R and bool(linked[k + 1])
+        key = (tuple(res.names), tuple(elem), tuple(res.extra), carried, k in bridged, prev_c)
+        p = plan(res.name, res.kind, bool(linked[k]), nxt, opts, *key)
+        if p.error:
+            raise ValueError(f"chain {res.chain} residue {res.name} {res.res_id}{res.ins_code}: {p.error}")
+        plans.append(p)
+    counts = np.array([len(p.names) for p in plans], np.int64)
+    if not counts.sum():
+        return
+    first = starts(np.array([len(r.names) for r in residues], np.int64))
+    owner = np.repeat(np.arange(R), counts)
+    how = np.concatenate([p.how for p in plans])
+    refs = np.concatenate([p.refs for p in plans]) + first[owner][:, None]
+    amide = how == AMIDE
+    refs[amide, 2] = (first[owner - 1] + c_at[owner])[amide]  # the previous residue's C
+    xyz = np.concatenate([r.xyz for r in residues])
+    pos, done = place_all(xyz, how, refs, np.concatenate([p.coef for p in plans]))
+    degenerate = []
+    names = [h for p in plans for h in p.names]
+    on = [x for p in plans for x in p.on]
+    for i in np.flatnonzero(~done).tolist():  # one by one: its own message
+        res = residues[owner[i]]
+        coords = {a: x for a, x, e in zip(res.names, res.xyz, res.elements, strict=True) if e != "H"}
+        prev_c = xyz[refs[i, 2]] if how[i] == AMIDE else None
         label = f"chain {res.chain} residue {res.name} {res.res_id}{res.ins_code}"
-        for h, x in missing(res.name, res.kind, bool(linked[k]), nxt, opts, heavy, have, carried):
-            if k in bridged and h == "HG":  # no thiol H on a disulfide
-                continue
-            xyz, ok = place(res.name, res.kind, h, x, coords, prev_c, label)
-            if not ok:
-                degenerate.append(f"{res.chain} {res.name} {res.res_id}{res.ins_code} {h}")
-            res.names.append(h)
-            res.elements.append("H")
-            res.xyz.append(xyz)
-            res.added.append(True)
-            res.extra.append(False)
+        pos[i], ok = place(res.name, res.kind, names[i], on[i], coords, prev_c, label)
+        if not ok:
+            degenerate.append(f"{res.chain} {res.name} {res.res_id}{res.ins_code} {names[i]}")
+    # every residue's atoms, then its hydrogens, in one array (each residue's xyz a view of it)
+    sizes = np.diff(np.append(first, len(xyz)))
+    at = starts(sizes + counts)
+    out = np.empty((len(xyz) + len(pos), 3))
+    out[np.arange(len(xyz)) + np.repeat(at - first, sizes)] = xyz
+    out[np.repeat(at + sizes, counts) + segment_arange(counts)] = pos
+    for k, (a, b) in enumerate(zip(at.tolist(), (at + sizes + counts).tolist(), strict=True)):
+        residues[k].xyz = out[a:b]
+    for k in np.flatnonzero(counts).tolist():
+        res, n = residues[k], int(counts[k])
+        res.names = res.names + list(plans[k].names)
+        res.elements = res.elements + ["H"] * n
+        res.added = res.added + [True] * n
+        res.extra = res.extra + [False] * n
     if degenerate:
         more = f" and {len(degenerate) - 5} more" if len(degenerate) > 5 else ""
         warnings.warn(
@@ -457,9 +513,13 @@ def _tree(
     bonds: np.ndarray,
     heavy: np.ndarray,
     stamp: bool = True,
+    keep_root: np.ndarray | None = None,
 ):
     """Parents, ``virtual`` (the roots hung off the frame) and the frame ``(r0, r1, r2)`` of
     the module doc's trees. ``bonds``: the bonds a tree may follow (no cross-links).
+    ``keep_root``: ``(n,)`` the atoms of ``Protein``'s view (``breaks="continue"``: the standard
+    amino acids' heavy atoms); a stamped first tree rooted at one, whose root's children are all
+    such atoms, keeps its root (``Protein``'s frame) instead of moving it to a leaf.
 
     ``pref``: template parents; ``tree``: the templates' tree parents. A component whose
     atoms all have a tree parent but its root is stamped: its parents are the templates'.
@@ -471,7 +531,7 @@ def _tree(
     if (label == first).sum() < 3:  # a tiny first component (an ion): the frame grows through the next
         ok[:] = False
     parent = np.where(ok[label], tree, -1)
-    frame = _stamped_frame(int(roots[0]), parent) if ok[first] else None
+    frame = _stamped_frame(int(roots[0]), parent, keep_root) if ok[first] else None
     if frame is None and ok[first]:  # no leaf beside the root: grown
         ok[first] = False
         parent[label == first] = -1
@@ -512,11 +572,16 @@ def _complete(label: np.ndarray, pref: np.ndarray, root_of: np.ndarray) -> np.nd
     return np.bincount(label, weights=wrong, minlength=len(root_of)) == 0
 
 
-def _stamped_frame(root: int, parent: np.ndarray) -> list[int] | None:
+def _stamped_frame(root: int, parent: np.ndarray, keep_root=None) -> list[int] | None:
     """The first tree's frame with its template parents (``_leaf_root``'s re-rooting at a
-    leaf child of a root with several children; its children in index order, as grown);
-    None where the root has no leaf child (then it is grown)."""
+    leaf child of a root with several children, unless they and the root are ``keep_root``
+    atoms, :func:`_tree`; its children in index order, as grown); None where the root has no
+    leaf child (then it is grown)."""
     kids = np.flatnonzero(parent == root)
+    if keep_root is not None and len(kids) > 1 and keep_root[root] and keep_root[kids].all():
+        # Protein's frame: r2 is r1's first child, else the root's second
+        grand = np.flatnonzero(parent == kids[0])
+        return [root, int(kids[0]), int(grand[0] if len(grand) else kids[1])]
     if len(kids) > 1:
         n_kids = np.bincount(parent[parent >= 0], minlength=len(parent))
         leaves = kids[n_kids[kids] == 0]
@@ -621,6 +686,13 @@ def _rows(parent: np.ndarray, frame: tuple, key: np.ndarray, heavy: np.ndarray, 
     rep = best[parent[sib]] % n
     off = (sib != rep) & (rule[sib] == -2)
     refs[sib[off], 2] = rep[off]
+    # a root kept with several children (Protein's frame, _stamped_frame's keep_root): its other
+    # children on (r0, r1, r2), r2 itself PLANAR on (r0, r1) where it is one of them, and a
+    # dihedral that runs off the root on r1, as Protein's rows (none of these without keep_root)
+    refs[(parent == r0) & (np.arange(n) != r1)] = (r0, r1, r2)
+    if parent[r2] == r0:
+        refs[r2] = (r0, r1, -1)
+    refs[(refs[:, 1] == r0) & (refs[:, 2] < 0) & (np.arange(n) != r2), 2] = r1
     return refs
 
 
@@ -696,23 +768,23 @@ def parse_complex(
     opts = hydrogens if isinstance(hydrogens, Protonation) else Protonation()
     residues = _residues(*_select(atoms, chain, bool(hydrogens), ligands))
     linked = _linked(residues)
+    bridges = _disulfides(residues)
     if hydrogens:
-        _complete_hydrogens(residues, linked, opts)
-    bonds, orders, tree_ok, pref, tree, key, quads = stamp(
-        residues, linked, _disulfides(residues), cache=stamped
-    )
+        _complete_hydrogens(residues, linked, opts, {k for pair in bridges for k in pair})
+    bonds, orders, tree_ok, pref, tree, key, quads = stamp(residues, linked, bridges, cache=stamped)
     sizes = np.array([len(r.names) for r in residues], np.int64)
     n = int(sizes.sum())
-    xyz = np.array([x for r in residues for x in r.xyz], np.float64).reshape(n, 3)
-    elements = np.array([e for r in residues for e in r.elements], "U2")
+    xyz = np.concatenate([r.xyz for r in residues]).reshape(n, 3)
+    elements = np.array(_flat(r.elements for r in residues), "U2")
     residue = segment_ids(sizes)
     heavy = elements != "H"
-    atom_names = np.array([a for r in residues for a in r.names], "U6")
-    extra = np.array([x for r in residues for x in r.extra], bool)
+    atom_names = np.array(_flat(r.names for r in residues), "U6")
+    extra = np.array(_flat(r.extra for r in residues), bool)
     aa_parent, rule = _amino_rule(residues, linked, residue, atom_names, heavy, extra, breaks)
     pref = np.where((aa_parent >= 0) & (pref < 0), aa_parent, pref)  # one rule for missing parents
     tree = np.where(aa_parent >= 0, aa_parent, tree)
-    parent, virtual, frame = _tree(n, pref, tree, bonds[tree_ok], heavy, stamped)
+    keep_root = (rule != -2) & heavy if breaks == "continue" else None  # Protein's view's atoms
+    parent, virtual, frame = _tree(n, pref, tree, bonds[tree_ok], heavy, stamped, keep_root)
     last = quads[:, :N_DIHEDRALS, 3]
     key[last[last >= 0]] = True  # a torsion's atom represents its siblings (not the ring nu)
     refs = _rows(parent, frame, key, heavy, virtual, rule)
@@ -735,7 +807,7 @@ def parse_complex(
         elements=elements,
         residue=residue,
         xyz=xyz,
-        added=np.array([a for r in residues for a in r.added], bool),
+        added=np.array(_flat(r.added for r in residues), bool),
         extra=extra,
         res_names=np.array([r.name for r in residues], "U5"),
         res_ids=np.array([r.res_id for r in residues], np.int64),
@@ -757,27 +829,43 @@ def parse_complex(
     )
 
 
+def _flat(lists) -> list:
+    """The per-residue lists one after the other."""
+    return list(itertools.chain.from_iterable(lists))
+
+
 def _ligand_torsions(own, residues, residue, bonds, orders, elements, atom_names, parent, refs):
     """The rotatable-bond torsions (``ComplexAtoms.ligand_rows`` .. ``ligand_residue``) of the
     residues ``own`` (ligands; modified residues, their bonds beyond their parent's:
-    ``modified.beyond_parent``), each one's bonds grouped once (linear in atoms and ligands)."""
+    ``modified.beyond_parent``), each one's bonds grouped once (linear in atoms and ligands),
+    each residue variant's rotatable bonds found once (:func:`_own_rotatable`, local indices)."""
     ri = residue[bonds[:, 0]]
     inside = np.flatnonzero((ri == residue[bonds[:, 1]]) & own[ri])
     inside = inside[np.argsort(ri[inside], kind="stable")]
     cuts = np.searchsorted(ri[inside], np.flatnonzero(own), side="left")
     ends = np.searchsorted(ri[inside], np.flatnonzero(own), side="right")
+    first = np.searchsorted(residue, np.arange(len(residues)))
     rot, owner = [np.zeros((0, 2), np.int64)], [np.zeros(0, np.int64)]
     for k, s, e in zip(np.flatnonzero(own).tolist(), cuts.tolist(), ends.tolist(), strict=True):
         if e - s < 3:  # no rotatable bond with fewer than three bonds
             continue
-        sel = inside[s:e]
-        atoms = np.unique(bonds[sel])
-        if residues[k].family == "ligand":
-            r = rotatable_bonds(atoms, bonds[sel], orders[sel], elements)
-        else:
-            r = beyond_parent(residues[k].name, atoms, atom_names, bonds[sel], orders[sel], elements)
-        rot.append(r)
+        sel, f, res = inside[s:e], int(first[k]), residues[k]
+        variant = (res.family, res.name, tuple(res.names), tuple(res.elements))
+        r = _own_rotatable(*variant, (bonds[sel] - f).tobytes(), orders[sel].tobytes())
+        rot.append(r + f)
         owner.append(np.full(len(r), k, np.int64))
     rot, owner = np.concatenate(rot), np.concatenate(owner)
     rows, quads, kept = torsion_rows(rot, parent, refs)
     return rows, quads, owner[kept]
+
+
+@functools.lru_cache(maxsize=4096)  # one entry per residue variant met; bounded
+def _own_rotatable(family: str, name: str, names: tuple, elements: tuple, bonds: bytes, orders: bytes):
+    """The rotatable bonds of one residue variant (``bonds``, ``orders``: its bonds' bytes, local
+    indices): a ligand's (``ligands.rotatable_bonds``), a modified residue's beyond its parent's."""
+    bonds = np.frombuffer(bonds, np.int64).reshape(-1, 2)
+    orders = np.frombuffer(orders, np.int64)
+    atoms, elements, names = np.unique(bonds), np.array(elements), np.array(names)
+    if family == "ligand":
+        return rotatable_bonds(atoms, bonds, orders, elements)
+    return beyond_parent(name, atoms, names, bonds, orders, elements)

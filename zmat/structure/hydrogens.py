@@ -46,7 +46,17 @@ import numpy as np
 
 from .ccd import ccd_residue
 
-__all__ = ["LINK_ATOMS", "Protonation", "extra_names", "file_names", "missing", "place"]
+__all__ = [
+    "LINK_ATOMS",
+    "HydrogenPlan",
+    "Protonation",
+    "extra_names",
+    "file_names",
+    "missing",
+    "place",
+    "place_all",
+    "plan",
+]
 
 
 @dataclass(frozen=True)
@@ -177,15 +187,20 @@ def _perpendicular(u) -> np.ndarray:
     return _unit(_cross(u, axis), (0.0, 0.0, 1.0))[0]
 
 
-def _nerf(xb, xa, xd, r, theta, phi) -> tuple[np.ndarray, bool]:
-    """Position at bond ``r`` from ``xb``, angle ``theta`` at ``xb`` from ``xa``,
-    dihedral ``phi`` (IUPAC) about ``xa-xb`` from ``xd``; and False where the
-    reference atoms coincide or are collinear (then some finite frame is taken)."""
+def _coefficients(r: float, theta: float, phi: float) -> tuple[float, float, float]:
+    """NeRF's factors of ``(r, theta, phi)``: along the bond, in plane, out of plane."""
+    s = r * math.sin(theta)
+    return r * math.cos(theta), s * math.cos(phi), s * math.sin(phi)
+
+
+def _nerf(xb, xa, xd, coef) -> tuple[np.ndarray, bool]:
+    """Position at ``coef`` (:func:`_coefficients` of bond ``r`` from ``xb``, angle ``theta``
+    at ``xb`` from ``xa``, dihedral ``phi`` (IUPAC) about ``xa-xb`` from ``xd``); and False
+    where the reference atoms coincide or are collinear (then some finite frame is taken)."""
     bc, ok1 = _unit(xb - xa, (1.0, 0.0, 0.0))
     n, ok2 = _unit(_cross(xa - xd, bc), lambda: _perpendicular(bc))
     m = _cross(n, bc)
-    s = r * math.sin(theta)
-    return xb - r * math.cos(theta) * bc + s * math.cos(phi) * m + s * math.sin(phi) * n, ok1 and ok2
+    return xb - coef[0] * bc + coef[1] * m + coef[2] * n, ok1 and ok2
 
 
 def _internal(x, xb, xa, xd) -> tuple[float, float, float]:
@@ -209,8 +224,44 @@ def _frame_refs(x: str, nb: dict[str, list[str]], heavy_have: set[str]) -> tuple
     return None
 
 
+#: How a completed hydrogen is placed: NeRF on three heavy atoms, the amide ``H`` on the
+#: bisector (``N, CA`` and the previous ``C``), proline's N-terminal pair; none (no references).
+NERF, AMIDE, PAIR, NONE = 0, 1, 2, 3
+_TETRA = math.radians(109.5)
+_NO_COEF = (0.0, 0.0, 0.0)
+
+
+def _recipe(res_name: str, kind: str, h: str, x: str, local: dict, prev_c: bool):
+    """``(how, (b, a, d), coef)`` of the missing hydrogen ``h`` on ``x`` (module doc), the
+    references as ``local``'s values (``local``: the residue's heavy atoms by name); ``prev_c``:
+    the previous residue's ``C`` is there (``AMIDE``'s third reference)."""
+    if kind == "protein" and h == "H" and prev_c and "CA" in local:
+        return AMIDE, (local["N"], local["CA"], None), _NO_COEF
+    if kind == "protein" and h in ("H1", "H2", "H3") and x == "N" and "CA" in local:
+        if "CD" in local and res_name == "PRO":  # two heavy neighbours: sp3 pair
+            return PAIR, (local["N"], local["CA"], local["CD"]), _NO_COEF
+        if "C" in local:
+            phi = math.radians({"H1": 180.0, "H2": 60.0, "H3": -60.0}[h])
+            return NERF, (local["N"], local["CA"], local["C"]), _coefficients(1.01, _TETRA, phi)
+    if h == "HO5'" and "C5'" in local and "C4'" in local:
+        return NERF, (local["O5'"], local["C5'"], local["C4'"]), _coefficients(0.96, _TETRA, math.pi)
+    _, heavy, nb = _ccd_tables(res_name)
+    refs = _frame_refs(x, nb, {k for k in local if k in heavy})
+    if refs is None or h not in _finite_ideal(res_name):
+        return NONE, (None, None, None), _NO_COEF
+    return NERF, (local[x], local[refs[0]], local[refs[1]]), _coefficients(*_ccd_row(res_name, h, x, *refs))
+
+
+def _no_references(h: str, x: str, heavy) -> str:
+    return (
+        f"no bonded heavy atoms to place hydrogen {h} on {x} from (the residue has {sorted(heavy)}); "
+        "read it with hydrogens=False, or with its hydrogens in the file"
+    )
+
+
 def place(res_name: str, kind: str, h: str, x: str, coords: dict, prev_c=None, label: str = ""):
-    """Position of the missing hydrogen ``h`` on heavy atom ``x`` (module doc).
+    """Position of the missing hydrogen ``h`` on heavy atom ``x`` (module doc), one at a time:
+    the reference of :func:`place_all`, and its fallback where the references are degenerate.
 
     Args:
         res_name, kind: the residue and the backbone it links into.
@@ -227,36 +278,112 @@ def place(res_name: str, kind: str, h: str, x: str, coords: dict, prev_c=None, l
     Raises:
         ValueError: no bonded heavy atoms to place it from (names chain, residue, atoms).
     """
-    if kind == "protein" and h == "H" and prev_c is not None and "CA" in coords:
-        u, ok1 = _unit(coords["N"] - prev_c, (1.0, 0.0, 0.0))
-        w, ok2 = _unit(coords["N"] - coords["CA"], (0.0, 1.0, 0.0))
+    how, (b, a, d), coef = _recipe(res_name, kind, h, x, {k: k for k in coords}, prev_c is not None)
+    if how == NONE:
+        raise ValueError(f"{label or 'residue ' + res_name}: {_no_references(h, x, coords)}")
+    if how == AMIDE:
+        u, ok1 = _unit(coords[b] - prev_c, (1.0, 0.0, 0.0))
+        w, ok2 = _unit(coords[b] - coords[a], (0.0, 1.0, 0.0))
         v, ok3 = _unit(u + w, lambda: _perpendicular(u))
-        return coords["N"] + 1.01 * v, ok1 and ok2 and ok3
-    tetra = math.radians(109.5)
-    if kind == "protein" and h in ("H1", "H2", "H3") and x == "N" and "CA" in coords:
-        if "CD" in coords and res_name == "PRO":  # two heavy neighbours: sp3 pair
-            d1, ok1 = _unit(coords["N"] - coords["CA"], (1.0, 0.0, 0.0))
-            d2, ok2 = _unit(coords["N"] - coords["CD"], lambda: _perpendicular(d1))
-            b, ok3 = _unit(d1 + d2, d1)
-            n, ok4 = _unit(_cross(d1, d2), lambda: _perpendicular(b))
-            sign = 1.0 if h == "H2" else -1.0
-            v = b * math.cos(tetra / 2) + sign * n * math.sin(tetra / 2)
-            return coords["N"] + 1.01 * v, ok1 and ok2 and ok3 and ok4
-        if "C" in coords:
-            offset = {"H1": 180.0, "H2": 60.0, "H3": -60.0}[h]
-            return _nerf(coords["N"], coords["CA"], coords["C"], 1.01, tetra, math.radians(offset))
-    if h == "HO5'" and "C5'" in coords and "C4'" in coords:
-        return _nerf(coords["O5'"], coords["C5'"], coords["C4'"], 0.96, tetra, math.pi)
-    _, heavy, nb = _ccd_tables(res_name)
-    refs = _frame_refs(x, nb, {k for k in coords if k in heavy})
-    if refs is None or h not in _finite_ideal(res_name):
-        raise ValueError(
-            f"{label or 'residue ' + res_name}: no bonded heavy atoms to place hydrogen {h} on {x} "
-            f"from (the residue has {sorted(coords)}); read it with hydrogens=False, or with its "
-            "hydrogens in the file"
-        )
-    r, theta, phi = _ccd_row(res_name, h, x, *refs)
-    return _nerf(coords[x], coords[refs[0]], coords[refs[1]], r, theta, phi)
+        return coords[b] + 1.01 * v, ok1 and ok2 and ok3
+    if how == PAIR:
+        d1, ok1 = _unit(coords[b] - coords[a], (1.0, 0.0, 0.0))
+        d2, ok2 = _unit(coords[b] - coords[d], lambda: _perpendicular(d1))
+        bis, ok3 = _unit(d1 + d2, d1)
+        n, ok4 = _unit(_cross(d1, d2), lambda: _perpendicular(bis))
+        sign = 1.0 if h == "H2" else -1.0
+        v = bis * math.cos(_TETRA / 2) + sign * n * math.sin(_TETRA / 2)
+        return coords[b] + 1.01 * v, ok1 and ok2 and ok3 and ok4
+    return _nerf(coords[b], coords[a], coords[d], coef)
+
+
+@dataclass(frozen=True)
+class HydrogenPlan:
+    """The hydrogens one residue variant completes and how each is placed, over the residue's
+    local atom indices (:func:`plan`, made once per variant): ``names`` and ``on`` (their heavy
+    atoms), ``how`` ``(k,)`` (``NERF``, ``AMIDE``, ``PAIR``), ``refs`` ``(k, 3)`` the reference
+    atoms ``(b, a, d)`` (``AMIDE``: ``(N, CA, -1)``, its third the previous residue's ``C``),
+    ``coef`` ``(k, 3)`` NeRF's factors; ``error``: the message for a hydrogen without
+    references, which the caller raises naming the residue (it cannot be completed)."""
+
+    names: tuple
+    on: tuple
+    how: np.ndarray
+    refs: np.ndarray
+    coef: np.ndarray
+    error: str = ""
+
+
+@functools.lru_cache(maxsize=4096)  # one entry per residue variant met; bounded
+def plan(res_name, kind, prev, nxt, opts, names, elements, extra, carried, no_thiol, prev_c) -> HydrogenPlan:
+    """The :class:`HydrogenPlan` of a residue variant: its name and backbone ``kind``, linked to
+    the previous / next residue, the protonation ``opts``, its atoms (``names``, ``elements``,
+    ``extra``: tuples), the heavy atoms with file hydrogens of unknown names (``carried``), no
+    thiol ``HG`` (a disulfide), the previous residue's ``C`` there (``prev_c``)."""
+    heavy = {a for a, e in zip(names, elements, strict=True) if e != "H"}
+    have = [a for a, e, x in zip(names, elements, extra, strict=True) if e == "H" and not x]
+    local = {a: j for j, a in enumerate(names) if a in heavy}
+    rows = []
+    for h, x in missing(res_name, kind, prev, nxt, opts, heavy, have, carried):
+        if no_thiol and h == "HG":  # no thiol H on a disulfide
+            continue
+        how, refs, coef = _recipe(res_name, kind, h, x, local, prev_c)
+        if how == NONE:
+            none = np.zeros((0, 3), np.int64)
+            return HydrogenPlan((), (), none[:, 0], none, none.astype(float), _no_references(h, x, local))
+        rows.append((h, x, how, [-1 if r is None else r for r in refs], coef))
+    return HydrogenPlan(
+        tuple(r[0] for r in rows),
+        tuple(r[1] for r in rows),
+        np.array([r[2] for r in rows], np.int64),
+        np.array([r[3] for r in rows], np.int64).reshape(-1, 3),
+        np.array([r[4] for r in rows], np.float64).reshape(-1, 3),
+    )
+
+
+def _units(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of ``v`` over their norms (``_unit``'s bits: ``vecdot`` is the ``dot`` it takes), and
+    where they have a direction (the others are left to :func:`place`)."""
+    n = np.sqrt(np.vecdot(v, v))
+    ok = n > _TINY
+    return v / np.where(ok, n, 1.0)[:, None], ok
+
+
+def _crosses(u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """:func:`_cross` over rows (the same products in the same order)."""
+    (u0, u1, u2), (v0, v1, v2) = u.T, v.T
+    return np.stack([u1 * v2 - u2 * v1, u2 * v0 - u0 * v2, u0 * v1 - u1 * v0], 1)
+
+
+def place_all(xyz: np.ndarray, how: np.ndarray, refs: np.ndarray, coef: np.ndarray):
+    """Every ``NERF`` and ``AMIDE`` hydrogen at once, bit for bit :func:`place`'s positions.
+
+    Args:
+        xyz: ``(N, 3)`` the heavy atoms; ``how`` ``(k,)``; ``refs`` ``(k, 3)`` indices into
+            ``xyz`` (``AMIDE``: ``(N, CA, previous C)``); ``coef`` ``(k, 3)``.
+
+    Returns:
+        ``(k, 3)`` positions and ``(k,)`` done: False for ``PAIR`` rows and rows whose
+        references coincide or are collinear, which :func:`place` places one at a time.
+    """
+    out = np.zeros((len(how), 3))
+    done = np.zeros(len(how), bool)
+    sel = np.flatnonzero(how == NERF)
+    xb, xa, xd = (xyz[refs[sel, c]] for c in range(3))
+    bc, ok1 = _units(xb - xa)
+    n, ok2 = _units(_crosses(xa - xd, bc))
+    m = _crosses(n, bc)
+    c = coef[sel]
+    out[sel] = xb - c[:, :1] * bc + c[:, 1:2] * m + c[:, 2:] * n
+    done[sel] = ok1 & ok2
+    sel = np.flatnonzero(how == AMIDE)
+    xn, xca, xc = (xyz[refs[sel, c]] for c in range(3))
+    u, ok1 = _units(xn - xc)
+    w, ok2 = _units(xn - xca)
+    v, ok3 = _units(u + w)
+    out[sel] = xn + 1.01 * v
+    done[sel] = ok1 & ok2 & ok3
+    return out, done
 
 
 @functools.cache
@@ -289,7 +416,7 @@ def _leaving_at(res_name: str, atom: str) -> frozenset[str]:
     return ccd_residue(res_name).leaving_at(atom)
 
 
-@functools.cache
+@functools.lru_cache(maxsize=4096)  # one entry per residue variant met; bounded
 def _ccd_row(res_name: str, h: str, x: str, a: str, d: str) -> tuple[float, float, float]:
     ideal = _ccd_tables(res_name)[0]
     return _internal(ideal[h], ideal[x], ideal[a], ideal[d])

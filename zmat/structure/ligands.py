@@ -88,15 +88,16 @@ def torsion_rows(rot: np.ndarray, parent: np.ndarray, refs: np.ndarray):
     Returns:
         ``(rows (T,), quads (T, 4), kept (T,))`` int64, ``kept`` the index into ``rot``.
     """
-    first_of = {}  # row -> its first atom (one pass over the rows)
-    for v, row in enumerate(refs.tolist()):
-        first_of.setdefault(tuple(row), v)
+    by_bond = np.argsort(refs[:, 0], kind="stable")  # the atoms on each bond reference, in order
+    lo = np.searchsorted(refs[by_bond, 0], np.arange(len(refs)), side="left")
+    hi = np.searchsorted(refs[by_bond, 0], np.arange(len(refs)), side="right")
     rows, quads, kept = [], [], []
     for t, (i, j) in enumerate(rot.tolist()):
         b, c = (i, j) if parent[j] == i else (j, i)
         if parent[c] != b or refs[c, 1] < 0:
             continue
-        k = first_of.get((c, b, int(refs[c, 1])))
+        on_c = by_bond[lo[c] : hi[c]].tolist()  # the first atom whose row is (c, b, refs[c, 1])
+        k = next((v for v in on_c if refs[v, 1] == b and refs[v, 2] == refs[c, 1]), None)
         if k is None:
             continue
         rows.append(k)

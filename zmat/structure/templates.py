@@ -34,7 +34,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from .._segments import starts
+from .._segments import segment_arange, segment_ids, starts
 from ..protein.topology import AA3, CHI_ATOMS, RESIDUES, TORSION_NAMES
 from .ccd import ccd_residue
 from .hydrogens import LINK_ATOMS, extra_names
@@ -243,7 +243,7 @@ class ResidueTemplate:
     link: tuple
 
 
-@functools.cache
+@functools.lru_cache(maxsize=4096)  # one entry per residue variant met; bounded
 def _cached(
     name: str, family: str, kind: str, names: tuple, elements: tuple, linked: bool
 ) -> ResidueTemplate:
@@ -465,7 +465,9 @@ def _bonded_along(slot: dict, quad: tuple) -> bool:
 
 def stamp(residues, linked: np.ndarray, disulfides, cache: bool = True):
     """Bonds, orders, tree-followable bonds, parents, keys and quads of a structure
-    stamped from its residues' templates (``allatom.ComplexAtoms``' arrays).
+    stamped from its residues' templates (``allatom.ComplexAtoms``' arrays): each distinct
+    template's local arrays laid end to end once (:class:`_Pieces`), gathered per residue and
+    offset by the residue's first atom; no loop over atoms or bonds.
 
     Args:
         residues: the ``R`` residues (``allatom._Res``), ``linked`` ``(R,)`` bool.
@@ -477,53 +479,93 @@ def stamp(residues, linked: np.ndarray, disulfides, cache: bool = True):
         ``pref`` ``(N,)`` template parents (-1: none), ``tree`` ``(N,)`` tree parents
         (``ResidueTemplate.tree``), ``key`` ``(N,)``, ``quads`` ``(L, Q, 4)``.
     """
+    linked = np.asarray(linked, bool)
     tmpl = [template_of(r, linked[k], cache) for k, r in enumerate(residues)]
-    sizes = np.array([len(t.names) for t in tmpl], np.int64)
-    first = starts(sizes)
-    pairs, orders = [], []
-    pref = _offset([t.parent for t in tmpl], first)
-    tree = _offset([t.tree for t in tmpl], first)
-    for k, t in enumerate(tmpl):
-        pairs.append(t.bonds + first[k])
-        orders.append(t.orders)
-        if linked[k]:  # the polymer link and the parents across it
-            prev = tmpl[k - 1]
-            pairs.append(np.array([[first[k - 1] + prev.link[1], first[k] + t.link[0]]], np.int64))
-            orders.append(np.ones(1, np.int64))
-            for a, x in t.link_parent:
-                pref[first[k] + a] = tree[first[k] + a] = (
-                    first[k - 1] + prev.slot[x] if x in prev.slot else -1
-                )
-    n_tree = sum(len(p) for p in pairs)
-    for i, j in disulfides:
-        pairs.append(np.array([[first[i] + tmpl[i].slot["SG"], first[j] + tmpl[j].slot["SG"]]], np.int64))
-        orders.append(np.ones(1, np.int64))
-    bonds = np.concatenate(pairs).reshape(-1, 2) if pairs else np.zeros((0, 2), np.int64)
-    orders = np.concatenate(orders) if orders else np.zeros(0, np.int64)
-    key = np.concatenate([t.key for t in tmpl]) if tmpl else np.zeros(0, bool)
-    return bonds, orders, np.arange(len(bonds)) < n_tree, pref, tree, key, _stamp_quads(tmpl, first, linked)
+    index: dict[int, int] = {}
+    tid = np.array([index.setdefault(id(t), len(index)) for t in tmpl], np.int64)
+    pc = _Pieces([t for t in {id(t): t for t in tmpl}.values()])
+    first = starts(pc.n_atoms[tid])
+    res_of = segment_ids(pc.n_atoms[tid])
+    g = pc.atom_start[tid][res_of] + np.arange(len(res_of)) - first[res_of]  # each atom's template entry
+    pref = np.where(pc.parent[g] >= 0, pc.parent[g] + first[res_of], -1)
+    tree = np.where(pc.tree[g] >= 0, pc.tree[g] + first[res_of], -1)
+    # the polymer link's parents: the previous residue's atom of that name
+    k = np.repeat(np.flatnonzero(linked), pc.n_link[tid[linked]])
+    e = pc.link_start[tid[k]] + segment_arange(pc.n_link[tid[linked]])
+    at = pc.named[tid[k - 1], pc.link_name[e]]
+    pref[first[k] + pc.link_atom[e]] = np.where(at >= 0, first[k - 1] + at, -1)
+    tree[first[k] + pc.link_atom[e]] = pref[first[k] + pc.link_atom[e]]
+    bonds, orders = _stamp_bonds(pc, tid, first, linked)
+    n_tree = len(bonds)
+    if disulfides:
+        sg = np.array([[first[i] + tmpl[i].slot["SG"], first[j] + tmpl[j].slot["SG"]] for i, j in disulfides])
+        bonds, orders = np.concatenate([bonds, sg]), np.concatenate([orders, np.ones(len(sg), np.int64)])
+    quads = _stamp_quads(pc, tid, first, linked)
+    return bonds, orders, np.arange(len(bonds)) < n_tree, pref, tree, pc.key[g], quads
 
 
-def _offset(local: list, first: np.ndarray) -> np.ndarray:
-    """Residues' local atom indices (-1: none) made global, back to back."""
-    if not local:
-        return np.zeros(0, np.int64)
-    a = np.concatenate(local)
-    f = np.repeat(first, [len(x) for x in local])
-    return np.where(a >= 0, a + f, -1)
+class _Pieces:
+    """The distinct templates of a structure, their local arrays end to end (``*_start``:
+    each template's first entry); ``named`` ``(T, V)``: each template's local atom of every
+    name a neighbour refers to (-1: none)."""
+
+    def __init__(self, uniq: list) -> None:
+        def flat(arrays, dtype, shape=()):
+            sizes = np.array([len(a) for a in arrays], np.int64)
+            a = np.concatenate([np.asarray(a, dtype).reshape(-1, *shape) for a in arrays]) if arrays else []
+            return np.asarray(a, dtype).reshape(-1, *shape), sizes, starts(sizes)
+
+        vocab: dict[str, int] = {}
+        for t in uniq:
+            for name in [x for _, x in t.link_parent] + [c[3] for c in t.cross]:
+                vocab.setdefault(name, len(vocab))
+        named = [[t.slot.get(v, -1) for v in vocab] for t in uniq]
+        self.named = np.array(named, np.int64).reshape(len(uniq), len(vocab))
+        self.parent, self.n_atoms, self.atom_start = flat([t.parent for t in uniq], np.int64)
+        self.tree = flat([t.tree for t in uniq], np.int64)[0]
+        self.key = flat([t.key for t in uniq], bool)[0]
+        self.bonds, self.n_bonds, self.bond_start = flat([t.bonds for t in uniq], np.int64, (2,))
+        self.orders = flat([t.orders for t in uniq], np.int64)[0]
+        self.link = np.array([t.link for t in uniq], np.int64).reshape(-1, 2)
+        lp = [[(a, vocab[x]) for a, x in t.link_parent] for t in uniq]
+        pairs, self.n_link, self.link_start = flat(lp, np.int64, (2,))
+        self.link_atom, self.link_name = pairs[:, 0], pairs[:, 1]
+        self.poly = np.array([t.quads is not None for t in uniq], bool)
+        none = np.full((len(QUAD_NAMES), 4), -1, np.int64)
+        self.quads = np.stack([none if t.quads is None else t.quads for t in uniq])
+        cross = [[(q, j, off, vocab[name]) for q, j, off, name in t.cross] for t in uniq]
+        self.cross, self.n_cross, self.cross_start = flat(cross, np.int64, (4,))
 
 
-def _stamp_quads(tmpl: list, first: np.ndarray, linked: np.ndarray) -> np.ndarray:
+def _stamp_bonds(pc: _Pieces, tid: np.ndarray, first: np.ndarray, linked: np.ndarray):
+    """Each residue's template bonds, then its link to the previous residue (when linked)."""
+    nb = pc.n_bonds[tid]
+    block = nb + linked
+    row = segment_ids(block)
+    pos = segment_arange(block)
+    own = pos < nb[row]
+    g = pc.bond_start[tid[row[own]]] + pos[own]
+    bonds = np.empty((len(row), 2), np.int64)
+    orders = np.ones(len(row), np.int64)
+    bonds[own] = pc.bonds[g] + first[row[own], None]
+    orders[own] = pc.orders[g]
+    k = row[~own]
+    bonds[~own] = np.stack([first[k - 1] + pc.link[tid[k - 1], 1], first[k] + pc.link[tid[k], 0]], 1)
+    return bonds, orders
+
+
+def _stamp_quads(pc: _Pieces, tid: np.ndarray, first: np.ndarray, linked: np.ndarray) -> np.ndarray:
     """``(L, Q, 4)``: the polymer templates' quads offset, neighbour atoms resolved."""
-    poly = [k for k, t in enumerate(tmpl) if t.quads is not None]
-    out = np.full((len(poly), len(QUAD_NAMES), 4), -1, np.int64)
-    R = len(tmpl)
-    for row, k in enumerate(poly):
-        t = tmpl[k]
-        q = np.where(t.quads >= 0, t.quads + first[k], t.quads)
-        for qi, j, off, name in t.cross:
-            ok = linked[k] if off < 0 else k + 1 < R and linked[k + 1]
-            m = k + off
-            q[qi, j] = first[m] + tmpl[m].slot[name] if ok and name in tmpl[m].slot else -1
-        out[row] = np.where((q < 0).any(1, keepdims=True), -1, q)
-    return out
+    R = len(tid)
+    rows = np.flatnonzero(pc.poly[tid])
+    q = pc.quads[tid[rows]]
+    q = np.where(q >= 0, q + first[rows, None, None], q)
+    n = pc.n_cross[tid[rows]]
+    i = np.repeat(np.arange(len(rows)), n)  # quad row of each neighbour reference
+    qi, j, off, name = pc.cross[pc.cross_start[tid[rows[i]]] + segment_arange(n)].T
+    k = rows[i]
+    m = np.clip(k + off, 0, max(R - 1, 0))
+    ok = np.where(off < 0, linked[k], (k + 1 < R) & linked[np.minimum(k + 1, R - 1)])
+    at = pc.named[tid[m], name]
+    q[i, qi, j] = np.where(ok & (at >= 0), first[m] + at, -1)
+    return np.where((q < 0).any(2, keepdims=True), -1, q)
