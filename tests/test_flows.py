@@ -564,12 +564,64 @@ def test_fused_global_inverse_is_the_three_calls(spy):
         T = InternalCoordinateTransform(table, normalize_angles=normalize)
         for dtype in (torch.float64, torch.float32):
             v = x.to(dtype).requires_grad_(True)
-            calls = spy.calls["carried_forward"]
+            before = spy.of("global_forward", "global_backward", "carried_forward", "carried_backward")
             outs = [T._inverse(v, fuse=fuse) for fuse in (True, False)]
             grads = [torch.autograd.grad((q * w.to(dtype)).sum(), v)[0] for q in outs]
             assert torch.equal(outs[0], outs[1]) and torch.equal(grads[0], grads[1])
-            assert spy.calls["carried_forward"] == calls + 2
+            after = spy.of("global_forward", "global_backward", "carried_forward", "carried_backward")
+            assert after == tuple(n + 1 for n in before)  # one call each way, fused and apart
     assert T._fused_inverse(x, T._tensors(x.device, x.dtype)) is not None
+
+
+def _hard_global_case(dtype, near: bool):
+    """Two trees of chains, eight copies each turned and shifted: straight angles (exactly pi;
+    ``near``: also pi - 3e-11 and pi - 3e-6, a normal too short to be one in float64, resp.
+    float32, but not zero), a sibling (OFFSET) row on the straight line, a tree whose first
+    three atoms are on a line, bonds of 1e-4 and 3e-3, an angle near 0, dihedrals near +-pi."""
+    table = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0], [3, 2, 1], [4, 3, 2], [5, 4, 3], [4, 3, 5]]
+    table += [[-1, -1, -1], [8, -1, -1], [9, 8, -1], [10, 9, 8], [11, 10, 9], [12, 11, 10]]
+    pi, (a, b) = math.pi, (3e-11, 3e-6) if near else (0.0, 0.0)
+    C = [[0, 0, 0], [1.5, 0, 0], [1.4, 2.0, 0], [1.3, pi, 0.4], [1.2, pi - a, -1.0], [1.1, 1.9, 3.14]]
+    C += [[1.5, pi - b, 2.1], [1.0, 2.2, -3.14], [0, 0, 0], [1e-4, 0, 0], [1.2, pi, 0]]
+    C += [[3e-3, 2.0, 0.3], [1.1, 1e-3, -2.9], [1.3, 1.7, 1.0]]  # (atom 11 against its tree's +z)
+    C = torch.tensor(C, dtype=torch.float64)
+    gen = torch.Generator().manual_seed(3)
+    x = torch.stack([_structure(table, C, seed=k) for k in range(8)])
+    w = torch.randn(x.shape[0], 3 * len(table), generator=gen, dtype=torch.float64)
+    return table, x.to(dtype), w.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_compiled_global_inverse_is_the_torch_one_on_hard_input(spy, monkeypatch, dtype):
+    """The fused global inverse (``zmat._kernel.global_inverse``: internal.cpp's global_forward
+    and global_backward, T.inv's log-det from the same pass) equals the torch path
+    (``ZMAT_NO_KERNEL``), q, the log-det and the gradient of a loss of both, normalised or not,
+    through straight angles (carried axes), tiny bonds, angles near 0 and dihedrals near +-pi.
+    Near-straight rows: a normal of length ~|b|^2 sin carries a relative
+    error of eps / sin in either path, hence their looser bound (and no log-det in their loss: the
+    torch path's sin of a theta rounded near pi is off by eps / sin too)."""
+    f64 = dtype == torch.float64
+    for near, tol in ((False, 1e-10 if f64 else 5e-4), (True, 1e-5 if f64 else 5e-2)):
+        table, x, w = _hard_global_case(dtype, near)
+        for normalize in (False, True):
+            T, out = InternalCoordinateTransform(table, normalize_angles=normalize), []
+            for off in ("", "1"):
+                monkeypatch.setenv("ZMAT_NO_KERNEL", off)
+                before = spy.of("global_forward", "global_backward", "log_det")
+                v = x.clone().requires_grad_(True)
+                q = T.inv(v)
+                ld = T.inv.log_abs_det_jacobian(v, q)  # (kernel: from the inverse's pass)
+                lw = torch.arange(1.0, 9.0, dtype=dtype) * (not near)  # (cot theta ~3e10 near pi)
+                loss = (q * w).sum() + (ld * lw).sum()
+                out.append((q, ld, *torch.autograd.grad(loss, v)))
+                n = 1 if off == "" else 0  # the fused path, once each way, or not at all
+                assert spy.of("global_forward", "global_backward", "log_det") == (
+                    *(b + n for b in before[:2]),
+                    0,
+                )
+            (q1, l1, g1), (q2, l2, g2) = out
+            for a, b in ((q1, q2), (l1, l2), (g1, g2)):
+                assert a.shape == b.shape and ((a - b).abs() / (1 + b.abs())).max() < tol
 
 
 def test_first_bond_along_z_round_trips_exactly():

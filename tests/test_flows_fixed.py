@@ -141,3 +141,36 @@ def test_ops_of_the_inverse_with_log_det_and_backward(spy):
             torch.autograd.grad((q, ld), x, (g_q, g_ld))
     ops = audit.count - 2  # less the two ones_like
     assert ops <= OPS_INVERSE_LOG_DET_BACKWARD, audit.histogram().most_common()
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_fixed_forward_is_the_torch_one_on_hard_rows(spy, dtype):
+    """The compiled forward (zmat/csrc/world.cpp: sines and cosines first, one vectorised pass per
+    chunk of 256 atoms, then the placement, two structures in turn) against its torch reference, on
+    a chain of 300 atoms past the first chunk, three structures (a pair and one alone), with a
+    straight angle, a zero bond, angles and dihedrals far outside +-pi (1e3 and past 2^19 pi/2,
+    where the sines come from the library); values and gradients of both outputs."""
+    table = TABLE + [[12, 11, 10]] + [[j - 1, j - 2, j - 3] for j in range(14, 300)]
+    T = InternalCoordinateTransform(table, fixed_atoms=FIXED)
+    gen = torch.Generator().manual_seed(5)
+    xyz = torch.randn(3, 300, 3, generator=gen, dtype=torch.float64)
+    q = T.inv(xyz).detach().reshape(3, 300, 3).clone()
+    # a straight angle and a zero bond on the last atom (log-det floored; the frames they would make
+    # degenerate follow rules of their own in the kernel, world.cpp's header)
+    q[0, 299, 1], q[0, 299, 0] = np.pi, 0.0
+    q[1, 280, 1], q[1, 281, 2] = 1e3 + 0.3, -1e3 - 2.0  # past the first chunk
+    q[2, 100, 2], q[2, 101, 1], q[2, 290, 2] = 3e6 + 0.5, -2e6 + 1.0, 1e6  # the library's range
+    q = q.reshape(3, 900).to(dtype).requires_grad_(True)
+    gx = torch.randn(3, 300, 3, generator=gen, dtype=torch.float64).to(dtype)
+    gl = torch.tensor([1.0, -2.0, 0.5], dtype=dtype)
+    before = spy.calls.get("world_forward", 0)
+    x, ld = T.call_and_ladj(q)
+    (g,) = torch.autograd.grad((x * gx).sum() + (ld * gl).sum(), q)
+    assert spy.calls["world_forward"] - before == 1
+    x_ref, ld_ref = T._reference(q.reshape(3, 300, 3))
+    (g_ref,) = torch.autograd.grad((x_ref * gx).sum() + (ld_ref * gl).sum(), q)
+    tol = 1e-10 if dtype == torch.float64 else 2e-3  # (300 atoms in a chain: errors add up along it)
+    assert torch.isfinite(x).all() and torch.isfinite(g).all()
+    torch.testing.assert_close(x, x_ref, atol=tol, rtol=0)
+    torch.testing.assert_close(ld, ld_ref + T._constant, atol=tol, rtol=tol)
+    torch.testing.assert_close(g, g_ref, atol=tol * 10, rtol=tol)

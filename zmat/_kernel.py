@@ -290,6 +290,10 @@ _SIGNATURES = {  # pointers and integers (sizes, element strides), see the C sou
     "carried_forward": [_P, _I, _I, _I, _I, _P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _P, _I],
     "carried_backward": [_P, _I, _I, _I, _I, _P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I]
     + [_P, _P, _I],
+    "global_forward": [_P, _I, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _I, _P, _P, _P, _P, _P, _P]
+    + [_P, _P, _P, _P, _I],
+    "global_backward": [_P, _I, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _I, _P, _P, _P, _P, _P, _P]
+    + [_I, _I, _I, _P, _I],
     "move_forward": [_P, _I, _I, _I, _I, _P, _I, _I, _I, _P, _I, _I, _I, _P, _I, _I, _I, _I, _I]
     + [_P, _P, _P, _I],
     "move_backward": [_P, _I, _I, _I, _I, _P, _I, _I, _I, _P, _I, _I, _I, _I, _I, _I, _I, _P, _P]
@@ -514,6 +518,31 @@ class _Library:
         args = (*g.stride(), gx.data_ptr(), gE.data_ptr(), threads(x.shape[0], x.shape[1]))
         fn(*self._carried_args(x, E, k, flags), g.data_ptr(), *args)
         return gx, gE
+
+    def _global_args(self, x: Tensor, g) -> tuple:
+        k = g.k
+        rows = (k.ab, k.ref, k.eslot, k.mode, g.flags, k.order)
+        trees = (g.atoms, g.z_frames, g.slots, g.orientation)
+        head = (x.data_ptr(), x.shape[0], *x.stride(), x.shape[1], g.z_frames.shape[0])
+        return (*head, *map(_ptr, rows), g.atoms.shape[0] // 3, *map(_ptr, trees), _ptr(g.scale))
+
+    def global_forward(self, x: Tensor, g, grad: bool = False):
+        """The flows' global inverse rows ``(B, N, 3)``, minus their log-determinants ``(B,)`` (in
+        radians) and (``grad``, else ``None``) the gradient ``(B, N, 3)`` of those in the rows
+        (radians; see :func:`global_inverse`)."""
+        b, n = x.shape[:2]
+        out, ld, gl = x.new_empty(x.shape), x.new_empty((b,)), x.new_empty(x.shape) if grad else None
+        fn = self.fns["global_forward", x.dtype]
+        logdet = (g.ld_weights.data_ptr(), ld.data_ptr(), _ptr(gl))
+        fn(*self._global_args(x, g), _ptr(g.shift), out.data_ptr(), *logdet, threads(b, n))
+        return out, ld, gl
+
+    def global_backward(self, x: Tensor, g, grad: Tensor) -> Tensor:
+        """The gradient ``(B, N, 3)`` of :meth:`global_forward` for ``grad`` (any strides)."""
+        gx = x.new_empty(x.shape)
+        fn = self.fns["global_backward", x.dtype]
+        fn(*self._global_args(x, g), grad.data_ptr(), *grad.stride(), gx.data_ptr(), threads(*x.shape[:2]))
+        return gx
 
     def move_forward(self, R: Tensor, o: Tensor, y: Tensor, c: Tensor, frame_of: Tensor, cartesian: Tensor):
         """``x`` ``(B, N, 3)`` (see :func:`move`)."""
@@ -1072,60 +1101,64 @@ class _Euler(torch.autograd.Function):
         return _state["module"].euler_backward(q, *ctx.arrays, gR, go), None, None, None, None, None
 
 
-def global_inverse(x: torch.Tensor, atoms, k, flags: torch.Tensor, z_frames, slots, scaled, reference):
-    """The flows' global inverse rows ``(B, N, 3)`` from positions ``x`` ``(B, N, 3)`` in one
-    Function: the trees' poses (:func:`pose`), the carried rows against their axes (:func:`carried`,
-    the chains ending on ``+z`` of their tree only) and the trees' orientations in their slots,
-    forward and backward (the same calls and sums as those Functions apart). Eager CPU float
-    calls only (as :func:`internal`).
+@dataclass(frozen=True)
+class GlobalPlan:
+    """The arrays of :func:`global_inverse`, contiguous: ``k`` ``zmat._carried.CarriedKernel``,
+    ``flags`` ``(N,)`` uint8 as for :func:`internal`; ``atoms`` ``(3 T,)`` as for :func:`pose`;
+    ``z_frames`` ``(L,)`` int64 the tree of each chain end; ``slots`` ``(3 T,)`` int64 the flat
+    ``(N, 3)`` entry each of the trees' ``(alpha, cos beta, gamma)`` (block by block) goes to, -1
+    none; ``orientation`` ``(N, 3)`` bool, those entries; ``scale``, ``shift`` ``(N, 3)`` (the rows
+    are ``(q - shift) / scale``) or ``None``; ``ld_weights`` ``(2 N,)`` :func:`log_det`'s weights."""
+
+    k: object
+    flags: torch.Tensor
+    atoms: torch.Tensor
+    z_frames: torch.Tensor
+    slots: torch.Tensor
+    orientation: torch.Tensor
+    scale: torch.Tensor | None
+    shift: torch.Tensor | None
+    ld_weights: torch.Tensor
+
+
+def global_inverse(x: torch.Tensor, plan: GlobalPlan, reference):
+    """The flows' global inverse rows ``(B, N, 3)`` from positions ``x`` ``(B, N, 3)`` (any
+    strides) in one compiled call per direction (``zmat/csrc/internal.cpp``, ``global_forward``
+    and ``global_backward``): the trees' poses (:func:`pose`), the carried rows against their axes
+    (:func:`carried`, the chains ending on ``+z`` of their tree only), the trees' orientations in
+    their slots and the normalisation, with the same values and sums as those calls apart; and in
+    the same pass minus the rows' log-determinant ``(B,)`` (as :func:`fixed_inverse`'s: in
+    radians, the caller subtracts the normalisation's constant) and, where ``x`` requires grad,
+    its gradient ``(B, N, 3)`` in the rows (radians; else ``None``), neither differentiable (for
+    :func:`inverse_log_det`). Eager CPU float calls only (as :func:`internal`).
 
     Args:
-        atoms: as for :func:`pose`; k, flags: as for :func:`carried`.
-        z_frames: ``(L,)`` int64, the tree of each chain end.
-        slots: ``(euler_index (N 3,) int64, orientation (N, 3) bool)``: where each entry of the
-            ``(3 T,)`` orientations goes, and which entries take it.
-        scaled: ``(scale, shift)`` ``(N, 3)``, the rows are ``(q - shift) / scale``, or ``None``.
+        plan: :class:`GlobalPlan`.
         reference: ``x -> (B, N, 3)`` differentiable, for double backward.
     """
     if torch.is_grad_enabled() and x.requires_grad:
-        return _GlobalInverse.apply(x, atoms, k, flags, z_frames, slots, scaled, reference)
-    return _global_inverse(x, atoms, k, flags, z_frames, slots, scaled)[0]
-
-
-def _global_inverse(x, atoms, k, flags, z_frames, slots, scaled):
-    lib = _state["module"]
-    R, E = lib.pose_forward(x, atoms)
-    Ez = R.index_select(1, z_frames)[..., 2]
-    q = lib.carried_forward(x, Ez, k, flags)
-    euler_index, orientation = slots
-    q = torch.where(orientation, E.flatten(1).index_select(1, euler_index).view_as(q), q)
-    return (q if scaled is None else (q - scaled[1]) / scaled[0]), Ez
+        return _GlobalInverse.apply(x, plan, reference)
+    return _state["module"].global_forward(x, plan)
 
 
 class _GlobalInverse(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, atoms, k, flags, z_frames, slots, scaled, reference):
-        ctx.arrays, ctx.reference = (atoms, k, flags, z_frames, slots, scaled), reference
-        q, Ez = _global_inverse(x, atoms, k, flags, z_frames, slots, scaled)
-        ctx.save_for_backward(x, Ez)
+    def forward(ctx, x, plan, reference):
+        ctx.plan, ctx.reference = plan, reference
+        ctx.save_for_backward(x)
         ctx.set_materialize_grads(False)
-        return q
+        q, ld, gl = _state["module"].global_forward(x, plan, True)
+        ctx.mark_non_differentiable(ld, gl)
+        return q, ld, gl
 
     @staticmethod
-    def backward(ctx, g):
+    def backward(ctx, g, _, __):
         if g is None:
-            return (None,) * 8
-        x, Ez = ctx.saved_tensors
+            return None, None, None
+        (x,) = ctx.saved_tensors
         if _differentiable_backward(g):  # the reference's gradient, itself differentiable
-            return torch.autograd.grad(ctx.reference(x), x, g, create_graph=True)[0], *(None,) * 7
-        atoms, k, flags, z_frames, (euler_index, orientation), scaled = ctx.arrays
-        lib, b, nt = _state["module"], x.shape[0], atoms.shape[0] // 3
-        g = g if scaled is None else g / scaled[0]
-        gx, gEz = lib.carried_backward(x, Ez, k, flags, torch.where(orientation, 0.0, g))
-        gE = x.new_zeros((b, 3 * nt)).index_add_(1, euler_index, torch.where(orientation, g, 0.0).flatten(1))
-        gR = x.new_zeros((b, nt, 3, 3))
-        gR[..., 2].index_add_(1, z_frames, gEz)
-        return gx.add_(lib.pose_backward(x, atoms, gR, gE.view(b, 3, nt))), *(None,) * 7
+            return torch.autograd.grad(ctx.reference(x), x, g, create_graph=True)[0], None, None
+        return _state["module"].global_backward(x, ctx.plan, g), None, None
 
 
 def move(R, o, y, c, frame_of: torch.Tensor, cartesian: torch.Tensor, reference) -> torch.Tensor:

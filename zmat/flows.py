@@ -395,9 +395,9 @@ class InternalCoordinateTransform(Transform):
         if len(self.fixed_atoms) and fuse and _kernel.usable(xyz) and not torch.compiler.is_compiling():
             return self._fixed_inverse(xyz, t)
         x = xyz.reshape(-1, self.n_atoms, 3)
-        q = self._fused_inverse(x, t) if fuse else None
-        if q is not None:
-            return q.reshape(*xyz.shape[:-2], 3 * self.n_atoms)
+        fused = self._fused_inverse(x, t) if fuse else None
+        if fused is not None:
+            return self._kept(*fused, xyz.shape[:-2], t)
         euler = None
         if self._plan.n_trees:  # (B, T, 3, 3) axes as columns, (B, 3, T) alpha, cos beta, gamma
             R, euler = _tree_pose(x, t)
@@ -470,15 +470,33 @@ class InternalCoordinateTransform(Transform):
         plan = self.table.cached(carried_plan, x.device)
         if k is None or len(plan.planar_rows) or len(plan.nerf_rows):
             return None
-        if "z_frames" not in t:
-            frame_of = t.get("frame_of")
-            t["z_frames"] = torch.zeros_like(plan.z_rows) if frame_of is None else frame_of[plan.z_rows]
-        slots = (t["euler_index"], t["orientation"])
-        scaled = (t["scale"], t["shift"]) if self.normalize_angles else None
+        if "global_plan" not in t:
+            t["global_plan"] = self._global_plan(k, plan.z_rows, t)
         reference = lambda v: self._inverse(v, fuse=False).view_as(v)  # noqa: E731
-        return _kernel.global_inverse(
-            x, t["tree_atoms"], k, t["flags"], t["z_frames"], slots, scaled, reference
-        )
+        return _kernel.global_inverse(x, t["global_plan"], reference)
+
+    def _kept(self, q: torch.Tensor, ld: torch.Tensor, grad, batch, t: dict) -> torch.Tensor:
+        """:meth:`_fused_inverse`'s rows ``q`` ``(B, N, 3)`` as ``(*batch, 3 N)``, its log-determinant
+        ``ld`` and gradient ``grad`` (radians) kept for :meth:`_inverse_log_det` of that ``q``."""
+        q, ld = q.view(*batch, 3 * self.n_atoms), ld.view(batch)
+        grad = None if grad is None else grad.view_as(q)
+        if self.normalize_angles:  # radians -> q
+            ld, grad = ld - self._constant, None if grad is None else grad * t["scale"].view(-1)
+        kept = [ld, grad]  # freed with q (the callback holds no reference to self)
+        self._last = weakref.ref(q, lambda _, kept=kept: kept.clear()), q._version, kept
+        return q
+
+    def _global_plan(self, k, z_rows: torch.Tensor, t: dict) -> _kernel.GlobalPlan:
+        """:meth:`_fused_inverse`'s arrays (``zmat._kernel.GlobalPlan``), once per device and dtype."""
+        frame_of = t.get("frame_of")
+        z_frames = torch.zeros_like(z_rows) if frame_of is None else frame_of[z_rows]
+        orientation = t["orientation"]
+        slots = torch.full((3 * self._plan.n_trees,), -1, dtype=torch.int64, device=z_rows.device)
+        entries = orientation.flatten().nonzero().flatten()
+        slots[t["euler_index"][entries]] = entries  # each orientation entry's place in the (3, T) stack
+        scale, shift = (t["scale"], t["shift"]) if self.normalize_angles else (None, None)
+        arrays = (t["flags"], t["tree_atoms"], z_frames, slots, orientation, scale, shift, t["ld_weights"])
+        return _kernel.GlobalPlan(k, *arrays)
 
     def log_abs_det_jacobian(self, q: torch.Tensor, xyz: torch.Tensor | None = None) -> torch.Tensor:
         """``log|det d xyz / d q|``, ``(...)``, from ``q`` (``xyz`` is not read)."""

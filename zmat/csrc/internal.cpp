@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "atan.h"
+#include "log_sum.h"
 #include "parallel.h"
 #include "vec3.h"
 
@@ -195,11 +196,14 @@ ZMAT_INTERNAL(double, f64, 1e-24)
 // for ROOT/BOND rows always and for planar/nerf rows where nh is undefined), nh
 // where defined or the row is a chain end, else its reference's axis (signed
 // slot ref[i] in [0, 2N): N + j is -axis_j). References precede their rows, so
-// one walk in placement order (``order``) resolves every axis to a signed source (an own normal
-// or an end). The dihedral phi = atan2((b2 x m) . nh, |b2| m . nh) against m,
-// the axis of slot ref[i] (nerf rows: their end), 0 where nh is undefined.
-// Backward: the chain rule into b2, b3 of every row, the gradient of an axis
-// summed into its source (own normals: through nh = n / |n|; ends: returned).
+// one walk in placement order (``order``) resolves every axis to a signed source
+// (an own normal or an end) and gives each row's values as it goes. The dihedral
+// phi = atan2((b2 x m) . nh, |b2| m . nh) against m, the axis of slot ref[i]
+// (nerf rows: their end), 0 where nh is undefined.
+// Backward: the geometry walk, then one walk in reverse placement order: every
+// row that takes an atom's normal (or its position) as a reference follows it,
+// so when the walk reaches atom i the gradient of its normal is complete and
+// goes through nh = n / |n| into b2, b3 at once (ends: returned).
 namespace {
 
 struct Carried {
@@ -212,96 +216,215 @@ struct Carried {
   const int64_t* order;    // (N,) atoms, every reference (and reference axis) before its row
 };
 
-// Per structure: geometry and resolved axes of every atom.
+// One atom's row geometry and resolved axis: one record (a cache line in float) per atom.
 template <typename A>
-struct Walk {
-  std::vector<A> b2, b3, n, nh, s, nb, r;  // 3 N, 3 N, 3 N, 3 N, N, N, N: |n|, |b2|, |b3|
-  std::vector<int64_t> src;            // (N,) source of atom i's axis: j < N own normal, N + e an end
-  std::vector<int8_t> sgn;             // (N,) its sign
-  std::vector<uint8_t> def;            // (N,)
-  template <typename T>
-  void fill(const Carried& q, const T* p, int64_t s1, int64_t s2, A c) {  // kept per thread: no allocation
-    for (auto* v : {&b2, &b3, &n, &nh}) v->resize(3 * q.n);
-    s.resize(q.n), nb.resize(q.n), r.resize(q.n), src.resize(q.n), sgn.resize(q.n), def.resize(q.n);
-    auto at = [&](int64_t j, int k) { return j < 0 ? A(0) : A(p[j * s1 + k * s2]); };
-    for (int64_t o = 0; o < q.n; ++o) {
-      const int64_t i = q.order[o];
-      A* B2 = &b2[3 * i];
-      A* B3 = &b3[3 * i];
-      for (int k = 0; k < 3; ++k) {
-        const A xb = at(q.b[i], k);
-        B2[k] = xb - at(q.a[i], k);
-        B3[k] = at(i, k) - xb;
-      }
-      cross(B2, B3, &n[3 * i]);
-      const A tiny_ = std::is_same<A, float>::value ? A(1e-12f) : A(1e-24);
-      s[i] = safe_sqrt(dot(&n[3 * i], &n[3 * i]), tiny_);
-      nb[i] = safe_sqrt(dot(B2, B2), tiny_);
-      r[i] = safe_sqrt(dot(B3, B3), tiny_);
-      def[i] = s[i] > c * nb[i] * r[i];
-      const A scale = def[i] ? A(1) / s[i] : A(1);  // one division, not three
-      for (int k = 0; k < 3; ++k) nh[3 * i + k] = n[3 * i + k] * scale;
-      const uint8_t md = q.mode[i];
-      if (def[i] || (md & 8)) {
-        const bool end = (md & 1) || ((md & 2) && !def[i]);
-        src[i] = end ? q.n + q.eslot[i] : i;
-        sgn[i] = 1;
-      } else {
-        const int64_t k = q.ref[i] % q.n;
-        src[i] = src[k];
-        sgn[i] = static_cast<int8_t>(q.ref[i] >= q.n ? -sgn[k] : sgn[k]);
-      }
-    }
-  }
-  // The axis m of row i (signed), into m.
-  template <typename T>
-  void axis_of_row(const Carried& q, int64_t i, const T* e, int64_t e1, int64_t e2, A* m, int64_t* where,
-                   A* sign) const {
-    int64_t so;
-    A sg;
-    if (q.mode[i] & 4) {
-      so = q.n + q.eslot[i], sg = 1;
-    } else {
-      const int64_t k = q.ref[i] % q.n;
-      so = src[k], sg = (q.ref[i] >= q.n ? -1 : 1) * sgn[k];
-    }
-    for (int c = 0; c < 3; ++c)
-      m[c] = sg * (so < q.n ? nh[3 * so + c] : A(e[(so - q.n) * e1 + c * e2]));
-    *where = so, *sign = sg;
-  }
+struct Geo {
+  A b2[3], b3[3], nh[3];
+  A s, is, nb, r;  // |n|, 1 / |n| where defined (else 1), |b2|, |b3| (each 0 below tiny on its square)
+  A sgn;           // the sign of the axis' source
+  int32_t src;     // the source of atom i's axis: j < N own normal, N + e an end
+  bool def;        // nh is the unit normal
 };
+
+// Positions of one structure: x (strides s1 atoms, s2 components), e (ends, strides e1, e2).
+template <typename T>
+struct View {
+  const T* x;
+  int64_t s1, s2;
+  const T* e;
+  int64_t e1, e2;
+};
+
+inline int64_t slot_atom(int64_t r, int64_t n) { return r >= n ? r - n : r; }  // (no division)
+
+template <typename T, typename A>
+inline void geo_fill(const Carried& q, const View<T>& v, int64_t i, A tiny, A c, Geo<A>* w) {
+  // named scalars, the record written once: arrays here become partial vector stores read
+  // back across their seams, which stalls the walk (store forwarding)
+  const int64_t ia = q.a[i], ib = q.b[i];
+  auto at = [&](int64_t j, int k) { return j < 0 ? A(0) : A(v.x[j * v.s1 + k * v.s2]); };
+  const A xb0 = at(ib, 0), xb1 = at(ib, 1), xb2 = at(ib, 2);
+  const A u0 = xb0 - at(ia, 0), u1 = xb1 - at(ia, 1), u2 = xb2 - at(ia, 2);  // b2
+  const A w0 = at(i, 0) - xb0, w1 = at(i, 1) - xb1, w2 = at(i, 2) - xb2;     // b3
+  const A n0 = u1 * w2 - u2 * w1, n1 = u2 * w0 - u0 * w2, n2 = u0 * w1 - u1 * w0;
+  const A s = safe_sqrt(n0 * n0 + n1 * n1 + n2 * n2, tiny), nb = safe_sqrt(u0 * u0 + u1 * u1 + u2 * u2, tiny);
+  const A r = safe_sqrt(w0 * w0 + w1 * w1 + w2 * w2, tiny);
+  const bool def = s > c * nb * r;
+  const A is = def ? A(1) / s : A(1);  // one division, not three
+  Geo<A>& g = w[i];
+  g.b2[0] = u0, g.b2[1] = u1, g.b2[2] = u2, g.b3[0] = w0, g.b3[1] = w1, g.b3[2] = w2;
+  g.nh[0] = n0 * is, g.nh[1] = n1 * is, g.nh[2] = n2 * is;
+  g.s = s, g.is = is, g.nb = nb, g.r = r, g.def = def;
+  const uint8_t md = q.mode[i];
+  if (def || (md & 8)) {
+    const bool end = (md & 1) || ((md & 2) && !def);
+    g.src = static_cast<int32_t>(end ? q.n + q.eslot[i] : i);
+    g.sgn = A(1);
+  } else {
+    const Geo<A>& k = w[slot_atom(q.ref[i], q.n)];
+    g.src = k.src;
+    g.sgn = q.ref[i] >= q.n ? -k.sgn : k.sgn;
+  }
+}
+
+// The axis m of row i (signed), its source and sign.
+template <typename T, typename A>
+inline void row_axis(const Carried& q, const View<T>& v, const Geo<A>* w, int64_t i, A* m, int64_t* so, A* sg) {
+  if (q.mode[i] & 4) {
+    *so = q.n + q.eslot[i], *sg = A(1);
+  } else {
+    const Geo<A>& k = w[slot_atom(q.ref[i], q.n)];
+    *so = k.src, *sg = q.ref[i] >= q.n ? -k.sgn : k.sgn;
+  }
+  const int64_t s = *so;
+  for (int c = 0; c < 3; ++c) m[c] = *sg * (s < q.n ? w[s].nh[c] : A(v.e[(s - q.n) * v.e1 + c * v.e2]));
+}
+
+template <typename A>
+constexpr int64_t padded(int64_t m) {  // m rounded up to 16 bytes of A
+  return (m + 16 / sizeof(A) - 1) / (16 / sizeof(A)) * (16 / sizeof(A));
+}
+
+// One structure's rows into out (N, 3), the geometry into w (N records), the angles' (y, x)
+// into yx (2 padded(2 N)): the walk first, then every atan2 in one loop of its own (short and branch-free:
+// the compiler vectorises it, and no walk waits on its latency).
+template <typename T, typename A>
+void carried_rows(const Carried& q, const View<T>& v, A tiny, A c, Geo<A>* w, A* yx, T* out) {
+  const int64_t n = q.n;
+  const int64_t pad = padded<A>(2 * n);
+  A *ys = yx, *xs = yx + pad;
+  for (int64_t j = 2 * n; j < pad; ++j) ys[j] = xs[j] = A(0);
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t i = q.order[j];
+    geo_fill(q, v, i, tiny, c, w);  // (a row referring to its own axis finds it resolved)
+    const uint8_t f = q.flags[i];
+    T* o = out + 3 * i;
+    ys[2 * i] = xs[2 * i] = ys[2 * i + 1] = xs[2 * i + 1] = A(0);  // atan2's zero test: 0
+    if (f & 8) {
+      for (int k = 0; k < 3; ++k) o[k] = v.x[i * v.s1 + k * v.s2];
+      continue;
+    }
+    const Geo<A>& g = w[i];
+    o[0] = f & 1 ? static_cast<T>(g.r) : T(0);  // (the same tiny)
+    if (f & 2) ys[2 * i] = g.s, xs[2 * i] = -dot(g.b2, g.b3);
+    if ((f & 4) && g.def) {
+      A m[3], t[3], sg;
+      int64_t so;
+      row_axis(q, v, w, i, m, &so, &sg);
+      cross(g.b2, m, t);
+      ys[2 * i + 1] = dot(t, g.nh), xs[2 * i + 1] = g.nb * dot(m, g.nh);
+    }
+  }
+  zmat::atan2_all(ys, xs, ys, 2 * n, tiny);  // (2 n rounded up, the rest zeros)
+  for (int64_t i = 0; i < n; ++i)
+    if (!(q.flags[i] & 8)) out[3 * i + 1] = static_cast<T>(ys[2 * i]), out[3 * i + 2] = static_cast<T>(ys[2 * i + 1]);
+}
+
+// One structure's gradient: gin(i, k) the cotangent of entry k of row i; gx (N, 3) and
+// ge (L, 3) written; w (N records) and buf (9 N + 3 L) scratch. Short loops, one part of
+// the chain rule each (rows are independent but for the sums into the axes' sources), so
+// that the processor overlaps rows instead of waiting on each row's divisions in turn.
+template <typename T, typename A, typename G>
+void carried_grad(const Carried& q, const View<T>& v, const G& gin, A tiny, A c, Geo<A>* w, A* buf, T* gx, T* ge) {
+  const int64_t n = q.n;
+  A *G2 = buf, *G3 = buf + 3 * n, *gV = buf + 6 * n;  // (N, 3), (N, 3), (N + L, 3)
+  for (int64_t j = 0; j < n; ++j) geo_fill(q, v, q.order[j], tiny, c, w);
+  for (int64_t j = 0; j < 3 * (n + q.l); ++j) gV[j] = A(0);
+  for (int64_t i = 0; i < n; ++i) {  // r and theta
+    const uint8_t f = q.flags[i];
+    const Geo<A>& g = w[i];
+    A g2[3] = {0, 0, 0}, g3[3] = {0, 0, 0}, t[3], u[3];
+    if ((f & 1) && !(f & 8) && g.r != A(0)) {  // r = |b3| (0 where |b3|^2 <= tiny: no gradient)
+      const A wr = gin(i, 0) / g.r;
+      for (int k = 0; k < 3; ++k) g3[k] += wr * g.b3[k];
+    }
+    if ((f & 2) && !(f & 8)) {  // theta = atan2(y = |n|, x = -b2 . b3)
+      const A gt = gin(i, 1), y = g.s, x = -dot(g.b2, g.b3), h = x * x + y * y;
+      if (!(h <= tiny)) {
+        const A ih = A(1) / h, gy = gt * x * ih, gx_ = -gt * y * ih;
+        if (y > A(0)) {  // dy = nh . (db2 x b3 + b2 x db3), nh unit where defined, else n
+          const A wy = g.def ? gy : gy / y;
+          cross(g.b3, g.nh, t);
+          cross(g.nh, g.b2, u);
+          for (int k = 0; k < 3; ++k) g2[k] += wy * t[k], g3[k] += wy * u[k];
+        }
+        for (int k = 0; k < 3; ++k) g2[k] -= gx_ * g.b3[k], g3[k] -= gx_ * g.b2[k];  // dx = -(db2 . b3 + b2 . db3)
+      }
+    }
+    for (int k = 0; k < 3; ++k) G2[3 * i + k] = g2[k], G3[3 * i + k] = g3[k];
+  }
+  for (int64_t i = 0; i < n; ++i) {  // phi = atan2(Y = (b2 x m) . nh, X = |b2| m . nh)
+    const uint8_t f = q.flags[i];
+    const Geo<A>& g = w[i];
+    if (!(f & 4) || (f & 8) || !g.def) continue;
+    A m[3], t[3], u[3], sg;
+    int64_t so;
+    row_axis(q, v, w, i, m, &so, &sg);
+    cross(g.b2, m, t);
+    const A nb = g.nb, mn = dot(m, g.nh), y = dot(t, g.nh), x = nb * mn, h = x * x + y * y;
+    if (h <= tiny) continue;
+    const A gh = gin(i, 2) / h, gy = gh * x, gx_ = -gh * y;
+    A* g2 = G2 + 3 * i;
+    A* gm = gV + 3 * so;
+    A* gn = gV + 3 * i;
+    cross(m, g.nh, u);  // dY = db2 . (m x nh) + dm . (nh x b2) + dnh . (b2 x m)
+    for (int k = 0; k < 3; ++k) g2[k] += gy * u[k], gn[k] += gy * t[k];
+    cross(g.nh, g.b2, u);
+    for (int k = 0; k < 3; ++k) gm[k] += sg * (gy * u[k] + gx_ * nb * g.nh[k]);
+    if (nb > A(0)) {  // dX = d|b2| m . nh + |b2| (dm . nh + m . dnh)
+      const A wb = gx_ * mn / nb;
+      for (int k = 0; k < 3; ++k) g2[k] += wb * g.b2[k];
+    }
+    for (int k = 0; k < 3; ++k) gn[k] += gx_ * nb * m[k];
+  }
+  for (int64_t i = 0; i < n; ++i) {  // own normals: nh = n / |n| (defined), else n
+    const A* gv = gV + 3 * i;
+    if (gv[0] == A(0) && gv[1] == A(0) && gv[2] == A(0)) continue;
+    const Geo<A>& g = w[i];
+    A gn[3], t[3], u[3];
+    const A pr = g.def ? dot(g.nh, gv) : A(0);
+    for (int k = 0; k < 3; ++k) gn[k] = (gv[k] - pr * g.nh[k]) * g.is;
+    cross(g.b3, gn, t);  // dn = db2 x b3 + b2 x db3
+    cross(gn, g.b2, u);
+    for (int k = 0; k < 3; ++k) G2[3 * i + k] += t[k], G3[3 * i + k] += u[k];
+  }
+  for (int64_t j = 0; j < 3 * n; ++j) gx[j] = T(0);
+  for (int64_t i = 0; i < n; ++i) {  // b2 = b - a, b3 = i - b
+    const A *g2 = G2 + 3 * i, *g3 = G3 + 3 * i;
+    const int64_t ia = q.a[i], ib = q.b[i];
+    if (q.flags[i] & 8)
+      for (int k = 0; k < 3; ++k) gx[3 * i + k] += static_cast<T>(gin(i, k));
+    for (int k = 0; k < 3; ++k) {
+      if (ia >= 0) gx[3 * ia + k] -= static_cast<T>(g2[k]);
+      if (ib >= 0) gx[3 * ib + k] += static_cast<T>(g2[k] - g3[k]);
+      gx[3 * i + k] += static_cast<T>(g3[k]);
+    }
+  }
+  for (int64_t j = 0; j < 3 * q.l; ++j) ge[j] = static_cast<T>(gV[3 * n + j]);
+}
+
+template <typename A>
+struct Scratch {  // per thread, kept: no allocation per call
+  std::vector<Geo<A>> w;
+  std::vector<A> buf;  // the backward's 9 N + 3 L, the forward's 4 N
+};
+
+template <typename A>
+Scratch<A>& scratch(const Carried& q) {
+  thread_local Scratch<A> s;
+  if (static_cast<int64_t>(s.w.size()) < q.n) s.w.resize(q.n);
+  const int64_t size = 9 * q.n + 3 * q.l + 8;  // (+ 8: the forward's padding)
+  if (static_cast<int64_t>(s.buf.size()) < size) s.buf.resize(size);
+  return s;
+}
 
 template <typename T, typename A = T>
 void carried_forward(const T* p, int64_t bn, const int64_t* ps, const T* e, const int64_t* es, const Carried& q,
                      T* out, A tiny, A c, int64_t threads) {
   zmat::parallel_for(bn, threads, [&](int64_t s) {
-    const T* p_ = p + s * ps[0];
-    const T* e_ = e + s * es[0];
-    thread_local Walk<A> w;
-    w.fill(q, p_, ps[1], ps[2], c);
-    T* o = out + s * 3 * q.n;
-    for (int64_t i = 0; i < q.n; ++i, o += 3) {
-      const uint8_t f = q.flags[i];
-      if (f & 8) {
-        for (int k = 0; k < 3; ++k) o[k] = p_[i * ps[1] + k * ps[2]];
-        continue;
-      }
-      o[0] = o[1] = o[2] = T(0);
-      const A *b2 = &w.b2[3 * i], *b3 = &w.b3[3 * i], *nh = &w.nh[3 * i];
-      if (f & 1) o[0] = static_cast<T>(w.r[i]);  // (the same tiny as fill's)
-      if (f & 2) {
-        const A y = w.s[i], x = -dot(b2, b3);
-        o[1] = static_cast<T>(x * x + y * y <= tiny ? A(0) : zmat::fast_atan2(y, x));
-      }
-      if ((f & 4) && w.def[i]) {
-        A m[3], t[3], sg;
-        int64_t so;
-        w.axis_of_row(q, i, e_, es[1], es[2], m, &so, &sg);
-        cross(b2, m, t);
-        const A y = dot(t, nh), x = w.nb[i] * dot(m, nh);
-        o[2] = static_cast<T>(x * x + y * y <= tiny ? A(0) : zmat::fast_atan2(y, x));
-      }
-    }
+    const View<T> v{p + s * ps[0], ps[1], ps[2], e + s * es[0], es[1], es[2]};
+    Scratch<A>& sc = scratch<A>(q);
+    carried_rows(q, v, tiny, c, sc.w.data(), sc.buf.data(), out + s * 3 * q.n);
   });
 }
 
@@ -309,73 +432,12 @@ void carried_forward(const T* p, int64_t bn, const int64_t* ps, const T* e, cons
 template <typename T, typename A = T>
 void carried_backward(const T* p, int64_t bn, const int64_t* ps, const T* e, const int64_t* es, const Carried& q,
                       const T* g, const int64_t* gs, T* gx, T* ge, A tiny, A c, int64_t threads) {
-  const int64_t n = q.n;
   zmat::parallel_for(bn, threads, [&](int64_t s) {
-    const T* p_ = p + s * ps[0];
-    const T* e_ = e + s * es[0];
+    const View<T> v{p + s * ps[0], ps[1], ps[2], e + s * es[0], es[1], es[2]};
     const T* gp = g + s * gs[0];
-    thread_local Walk<A> w;
-    thread_local std::vector<A> G2, G3, gV;
-    w.fill(q, p_, ps[1], ps[2], c);
-    G2.assign(3 * n, A(0)), G3.assign(3 * n, A(0)), gV.assign(3 * (n + q.l), A(0));
-    T* ox = gx + s * 3 * n;
-    for (int64_t j = 0; j < 3 * n; ++j) ox[j] = T(0);
-    for (int64_t i = 0; i < n; ++i) {
-      const uint8_t f = q.flags[i];
-      const A gr = gp[i * gs[1]], gt = gp[i * gs[1] + gs[2]], gf = gp[i * gs[1] + 2 * gs[2]];
-      if (f & 8) {
-        ox[3 * i] += static_cast<T>(gr), ox[3 * i + 1] += static_cast<T>(gt), ox[3 * i + 2] += static_cast<T>(gf);
-        continue;
-      }
-      const A *b2 = &w.b2[3 * i], *b3 = &w.b3[3 * i], *nh = &w.nh[3 * i], *nn = &w.n[3 * i];
-      A *g2 = &G2[3 * i], *g3 = &G3[3 * i], t[3], u[3];
-      if ((f & 1) && w.r[i] != A(0)) {  // r = |b3| (0 where |b3|^2 <= tiny: no gradient)
-        const A wr = gr / w.r[i];
-        for (int k = 0; k < 3; ++k) g3[k] += wr * b3[k];
-      }
-      if (f & 2) theta_backward(gt, b2, b3, nn, tiny, g2, g3);
-      if ((f & 4) && w.def[i]) {  // phi = atan2(Y = (b2 x m) . nh, X = |b2| m . nh)
-        A m[3], sg;
-        int64_t so;
-        w.axis_of_row(q, i, e_, es[1], es[2], m, &so, &sg);
-        cross(b2, m, t);
-        const A nb = w.nb[i], mn = dot(m, nh), y = dot(t, nh), x = nb * mn, h = x * x + y * y;
-        if (!(h <= tiny)) {
-          const A gh = gf / h, gy = gh * x, gx_ = -gh * y;
-          A* gm = &gV[3 * so];
-          A* gn = &gV[3 * i];
-          cross(m, nh, u);  // dY = db2 . (m x nh) + dm . (nh x b2) + dnh . (b2 x m)
-          for (int k = 0; k < 3; ++k) g2[k] += gy * u[k], gn[k] += gy * t[k];
-          cross(nh, b2, u);
-          for (int k = 0; k < 3; ++k) gm[k] += sg * (gy * u[k] + gx_ * nb * nh[k]);
-          if (nb > A(0))  // dX = d|b2| m . nh + |b2| (dm . nh + m . dnh)
-            for (int k = 0; k < 3; ++k) g2[k] += gx_ * mn / nb * b2[k];
-          for (int k = 0; k < 3; ++k) gn[k] += gx_ * nb * m[k];
-        }
-      }
-    }
-    for (int64_t i = 0; i < n; ++i) {  // own normals: nh = n / |n| (defined), else n
-      const A* gv = &gV[3 * i];
-      if (gv[0] == A(0) && gv[1] == A(0) && gv[2] == A(0)) continue;
-      const A *nh = &w.nh[3 * i], *b2 = &w.b2[3 * i], *b3 = &w.b3[3 * i];
-      A gn[3], t[3];
-      const A pr = w.def[i] ? dot(nh, gv) : A(0), sc = w.def[i] ? A(1) / w.s[i] : A(1);
-      for (int k = 0; k < 3; ++k) gn[k] = (gv[k] - pr * nh[k]) * sc;
-      cross(b3, gn, t);  // dn = db2 x b3 + b2 x db3
-      for (int k = 0; k < 3; ++k) G2[3 * i + k] += t[k];
-      cross(gn, b2, t);
-      for (int k = 0; k < 3; ++k) G3[3 * i + k] += t[k];
-    }
-    for (int64_t i = 0; i < n; ++i) {  // b2 = b - a, b3 = i - b
-      const A *g2 = &G2[3 * i], *g3 = &G3[3 * i];
-      for (int k = 0; k < 3; ++k) {
-        if (q.a[i] >= 0) ox[3 * q.a[i] + k] -= static_cast<T>(g2[k]);
-        if (q.b[i] >= 0) ox[3 * q.b[i] + k] += static_cast<T>(g2[k] - g3[k]);
-        ox[3 * i + k] += static_cast<T>(g3[k]);
-      }
-    }
-    T* oe = ge + s * 3 * q.l;
-    for (int64_t j = 0; j < 3 * q.l; ++j) oe[j] = static_cast<T>(gV[3 * n + j]);
+    auto gin = [gp, gs](int64_t i, int k) { return A(gp[i * gs[1] + k * gs[2]]); };
+    Scratch<A>& sc = scratch<A>(q);
+    carried_grad(q, v, gin, tiny, c, sc.w.data(), sc.buf.data(), gx + s * 3 * q.n, ge + s * 3 * q.l);
   });
 }
 
@@ -387,19 +449,19 @@ void carried_backward(const T* p, int64_t bn, const int64_t* ps, const T* e, con
   extern "C" void zmat_carried_forward_##SUFFIX(                                                             \
       const T* p, int64_t b, int64_t p0, int64_t p1, int64_t p2, const T* e, int64_t e0, int64_t e1,         \
       int64_t e2, int64_t n, int64_t l, const int64_t* ab, const int64_t* ref, const int64_t* eslot,          \
-      const uint8_t* mode, const uint8_t* flags, const int64_t* order, T* out, int64_t threads) {                                  \
+      const uint8_t* mode, const uint8_t* flags, const int64_t* order, T* out, int64_t threads) {            \
     const int64_t ps[3] = {p0, p1, p2}, es[3] = {e0, e1, e2};                                                \
-    carried_forward<T>(p, b, ps, e, es, Carried{n, l, ab, ab + n, ref, eslot, mode, flags, order}, out, TINY, C,    \
-                       threads);                                                                             \
+    carried_forward<T>(p, b, ps, e, es, Carried{n, l, ab, ab + n, ref, eslot, mode, flags, order}, out, TINY, \
+                       C, threads);                                                                          \
   }                                                                                                          \
   extern "C" void zmat_carried_backward_##SUFFIX(                                                            \
       const T* p, int64_t b, int64_t p0, int64_t p1, int64_t p2, const T* e, int64_t e0, int64_t e1,         \
       int64_t e2, int64_t n, int64_t l, const int64_t* ab, const int64_t* ref, const int64_t* eslot,          \
-      const uint8_t* mode, const uint8_t* flags, const int64_t* order, const T* g, int64_t g0, int64_t g1, int64_t g2, T* gx,      \
-      T* ge, int64_t threads) {                                                                              \
+      const uint8_t* mode, const uint8_t* flags, const int64_t* order, const T* g, int64_t g0, int64_t g1,    \
+      int64_t g2, T* gx, T* ge, int64_t threads) {                                                           \
     const int64_t ps[3] = {p0, p1, p2}, es[3] = {e0, e1, e2}, gs[3] = {g0, g1, g2};                          \
-    carried_backward<T>(p, b, ps, e, es, Carried{n, l, ab, ab + n, ref, eslot, mode, flags, order}, g, gs, gx, ge,  \
-                        TINY, C, threads);                                                                   \
+    carried_backward<T>(p, b, ps, e, es, Carried{n, l, ab, ab + n, ref, eslot, mode, flags, order}, g, gs, gx, \
+                        ge, TINY, C, threads);                                                               \
   }
 
 ZMAT_CARRIED(float, f32, 1e-12f, 1e-5f)
@@ -428,40 +490,45 @@ inline T atan2_or_zero(T y, T x, T tiny) {  // zmat._geometry.safe_atan2
   return x * x + y * y <= tiny ? T(0) : std::atan2(y, x);
 }
 
+// One tree's frame from positions x (strides s1, s2) and its atoms (o, a, b), with what
+// the backward reuses.
 template <typename T>
-void pose_forward(const T* p, int64_t bn, const int64_t* ps, int64_t nt, const int64_t* atoms, T* R, T* E, T tiny,
-                  int64_t threads) {
-  const T ex[3] = {T(1), T(0), T(0)}, ez[3] = {T(0), T(0), T(1)};
-  zmat::parallel_for(bn, threads, [&](int64_t s) {
-    const T* x = p + s * ps[0];
-    for (int64_t j = 0; j < nt; ++j) {
-      T d[3], w[3], u[3], v[3], e[3], perp[3], wn[3];
-      for (int c = 0; c < 3; ++c) {
-        const T xo = x[atoms[j] * ps[1] + c * ps[2]];
-        d[c] = x[atoms[nt + j] * ps[1] + c * ps[2]] - xo;
-        w[c] = x[atoms[2 * nt + j] * ps[1] + c * ps[2]] - xo;
-      }
-      unit_or(d, ex, tiny, u);
-      cross(u, std::abs(u[2]) > T(0.9) ? ex : ez, perp);  // v's fallback: u x e
-      T sq = dot(perp, perp);
-      if (sq < tiny) sq = tiny;
-      const T r = T(1) / std::sqrt(sq);
-      for (int c = 0; c < 3; ++c) perp[c] *= r;
-      const T h = dot(w, u);
-      for (int c = 0; c < 3; ++c) wn[c] = w[c] - h * u[c];
-      unit_or(wn, perp, tiny, v);
-      cross(u, v, e);
-      T* o = R + (s * nt + j) * 9;  // (3, 3), the axes as columns
-      for (int c = 0; c < 3; ++c) o[3 * c] = u[c], o[3 * c + 1] = v[c], o[3 * c + 2] = e[c];
-      const T alpha = atan2_or_zero(u[1], u[0], tiny), ca = std::cos(alpha), sa = std::sin(alpha);
-      const T dd = dot(d, d), norm = dd <= tiny ? T(0) : std::sqrt(dd);
-      T* q = E + s * 3 * nt + j;  // (3, T): alpha, cos beta, gamma
-      q[0] = alpha;
-      q[nt] = norm > T(0) ? d[2] / norm : u[2];
-      q[2 * nt] = atan2_or_zero(ca * v[1] - sa * v[0], ca * e[1] - sa * e[0], tiny);
+struct Pose {
+  T d[3], w[3], u[3], v[3], e[3], perp0[3], wn[3];
+  T sqd, sqp0, rp, h, sqw, alpha, ca, sa;
+  const T* sel;  // v's fallback axis: perp0 = u x sel
+  Pose(const T* x, int64_t s1, int64_t s2, int64_t o, int64_t a, int64_t b, T tiny) {
+    static const T ex[3] = {T(1), T(0), T(0)}, ez[3] = {T(0), T(0), T(1)};
+    for (int c = 0; c < 3; ++c) {
+      const T xo = x[o * s1 + c * s2];
+      d[c] = x[a * s1 + c * s2] - xo;
+      w[c] = x[b * s1 + c * s2] - xo;
     }
-  });
-}
+    sqd = dot(d, d);
+    unit_or(d, ex, tiny, u);
+    sel = std::abs(u[2]) > T(0.9) ? ex : ez;
+    cross(u, sel, perp0);
+    sqp0 = dot(perp0, perp0);
+    rp = T(1) / std::sqrt(sqp0 < tiny ? tiny : sqp0);
+    T perp[3];
+    for (int c = 0; c < 3; ++c) perp[c] = perp0[c] * rp;
+    h = dot(w, u);
+    for (int c = 0; c < 3; ++c) wn[c] = w[c] - h * u[c];
+    sqw = dot(wn, wn);
+    unit_or(wn, perp, tiny, v);
+    cross(u, v, e);
+    alpha = atan2_or_zero(u[1], u[0], tiny), ca = std::cos(alpha), sa = std::sin(alpha);
+  }
+  void chart(T tiny, T* q, int64_t stride) const {  // (alpha, cos beta, gamma), `stride` apart
+    const T norm = sqd <= tiny ? T(0) : std::sqrt(sqd);
+    q[0] = alpha;
+    q[stride] = norm > T(0) ? d[2] / norm : u[2];
+    q[2 * stride] = atan2_or_zero(ca * v[1] - sa * v[0], ca * e[1] - sa * e[0], tiny);
+  }
+  // The cotangents of the axes (gu, gv, ge, overwritten) and of the chart -> those of
+  // d = a - o and w = b - o, into gd, gw (zeroed here).
+  void backward(T* gu, T* gv, T* ge, T ga, T gcb, T gg, T tiny, T* gd, T* gw) const;
+};
 
 // g times the gradient of v / |v| (|v|^2 = sq > tiny), into gv.
 template <typename T>
@@ -470,85 +537,93 @@ inline void unit_backward(const T* g, const T* v, T sq, T* gv) {
   for (int c = 0; c < 3; ++c) gv[c] += g[c] * r - k * v[c];
 }
 
-// gR (B, T, 3, 3) and gE (B, 3, T) with element strides -> gx (B, N, 3) contiguous: the chain
-// rule of pose_forward in reverse, through the fallbacks as autograd takes them (a fallback
-// axis is a constant; the clamp on v's fallback passes the gradient where |perp|^2 >= tiny).
+// The chain rule of the pose in reverse, through the fallbacks as autograd takes them (a
+// fallback axis is a constant; the clamp on v's fallback passes the gradient where |perp|^2 >= tiny).
+template <typename T>
+void Pose<T>::backward(T* gu, T* gv, T* ge, T ga, T gcb, T gg, T tiny, T* gd, T* gw) const {
+  T t[3], gca = T(0), gsa = T(0);
+  for (int c = 0; c < 3; ++c) gd[c] = gw[c] = T(0);
+  {  // gamma = atan2(Y = ca v1 - sa v0, X = ca e1 - sa e0)
+    const T Y = ca * v[1] - sa * v[0], X = ca * e[1] - sa * e[0], hh = X * X + Y * Y;
+    if (!(hh <= tiny)) {
+      const T gY = gg * X / hh, gX = -gg * Y / hh;
+      gca += gY * v[1] + gX * e[1];
+      gsa -= gY * v[0] + gX * e[0];
+      gv[1] += ca * gY, gv[0] -= sa * gY, ge[1] += ca * gX, ge[0] -= sa * gX;
+    }
+  }
+  ga += gca * -sa + gsa * ca;
+  {  // alpha = atan2(u1, u0)
+    const T hh = u[0] * u[0] + u[1] * u[1];
+    if (!(hh <= tiny)) gu[1] += ga * u[0] / hh, gu[0] -= ga * u[1] / hh;
+  }
+  if (!(sqd <= tiny)) {  // cos beta = d2 / |d|
+    const T norm = std::sqrt(sqd), gn = -gcb * d[2] / (norm * norm);
+    gd[2] += gcb / norm;
+    for (int c = 0; c < 3; ++c) gd[c] += gn * d[c] / norm;
+  } else {
+    gu[2] += gcb;
+  }
+  cross(v, ge, t);  // e = u x v
+  for (int c = 0; c < 3; ++c) gu[c] += t[c];
+  cross(ge, u, t);
+  for (int c = 0; c < 3; ++c) gv[c] += t[c];
+  if (!(sqw <= tiny)) {  // v = unit(w - (w . u) u)
+    T gwn[3] = {T(0), T(0), T(0)};
+    unit_backward(gv, wn, sqw, gwn);
+    const T gh = -dot(gwn, u);
+    for (int c = 0; c < 3; ++c) gw[c] += gwn[c] + gh * u[c], gu[c] += -h * gwn[c] + gh * w[c];
+  } else {  // v = perp = perp0 / |perp0|, perp0 = u x sel
+    T gp0[3];
+    const T k = sqp0 >= tiny ? rp * rp * rp * dot(perp0, gv) : T(0);
+    for (int c = 0; c < 3; ++c) gp0[c] = gv[c] * rp - k * perp0[c];
+    cross(sel, gp0, t);
+    for (int c = 0; c < 3; ++c) gu[c] += t[c];
+  }
+  if (!(sqd <= tiny)) unit_backward(gu, d, sqd, gd);
+}
+
+// d = a - o, w = b - o: the tree's gradients into out (N, 3).
+template <typename T>
+inline void pose_scatter(const T* gd, const T* gw, int64_t o, int64_t a, int64_t b, T* out) {
+  T *go = out + 3 * o, *ga = out + 3 * a, *gb = out + 3 * b;
+  for (int c = 0; c < 3; ++c) go[c] -= gd[c] + gw[c], ga[c] += gd[c], gb[c] += gw[c];
+}
+
+template <typename T>
+void pose_forward(const T* p, int64_t bn, const int64_t* ps, int64_t nt, const int64_t* atoms, T* R, T* E, T tiny,
+                  int64_t threads) {
+  zmat::parallel_for(bn, threads, [&](int64_t s) {
+    const T* x = p + s * ps[0];
+    for (int64_t j = 0; j < nt; ++j) {
+      const Pose<T> f(x, ps[1], ps[2], atoms[j], atoms[nt + j], atoms[2 * nt + j], tiny);
+      T* o = R + (s * nt + j) * 9;  // (3, 3), the axes as columns
+      for (int c = 0; c < 3; ++c) o[3 * c] = f.u[c], o[3 * c + 1] = f.v[c], o[3 * c + 2] = f.e[c];
+      f.chart(tiny, E + s * 3 * nt + j, nt);  // (3, T): alpha, cos beta, gamma
+    }
+  });
+}
+
+// gR (B, T, 3, 3) and gE (B, 3, T) with element strides -> gx (B, N, 3) contiguous.
 template <typename T>
 void pose_backward(const T* p, int64_t bn, const int64_t* ps, int64_t n, int64_t nt, const int64_t* atoms,
                    const T* gR, const int64_t* rs, const T* gE, const int64_t* es, T* gx, T tiny, int64_t threads) {
-  const T ex[3] = {T(1), T(0), T(0)}, ez[3] = {T(0), T(0), T(1)};
   zmat::parallel_for(bn, threads, [&](int64_t s) {
     const T* x = p + s * ps[0];
     T* out = gx + s * 3 * n;
     for (int64_t j = 0; j < 3 * n; ++j) out[j] = T(0);
     for (int64_t j = 0; j < nt; ++j) {
-      T d[3], w[3], u[3], v[3], e[3], perp0[3], perp[3], wn[3];
-      for (int c = 0; c < 3; ++c) {
-        const T xo = x[atoms[j] * ps[1] + c * ps[2]];
-        d[c] = x[atoms[nt + j] * ps[1] + c * ps[2]] - xo;
-        w[c] = x[atoms[2 * nt + j] * ps[1] + c * ps[2]] - xo;
-      }
-      const T sqd = dot(d, d);
-      unit_or(d, ex, tiny, u);
-      const T* sel = std::abs(u[2]) > T(0.9) ? ex : ez;
-      cross(u, sel, perp0);
-      const T sqp0 = dot(perp0, perp0), sqp = sqp0 < tiny ? tiny : sqp0, rp = T(1) / std::sqrt(sqp);
-      for (int c = 0; c < 3; ++c) perp[c] = perp0[c] * rp;
-      const T h = dot(w, u);
-      for (int c = 0; c < 3; ++c) wn[c] = w[c] - h * u[c];
-      const T sqw = dot(wn, wn);
-      unit_or(wn, perp, tiny, v);
-      cross(u, v, e);
-      const T alpha = atan2_or_zero(u[1], u[0], tiny), ca = std::cos(alpha), sa = std::sin(alpha);
-      // the cotangents
-      T gu[3], gv[3], ge[3], gd[3] = {T(0), T(0), T(0)}, gw[3] = {T(0), T(0), T(0)}, t[3];
+      const int64_t o = atoms[j], a = atoms[nt + j], b = atoms[2 * nt + j];
+      const Pose<T> f(x, ps[1], ps[2], o, a, b, tiny);
+      T gu[3], gv[3], ge[3], gd[3], gw[3];
       const T* gr = gR + s * rs[0] + j * rs[1];
       for (int c = 0; c < 3; ++c) {
         const T* row = gr + c * rs[2];  // (u, v, u x v)_c
         gu[c] = row[0], gv[c] = row[rs[3]], ge[c] = row[2 * rs[3]];
       }
       const T* gq = gE + s * es[0] + j * es[2];
-      T ga = gq[0], gcb = gq[es[1]], gg = gq[2 * es[1]], gca = T(0), gsa = T(0);
-      {  // gamma = atan2(Y = ca v1 - sa v0, X = ca e1 - sa e0)
-        const T Y = ca * v[1] - sa * v[0], X = ca * e[1] - sa * e[0], hh = X * X + Y * Y;
-        if (!(hh <= tiny)) {
-          const T gY = gg * X / hh, gX = -gg * Y / hh;
-          gca += gY * v[1] + gX * e[1];
-          gsa -= gY * v[0] + gX * e[0];
-          gv[1] += ca * gY, gv[0] -= sa * gY, ge[1] += ca * gX, ge[0] -= sa * gX;
-        }
-      }
-      ga += gca * -sa + gsa * ca;
-      {  // alpha = atan2(u1, u0)
-        const T hh = u[0] * u[0] + u[1] * u[1];
-        if (!(hh <= tiny)) gu[1] += ga * u[0] / hh, gu[0] -= ga * u[1] / hh;
-      }
-      if (!(sqd <= tiny)) {  // cos beta = d2 / |d|
-        const T norm = std::sqrt(sqd), gn = -gcb * d[2] / (norm * norm);
-        gd[2] += gcb / norm;
-        for (int c = 0; c < 3; ++c) gd[c] += gn * d[c] / norm;
-      } else {
-        gu[2] += gcb;
-      }
-      cross(v, ge, t);  // e = u x v
-      for (int c = 0; c < 3; ++c) gu[c] += t[c];
-      cross(ge, u, t);
-      for (int c = 0; c < 3; ++c) gv[c] += t[c];
-      if (!(sqw <= tiny)) {  // v = unit(w - (w . u) u)
-        T gwn[3] = {T(0), T(0), T(0)};
-        unit_backward(gv, wn, sqw, gwn);
-        const T gh = -dot(gwn, u);
-        for (int c = 0; c < 3; ++c) gw[c] += gwn[c] + gh * u[c], gu[c] += -h * gwn[c] + gh * w[c];
-      } else {  // v = perp = perp0 / |perp0|, perp0 = u x sel
-        T gp0[3];
-        const T k = sqp0 >= tiny ? rp * rp * rp * dot(perp0, gv) : T(0);
-        for (int c = 0; c < 3; ++c) gp0[c] = gv[c] * rp - k * perp0[c];
-        cross(sel, gp0, t);
-        for (int c = 0; c < 3; ++c) gu[c] += t[c];
-      }
-      if (!(sqd <= tiny)) unit_backward(gu, d, sqd, gd);
-      T *go = out + 3 * atoms[j], *ga_ = out + 3 * atoms[nt + j], *gb = out + 3 * atoms[2 * nt + j];
-      for (int c = 0; c < 3; ++c) go[c] -= gd[c] + gw[c], ga_[c] += gd[c], gb[c] += gw[c];
+      f.backward(gu, gv, ge, gq[0], gq[es[1]], gq[2 * es[1]], tiny, gd, gw);
+      pose_scatter(gd, gw, o, a, b, out);
     }
   });
 }
@@ -573,3 +648,164 @@ void pose_backward(const T* p, int64_t bn, const int64_t* ps, int64_t n, int64_t
 
 ZMAT_POSE(float, f32, 1e-12f)
 ZMAT_POSE(double, f64, 1e-24)
+
+// ---------------------------------------------------------------------------
+// The flows' global inverse in one pass per structure (zmat/_kernel.py,
+// global_inverse): the trees' poses, the carried rows against their trees' +z
+// (the chain ends: ends[e] = the third axis of tree zf[e]), the orientations
+// (alpha, cos beta, gamma) into their entries (slots (3 T,): the flat (N, 3)
+// entry of each, -1 none) and (q - shift) / scale (none where scale is null),
+// the same values and sums as those calls apart (poses, carried rows, where,
+// normalisation). Backward: the cotangent of the carried rows is g / scale off
+// the orientation entries (orient (N, 3) bytes), the ends' summed into their
+// trees' third axes in order, the pose's added last, as autograd adds it.
+namespace {
+
+struct Global {
+  int64_t nt;
+  const int64_t* atoms;   // (3 T,) as for the poses
+  const int64_t* zf;      // (L,) the tree of each end
+  const int64_t* slots;   // (3 T,)
+  const uint8_t* orient;  // (N, 3)
+};
+
+template <typename T>
+struct Trees {  // per thread, kept
+  std::vector<Pose<T>> pose;
+  std::vector<T> ends, gends, gz, part;  // (L, 3), (L, 3), (T, 3), (N, 3) kept zero
+};
+
+template <typename T>
+Trees<T>& trees(const Carried& q, const Global& G) {
+  thread_local Trees<T> t;
+  t.pose.clear();
+  t.ends.resize(3 * q.l), t.gends.resize(3 * q.l), t.gz.assign(3 * G.nt, T(0));
+  if (static_cast<int64_t>(t.part.size()) < 3 * q.n) t.part.assign(3 * q.n, T(0));
+  return t;
+}
+
+template <typename T>
+void poses_and_ends(const Carried& q, const Global& G, const T* x, int64_t s1, int64_t s2, T tiny, Trees<T>& t) {
+  const int64_t nt = G.nt;
+  for (int64_t j = 0; j < nt; ++j) t.pose.emplace_back(x, s1, s2, G.atoms[j], G.atoms[nt + j], G.atoms[2 * nt + j], tiny);
+  for (int64_t e = 0; e < q.l; ++e)
+    for (int c = 0; c < 3; ++c) t.ends[3 * e + c] = t.pose[G.zf[e]].e[c];
+}
+
+// Minus the log-determinant of the rows o (radians; fixed.cpp's: each factor floored at clamp,
+// one log of a product, sin theta from the geometry w), and where g is given its gradient in
+// the rows (-w / r, -w' cot theta, 0 where floored).
+template <typename T>
+T inverse_log_det(const Carried& q, const Geo<T>* w, const T* o, const T* lw, T tiny, T clamp, T* g) {
+  zmat::LogSum sum;
+  for (int64_t i = 0; i < q.n; ++i) {
+    const T w0 = lw[2 * i], w1 = lw[2 * i + 1];
+    double sin_t = 0, cos_t = 0;
+    if (w1 != T(0) && (q.flags[i] & 2) && !(q.flags[i] & 8)) {
+      const T y = w[i].s, x = -dot(w[i].b2, w[i].b3), h = x * x + y * y;
+      if (!(h <= tiny)) {
+        const double norm_h = std::sqrt(static_cast<double>(x) * x + static_cast<double>(y) * y);
+        sin_t = y / norm_h, cos_t = x / norm_h;
+      }
+    }
+    if (g) {
+      g[3 * i] = w0 != T(0) && o[3 * i] >= clamp ? -w0 / o[3 * i] : T(0);
+      g[3 * i + 1] = w1 != T(0) && sin_t >= clamp ? static_cast<T>(-w1 * cos_t / sin_t) : T(0);
+      g[3 * i + 2] = T(0);
+    }
+    if (w0 == T(0) && w1 == T(0)) continue;
+    double v = w0 != T(0) ? zmat::power(zmat::floor_abs(o[3 * i], clamp), w0) : 1.0;
+    if (w1 != T(0)) v *= zmat::power(sin_t < clamp ? static_cast<double>(clamp) : sin_t, w1);
+    sum.add(v);
+  }
+  return -static_cast<T>(sum.value());
+}
+
+// lw (N, 2) the log-det's weights, ld (B,), gl (B, N, 3): with ld, minus the log-determinant of
+// the rows (radians) per structure, with gl its gradient in them (radians; the caller scales).
+template <typename T>
+void global_forward(const T* p, int64_t bn, const int64_t* ps, const Carried& q, const Global& G, const T* scale,
+                    const T* shift, T* out, const T* lw, T* ld, T* gl, T tiny, T c, T clamp, int64_t threads) {
+  zmat::parallel_for(bn, threads, [&](int64_t s) {
+    const T* x = p + s * ps[0];
+    Trees<T>& t = trees<T>(q, G);
+    poses_and_ends(q, G, x, ps[1], ps[2], tiny, t);
+    T* o = out + s * 3 * q.n;
+    Scratch<T>& sc = scratch<T>(q);
+    carried_rows(q, View<T>{x, ps[1], ps[2], t.ends.data(), 3, 1}, tiny, c, sc.w.data(), sc.buf.data(), o);
+    if (ld) ld[s] = inverse_log_det(q, sc.w.data(), o, lw, tiny, clamp, gl ? gl + s * 3 * q.n : nullptr);
+    for (int64_t j = 0; j < G.nt; ++j) {
+      T chart[3];
+      t.pose[j].chart(tiny, chart, 1);
+      for (int k = 0; k < 3; ++k)
+        if (G.slots[k * G.nt + j] >= 0) o[G.slots[k * G.nt + j]] = chart[k];
+    }
+    if (scale)
+      for (int64_t j = 0; j < 3 * q.n; ++j) o[j] = (o[j] - shift[j]) / scale[j];
+  });
+}
+
+template <typename T>
+void global_backward(const T* p, int64_t bn, const int64_t* ps, const Carried& q, const Global& G, const T* scale,
+                     const T* g, const int64_t* gs, T* gx, T tiny, T c, int64_t threads) {
+  zmat::parallel_for(bn, threads, [&](int64_t s) {
+    const T* x = p + s * ps[0];
+    const T* gp = g + s * gs[0];
+    auto gq = [&](int64_t i, int k) {  // the cotangent of row i's entry k before the normalisation
+      const T v = gp[i * gs[1] + k * gs[2]];
+      return scale ? v / scale[3 * i + k] : v;
+    };
+    auto gin = [&](int64_t i, int k) { return G.orient[3 * i + k] ? T(0) : gq(i, k); };
+    Trees<T>& t = trees<T>(q, G);
+    poses_and_ends(q, G, x, ps[1], ps[2], tiny, t);
+    Scratch<T>& sc = scratch<T>(q);
+    T* o = gx + s * 3 * q.n;
+    carried_grad(q, View<T>{x, ps[1], ps[2], t.ends.data(), 3, 1}, gin, tiny, c, sc.w.data(), sc.buf.data(), o,
+                 t.gends.data());
+    for (int64_t e = 0; e < q.l; ++e)
+      for (int k = 0; k < 3; ++k) t.gz[3 * G.zf[e] + k] += t.gends[3 * e + k];
+    const int64_t nt = G.nt;
+    for (int64_t j = 0; j < nt; ++j) {
+      T gu[3] = {T(0), T(0), T(0)}, gv[3] = {T(0), T(0), T(0)}, gd[3], gw[3], ga[3];
+      for (int k = 0; k < 3; ++k) {
+        const int64_t at = G.slots[k * nt + j];
+        ga[k] = at >= 0 ? gq(at / 3, static_cast<int>(at % 3)) : T(0);
+      }
+      t.pose[j].backward(gu, gv, &t.gz[3 * j], ga[0], ga[1], ga[2], tiny, gd, gw);
+      pose_scatter(gd, gw, G.atoms[j], G.atoms[nt + j], G.atoms[2 * nt + j], t.part.data());
+    }
+    for (int64_t j = 0; j < 3 * nt; ++j) {  // the pose's part, summed apart, then added (and zeroed)
+      T* part = t.part.data() + 3 * G.atoms[j];
+      for (int k = 0; k < 3; ++k) o[3 * G.atoms[j] + k] += part[k], part[k] = T(0);
+    }
+  });
+}
+
+}  // namespace
+
+// x (B, N, 3) with element strides; the carried arrays as above, L = len(zf); the Global
+// arrays; scale, shift (N, 3) contiguous or null; out, gx (B, N, 3) contiguous; g (B, N, 3) strided;
+// lw (N, 2), ld (B,), gl (B, N, 3) contiguous, ld and gl null where not asked (see global_forward).
+#define ZMAT_GLOBAL(T, SUFFIX, TINY, C, CLAMP)                                                                        \
+  extern "C" void zmat_global_forward_##SUFFIX(                                                               \
+      const T* p, int64_t b, int64_t p0, int64_t p1, int64_t p2, int64_t n, int64_t l, const int64_t* ab,     \
+      const int64_t* ref, const int64_t* eslot, const uint8_t* mode, const uint8_t* flags, const int64_t* order, \
+      int64_t nt, const int64_t* atoms, const int64_t* zf, const int64_t* slots, const uint8_t* orient,        \
+      const T* scale, const T* shift, T* out, const T* lw, T* ld, T* gl, int64_t threads) {                    \
+    const int64_t ps[3] = {p0, p1, p2};                                                                       \
+    global_forward<T>(p, b, ps, Carried{n, l, ab, ab + n, ref, eslot, mode, flags, order},                    \
+                      Global{nt, atoms, zf, slots, orient}, scale, shift, out, lw, ld, gl, TINY, C, CLAMP,   \
+                      threads);                                                                               \
+  }                                                                                                           \
+  extern "C" void zmat_global_backward_##SUFFIX(                                                              \
+      const T* p, int64_t b, int64_t p0, int64_t p1, int64_t p2, int64_t n, int64_t l, const int64_t* ab,     \
+      const int64_t* ref, const int64_t* eslot, const uint8_t* mode, const uint8_t* flags, const int64_t* order, \
+      int64_t nt, const int64_t* atoms, const int64_t* zf, const int64_t* slots, const uint8_t* orient,        \
+      const T* scale, const T* g, int64_t g0, int64_t g1, int64_t g2, T* gx, int64_t threads) {               \
+    const int64_t ps[3] = {p0, p1, p2}, gs[3] = {g0, g1, g2};                                                 \
+    global_backward<T>(p, b, ps, Carried{n, l, ab, ab + n, ref, eslot, mode, flags, order},                   \
+                       Global{nt, atoms, zf, slots, orient}, scale, g, gs, gx, TINY, C, threads);             \
+  }
+
+ZMAT_GLOBAL(float, f32, 1e-12f, 1e-5f, 1e-6f)
+ZMAT_GLOBAL(double, f64, 1e-24, 1e-10, 1e-12)

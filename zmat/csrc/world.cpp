@@ -14,8 +14,11 @@
 // Angles are q * scale + shift (normalize_angles), cos b clamped to [-1, 1] (zero gradient
 // outside), sin b = sqrt((1 - c)(1 + c)) (0, zero gradient, at the poles). Log-det: 2 log|r| on
 // every free atom and log|sin t| on THIRD and NERF atoms, each floored at `clamp` (zero gradient).
+// Forward: per chunk of atoms, first what needs q alone (no atom waits on another: fixed atoms,
+// sines and cosines, coefficients, log-det factors), then the placement (place_all).
 // Backward: the chain rule in reverse order into every reference, per structure (the same bits
-// on any number of threads). Arithmetic in the tensors' dtype, as the torch path's.
+// on any number of threads). Arithmetic in the tensors' dtype, as the torch path's (sines and
+// cosines in double).
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -167,54 +170,123 @@ inline T dlog_floor(T v, T clamp) {  // d log max(|v|, clamp) / dv
   return std::fabs(v) >= clamp ? T(1) / v : T(0);
 }
 
-// Atom p of the placement order of one structure (q, its positions xs), its log-det factor into sum.
+// What atom p (not CART) of one structure's placement order needs of q alone (no atom waits on
+// another for it), from sin, cos of its angle and dihedral (sn, cs; THIRD and NERF): the log-det
+// factor it returns, and o: SECOND, THIRD its offset from x_b; NERF the components
+// (-cos t, sin t cos p, sin t sin p) of its offset's direction along the frame's e1, e2, e3, and r.
 template <typename T>
-inline void place(const Q<T>& qq, T* xs, const Plan& pl, int64_t p, LogSum* sum) {
+inline double coefficients(const Q<T>& qq, const Plan& pl, int64_t p, const double* sn, const double* cs, T* o) {
   const Consts<T>& k = qq.k;
-  const int64_t i = pl.atom[p], b = pl.b[p];
+  const int64_t i = pl.atom[p];
   const uint8_t kind = pl.kind[p];
-  T* xi = xs + 3 * i;
-  if (kind == CART) {
-    for (int c = 0; c < 3; ++c) xi[c] = qq.raw(i, c);
-    return;
-  }
   const T r = qq.val(i, 0);
-  const double r2 = sum ? floor_abs(r, k.clamp) * floor_abs(r, k.clamp) : 1.0;
+  const double r2 = floor_abs(r, k.clamp) * floor_abs(r, k.clamp);
   if (kind == SECOND) {
-    if (sum) sum->add(r2);
     T u[3];
     Pose<T>(qq, i).u(u);
-    for (int c = 0; c < 3; ++c) xi[c] = xs[3 * b + c] + r * u[c];
-    return;
+    for (int c = 0; c < 3; ++c) o[c] = r * u[c];
+    return r2;
   }
-  const T t = qq.val(i, 1), ph = qq.val(i, 2);
-  T ct, st, cp, sp;
-  sin_cos(t, st, ct);
-  sin_cos(ph, sp, cp);
-  if (sum) sum->add(r2 * floor_abs(st, k.clamp));
+  const T st = static_cast<T>(sn[0]), ct = static_cast<T>(cs[0]);
+  const T sp = static_cast<T>(sn[1]), cp = static_cast<T>(cs[1]);
   if (kind == NERF) {
-    const Frame<T> f(xs, b, pl.a[p], pl.d[p], k);
-    for (int c = 0; c < 3; ++c)
-      xi[c] = xs[3 * b + c] + r * (-ct * f.e1[c] + st * cp * f.e2[c] + st * sp * f.e3[c]);
+    o[0] = -ct, o[1] = st * cp, o[2] = st * sp, o[3] = r;
+  } else {
+    const Pose<T> pose(qq, pl.d[p]);
+    T u[3], e2[3];
+    pose.u(u);
+    e2_of(pose, cp, sp, e2);
+    const T sign = kind == THIRD_ON_SECOND ? T(1) : T(-1);
+    for (int c = 0; c < 3; ++c) o[c] = r * (-ct * sign * u[c] + st * e2[c]);
+  }
+  return r2 * floor_abs(st, k.clamp);
+}
+
+// x_i = x_b + o[3] (o[0] e1 + o[1] e2 + o[2] e3) in the NeRF frame of (d, a, b). Where the frame is regular,
+// e1 = w/|w|, e3 = m/|m|, e2 = (m x w)/(|m||w|) with m = v x w: both norms at once, so an atom waits
+// on one square root and one division instead of two of each; else Frame's degenerate rules.
+template <typename T>
+inline void place_nerf(T* xs, int64_t i, int64_t b, int64_t a, int64_t d, const T* o, const Consts<T>& k) {
+  T w[3], v[3], m[3], mw[3];
+  for (int c = 0; c < 3; ++c) w[c] = xs[3 * b + c] - xs[3 * a + c], v[c] = xs[3 * a + c] - xs[3 * d + c];
+  cross(v, w, m);
+  const T sw = dot(w, w), sm = dot(m, m);
+  // Frame's tests (|w|^2 <= tiny, |v x e1|^2 <= collinear |v|^2 or <= tiny) times |w|^2; a NaN fails
+  if (sw > k.tiny && sm > k.collinear * dot(v, v) * sw && sm > k.tiny * sw) {
+    cross(m, w, mw);
+    const T iw = T(1) / std::sqrt(sw), im = T(1) / std::sqrt(sm);
+    const T a1 = o[0] * iw, a2 = o[1] * (im * iw), a3 = o[2] * im;
+    for (int c = 0; c < 3; ++c) xs[3 * i + c] = xs[3 * b + c] + o[3] * (a1 * w[c] + a2 * mw[c] + a3 * m[c]);
     return;
   }
-  const Pose<T> pose(qq, pl.d[p]);
-  T u[3], e2[3];
-  pose.u(u);
-  e2_of(pose, cp, sp, e2);
-  const T sign = kind == THIRD_ON_SECOND ? T(1) : T(-1);
-  for (int c = 0; c < 3; ++c) xi[c] = xs[3 * b + c] + r * (-ct * sign * u[c] + st * e2[c]);
+  const Frame<T> f(xs, b, a, d, k);
+  for (int c = 0; c < 3; ++c) xs[3 * i + c] = xs[3 * b + c] + o[3] * (o[0] * f.e1[c] + o[1] * f.e2[c] + o[2] * f.e3[c]);
+}
+
+// S structures (q, positions xs, log-dets ld), their atoms in chunks. In each chunk: the fixed
+// atoms (CART: no reference, so before the others); then for the placed ones their sines and
+// cosines (one vectorised pass), their coefficients (independent atoms), and their placement (each
+// atom after its references), the S structures' atoms in turn, so that their waits overlap. The
+// atoms of each kind are listed first: no branch per atom on which kind it is.
+template <typename T, int S>
+inline void place_all(const Q<T>* qq, T* const* xs, const Plan& pl, double* ld) {
+  constexpr int64_t chunk = 256;
+  T o[S][4 * chunk];
+  double ang[2 * chunk], sn[2 * chunk], cs[2 * chunk];
+  int64_t cart[chunk], placed[chunk];
+  LogSum sum[S];
+  for (int64_t p0 = 0; p0 < pl.n; p0 += chunk) {
+    const int64_t p1 = p0 + chunk < pl.n ? p0 + chunk : pl.n;
+    int64_t nc = 0, m = 0;
+    for (int64_t p = p0; p < p1; ++p) {
+      const bool fixed = pl.kind[p] == CART;
+      cart[nc] = placed[m] = p, nc += fixed, m += !fixed;
+    }
+    for (int s = 0; s < S; ++s) {
+      for (int64_t j = 0; j < nc; ++j) {
+        const int64_t i = pl.atom[cart[j]];
+        for (int c = 0; c < 3; ++c) xs[s][3 * i + c] = qq[s].raw(i, c);
+      }
+      for (int64_t j = 0; j < m; ++j) {
+        const int64_t p = placed[j], i = pl.atom[p];
+        const bool angles = pl.kind[p] >= THIRD_ON_SECOND;
+        ang[2 * j] = angles ? static_cast<double>(qq[s].val(i, 1)) : 0.0;
+        ang[2 * j + 1] = angles ? static_cast<double>(qq[s].val(i, 2)) : 0.0;
+      }
+      zmat::sin_cos_n(ang, sn, cs, 2 * m);
+      for (int64_t j = 0; j < m; ++j)
+        sum[s].add(coefficients(qq[s], pl, placed[j], sn + 2 * j, cs + 2 * j, o[s] + 4 * j));
+    }
+    for (int64_t j = 0; j < m; ++j) {
+      const int64_t p = placed[j], i = pl.atom[p], b = pl.b[p];
+      const bool nerf = pl.kind[p] == NERF;
+      for (int s = 0; s < S; ++s) {
+        const T* op = o[s] + 4 * j;
+        if (nerf)
+          place_nerf(xs[s], i, b, pl.a[p], pl.d[p], op, qq[s].k);
+        else
+          for (int c = 0; c < 3; ++c) xs[s][3 * i + c] = xs[s][3 * b + c] + op[c];
+      }
+    }
+  }
+  for (int s = 0; s < S; ++s) ld[s] = sum[s].value();
 }
 
 template <typename T>
 void forward(const T* q, int64_t bn, const int64_t* qs, const Plan& pl, const Consts<T>& k, T* x, T* ld,
              int64_t threads) {
   const int64_t n = pl.n;
-  zmat::parallel_for(bn, threads, [&](int64_t s) {
-    const Q<T> qq{q + s * qs[0], qs[1], qs[2], k};
-    LogSum sum;
-    for (int64_t p = 0; p < n; ++p) place(qq, x + s * 3 * n, pl, p, ld ? &sum : nullptr);
-    if (ld) ld[s] = static_cast<T>(sum.value());
+  zmat::parallel_for((bn + 1) / 2, threads, [&](int64_t u) {  // units of two structures (four: slower)
+    const int64_t s = 2 * u;
+    const bool pair = s + 1 < bn;
+    const Q<T> qq[2] = {{q + s * qs[0], qs[1], qs[2], k}, {q + (pair ? s + 1 : s) * qs[0], qs[1], qs[2], k}};
+    T* const xs[2] = {x + s * 3 * n, x + (s + 1) * 3 * n};
+    double v[2];
+    if (pair)
+      place_all<T, 2>(qq, xs, pl, v);
+    else
+      place_all<T, 1>(qq, xs, pl, v);
+    for (int j = 0; j < 1 + pair && ld; ++j) ld[s + j] = static_cast<T>(v[j]);
   });
 }
 
