@@ -57,7 +57,7 @@ def reduced_space(Bm: torch.Tensor, xyz: torch.Tensor, layout: tuple | None = No
     sparse = layout is not None and _compiled.usable(Bm)
     G = _compiled.gram(layout, Bm) if sparse else Bm.transpose(1, 2) @ Bm
     L, info = torch.linalg.cholesky_ex(torch.bmm(torch.bmm(perp.mT, G), perp))  # (bmm: 3 ops, matmul's 14)
-    if info.any():
+    if info.numpy().any():  # (a CPU tensor: its view, one op)
         return None
     W = torch.linalg.solve_triangular(L, perp.transpose(1, 2), upper=False).transpose(1, 2).contiguous()
     w, g = W.numpy(), G.numpy()

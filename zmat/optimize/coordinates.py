@@ -128,12 +128,14 @@ class Primitives:
         """The ``(i, j, k)`` triples held by linear bends."""
         return frozenset(tuple(t) for t in self.linear.tolist())
 
-    def linear_check(self, xyz: torch.Tensor) -> torch.Tensor:
-        """0-d bool: some angle became linear, or some linear bend bent (a rebuild is due)."""
+    def linear_check(self, xyz: torch.Tensor, host: bool = False) -> torch.Tensor:
+        """0-d bool: some angle became linear, or some linear bend bent (a rebuild is due); ``host``:
+        a Python bool where the kernel's answer is one (the CPU kernel)."""
         na = len(self.angle)
         if _compiled.usable(xyz):  # the same angles, one kernel call (the torch path: ~20 ops)
             q = _compiled.values(_angle_layout(self, xyz.dtype), xyz).numpy()
-            out = torch.tensor(bool((q[:, :na] > LINEAR).any() or (q[:, na:] < UNLINEAR).any()))
+            out = bool((q[:, :na] > LINEAR).any() or (q[:, na:] < UNLINEAR).any())
+            out = out if host else torch.tensor(out)
         else:
             out = torch.zeros((), dtype=torch.bool, device=xyz.device)
             if na:

@@ -174,7 +174,7 @@ class InternalStepper:
 
     # -- units: inside, bohr and hartree
     def _internal(self, xyz: torch.Tensor) -> torch.Tensor:
-        return xyz.detach().to(torch.float64) / self.length_unit
+        return (xyz.detach() if xyz.requires_grad else xyz).to(torch.float64) / self.length_unit
 
     @property
     def constrained(self) -> bool:
@@ -197,6 +197,7 @@ class InternalStepper:
         self.cidx = torch.tensor(idx, dtype=torch.long, device=self.device)
         self.periodic = self.prims.periodic(self.device)
         self.fragment = _fragments(self.prims, len(self.numbers)).to(self.device, x.dtype)
+        self._periodic_h, self._fragment_h = _steps._host(self.periodic, self.fragment)  # (views, once)
         self.H = model_hessian(self.prims, x, self.radii, self.rows)
         bsz, p = x.shape[0], len(self.prims)
         zeros = x.new_zeros(bsz)
@@ -212,9 +213,10 @@ class InternalStepper:
         factorises instead of decomposing), else None."""
         return (x, kernel_layout(self.prims, x.dtype)) if self.prims.rigid_invariant else None
 
-    def needs_rebuild(self, xyz: torch.Tensor) -> torch.Tensor:
-        """0-d bool tensor: an angle became linear or a linear bend bent (no host sync)."""
-        return self.prims.linear_check(self._internal(xyz))
+    def needs_rebuild(self, xyz: torch.Tensor, host: bool = False) -> torch.Tensor:
+        """0-d bool tensor: an angle became linear or a linear bend bent (no host sync); ``host``: a
+        Python bool where reading it costs no sync (the CPU kernel's)."""
+        return self.prims.linear_check(self._internal(xyz), host)
 
     def _free_projector(self, U: torch.Tensor) -> torch.Tensor:
         """``(B, r, r)`` projector onto the non-redundant directions that keep the constraints."""
@@ -290,17 +292,23 @@ class InternalStepper:
             constraint forces), and ``(B, N, 3)`` the next positions (``xyz``
             where not active), in ``xyz``'s dtype.
         """
+        active = torch.ones(xyz.shape[0], dtype=torch.bool, device=xyz.device) if active is None else active
+        fmax, x_new = self._step(xyz, energy, grad, active)
+        return torch.as_tensor(fmax, device=self.device).to(grad.dtype), x_new
+
+    def _step(self, xyz, energy, grad, active):
+        """:meth:`step`, with ``active`` and the returned ``fmax`` (float64) numpy arrays on the CPU."""
         bsz, n = xyz.shape[:2]
-        active = torch.ones(bsz, dtype=torch.bool, device=xyz.device) if active is None else active
-        x, gx = self._cartesian(xyz, grad)
-        E = energy.detach().to(torch.float64) / self.energy_unit
-        q_t, Bm = values_and_b(self.prims, x)
-        U_t, Vs_t, keep = reduced_space(Bm, rigid=self._rigid(x))
+        x = self._internal(xyz)
         # the per-conformer arithmetic on numpy views on the CPU (a numpy op on a small array costs about a
         # microsecond, a dispatched torch op 5-10 at batch 1), on the tensors elsewhere
-        U, Vs, q, gx, E, active, keep, periodic = _steps._host(
-            U_t, Vs_t, q_t, gx, E, active, keep, self.periodic
-        )
+        E, gx = _steps._host(*(t.detach().to(torch.float64) if t.requires_grad else t.to(torch.float64)
+                               for t in (energy, grad)))  # fmt: skip
+        E, gx = E / self.energy_unit, gx.reshape(bsz, 3 * n) * (self.length_unit / self.energy_unit)
+        q_t, Bm = values_and_b(self.prims, x)
+        U_t, Vs_t, keep = reduced_space(Bm, rigid=self._rigid(x))
+        U, Vs, q, active, keep = _steps._host(U_t, Vs_t, q_t, active, keep)
+        periodic = self._periodic_h
         first, best_q, best_g, best_E, pred_E, interp_E, trust, was_on, step_norm, best_off = _steps._host(
             self.first, self.best_q, self.best_g, self.best_E, self.pred_E, self.interp_E, self.trust,
             self.on_sphere, self.step_norm, self.best_off
@@ -346,7 +354,7 @@ class InternalStepper:
             y, Pz, s0 = _steps._host(y, Pz, s0)
         else:
             y, _, _ = trust_step(gr, Hr, unbounded)
-        y, on_sphere, size = _cartesian_trust(y, Vs, trust, _steps._host(self.fragment)[0])
+        y, on_sphere, size = _cartesian_trust(y, Vs, trust, self._fragment_h)
         s = s0 + y
         dE = (gr * s).sum(-1) + 0.5 * (s * (Hrh @ s[..., None])[..., 0]).sum(-1)
         pred_q = iq + (U @ s[..., None])[..., 0]
@@ -378,9 +386,7 @@ class InternalStepper:
         self.on_sphere = keep_old(on_sphere, was_on)
         self.step_norm = keep_old(size, step_norm)
         self.first = first & ~active
-        fmax = torch.as_tensor(self._fmax(_steps._host(Bm)[0], U, Pz, gq, gx, q), device=self.device).to(
-            grad.dtype
-        )
+        fmax = self._fmax(_steps._host(Bm)[0], U, Pz, gq, gx, q)
         if not everyone:
             x_new = torch.where(torch.as_tensor(active, device=self.device)[:, None, None], x_new, x)
         return fmax, (x_new * self.length_unit).to(xyz.dtype)
@@ -508,24 +514,37 @@ def minimize(
     numbers = np.full(n, 6) if numbers is None else np.asarray(numbers)
     stepper = InternalStepper(xyz, numbers, constraints, trust=trust, units=units, coords=coords)
     x = xyz.detach().clone()
-    active = torch.ones(bsz, dtype=torch.bool, device=xyz.device)
-    steps = torch.zeros(bsz, dtype=torch.long, device=xyz.device)
-    E_out = xyz.new_zeros(bsz)
-    f_out = xyz.new_full((bsz,), float("inf"))
+    # the bookkeeping on numpy views on the CPU (as the step's), on the tensors elsewhere
+    view = _steps._host if xyz.dtype in (torch.float32, torch.float64) else lambda *xs: list(xs)
+    active, steps, E_out, f_out = view(
+        torch.ones(bsz, dtype=torch.bool, device=xyz.device),
+        torch.zeros(bsz, dtype=torch.long, device=xyz.device),
+        xyz.new_zeros(bsz),
+        xyz.new_full((bsz,), float("inf")),
+    )
+    xp = np if isinstance(active, np.ndarray) else torch
     for _ in range(max_steps):
         E, g = _evaluate(energy, x)
-        steps += active.long()
-        f, x_next = stepper.step(x, E, g, active)
-        E_out = torch.where(active, E.to(E_out.dtype), E_out)
-        f_out = torch.where(active, f.to(f_out.dtype), f_out)
+        steps = steps + active
+        f, x_next = stepper._step(x, E, g, active)
+        E = view(E.to(x.dtype))[0]
+        f = f.astype(E.dtype) if xp is np else torch.as_tensor(f, device=x.device).to(x.dtype)
+        E_out, f_out = xp.where(active, E, E_out), xp.where(active, f, f_out)
         active = active & ~(f < fmax)
-        x = torch.where(active[:, None, None], x_next, x)
+        if xp is torch or not active.all():
+            x = torch.where(torch.as_tensor(active, device=x.device)[:, None, None], x_next, x)
+        else:
+            x = x_next
         # the one host sync per iteration: is anything left, and must the coordinates be rebuilt
-        going, rebuild = torch.stack([active.any(), stepper.needs_rebuild(x)]).tolist()
+        if xp is np:
+            going, rebuild = bool(active.any()), bool(stepper.needs_rebuild(x, host=True))
+        else:
+            going, rebuild = torch.stack([active.any(), stepper.needs_rebuild(x)]).tolist()
         if not going:
             break
         if rebuild:
             stepper.rebuild(stepper._internal(x))
+    E_out, f_out, steps = (torch.as_tensor(t, device=x.device) for t in (E_out, f_out, steps))
     return Result(xyz=x, energy=E_out, converged=f_out < fmax, steps=steps, fmax=f_out)
 
 
