@@ -367,6 +367,22 @@ def _angles_all(xyz: np.ndarray, i, j, k) -> np.ndarray:
     return np.arccos(np.clip(cos, -1.0, 1.0))  # (B,)
 
 
+class _AngleTable(dict):
+    """``(B,)`` angle ``i-j-k`` keyed ``(i, j, k)``, every pair of ``j``'s neighbours from one vectorised
+    :func:`_angles_all` (elementwise the same arithmetic; one call per triple was a third of a rebuild)."""
+
+    def __init__(self, xyz: np.ndarray, bonds: np.ndarray) -> None:
+        nbs = [np.flatnonzero(row) for row in bonds]
+        keys = [(int(i), j, int(k)) for j, nb in enumerate(nbs) for i in nb for k in nb if i != k]
+        t = np.asarray(keys, dtype=np.int64).reshape(-1, 3)
+        a = _angles_all(xyz, t[:, 0], t[:, 1], t[:, 2])  # (B, M)
+        super().__init__((key, a[:, m]) for m, key in enumerate(keys))
+        self.xyz = xyz
+
+    def __missing__(self, key):
+        return _angles_all(self.xyz, *key)
+
+
 def _perpendicular(axis: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     e = np.zeros(3)
     e[int(np.argmin(np.abs(axis)))] = 1.0
@@ -375,7 +391,7 @@ def _perpendicular(axis: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return p1, np.cross(axis, p1)
 
 
-def _dihedrals(center, xyz, bonds, same, out: dict) -> None:
+def _dihedrals(center, angle: _AngleTable, bonds, same, out: dict) -> None:
     """Dihedrals about the (possibly linear-extended) chain ``center`` (pyberny's rule)."""
 
     def sides(end, nxt):
@@ -383,7 +399,7 @@ def _dihedrals(center, xyz, bonds, same, out: dict) -> None:
         for n in np.flatnonzero(bonds[end]):
             if n in center:
                 continue
-            a = _angles_all(xyz, n, end, nxt)
+            a = angle[int(n), end, nxt]
             (lin if ((a > math.pi - _DIHEDRAL_LINEAR) | (a < _DIHEDRAL_LINEAR)).any() else nonlin).append(
                 int(n)
             )
@@ -402,9 +418,9 @@ def _dihedrals(center, xyz, bonds, same, out: dict) -> None:
                     out.setdefault((i, center[0], center[-1], j), weak)
     if len(center) <= 3 and len(lin_l) <= 1 and len(lin_r) <= 1:
         if lin_l and not lin_r:
-            _dihedrals(lin_l + center, xyz, bonds, same, out)
+            _dihedrals(lin_l + center, angle, bonds, same, out)
         elif lin_r and not lin_l:
-            _dihedrals(center + lin_r, xyz, bonds, same, out)
+            _dihedrals(center + lin_r, angle, bonds, same, out)
 
 
 def build_primitives(
@@ -446,10 +462,11 @@ def build_primitives(
     bonds, same = _bonds(xyz, numbers, join=not tric)
     weak_bond = {(i, j): int(not same[i, j]) for i, j in zip(*np.nonzero(np.triu(bonds)), strict=False)}
     angles, bends, refs = {}, [], []
+    angle = _AngleTable(xyz, bonds)
     for j in range(n):
         nb = np.flatnonzero(bonds[j])
         for i, k in combinations(nb, 2):
-            a = _angles_all(xyz, i, j, k)
+            a = angle[int(i), j, int(k)]
             weak = int(not same[i, j]) + int(not same[j, k])
             was = (int(i), j, int(k)) in linear or (int(k), j, int(i)) in linear
             if (a > (UNLINEAR if was else LINEAR)).any():
@@ -462,7 +479,7 @@ def build_primitives(
                 angles[(int(i), j, int(k))] = weak
     dihedrals: dict = {}
     for i, j in weak_bond:
-        _dihedrals([int(i), int(j)], xyz, bonds, same, dihedrals)
+        _dihedrals([int(i), int(j)], angle, bonds, same, dihedrals)
     oop = {}
     if out_of_plane:
         covalent_nb = bonds & same
