@@ -1,6 +1,6 @@
 // The normalizing flows' inverse with fixed atoms (zmat/flows.py, _fixed_inverse): every row's
-// (r, theta, phi) from positions, as internal.cpp's forward (the same formulas and degenerate
-// values; a row's flags as there), its atan2 inline (atan.h: within 3 ulp of the library's,
+// (r, theta, phi) from positions by internal.cpp's forward (row_geometry.h: the same formulas,
+// degenerate values and flags), its atan2 inline (atan.h: within 3 ulp of the library's,
 // which was most of the pass), and in the same pass minus the log-determinant of the forward,
 // -sum_i log(max(|r_i|, c)^w_i max(sin theta_i, c)^w'_i) (log_sum.h), sin theta from the row's
 // geometry (no sine of theta: equal to world.cpp's log_det of these rows to rounding), and where
@@ -12,48 +12,9 @@
 #include "atan.h"
 #include "log_sum.h"
 #include "parallel.h"
-#include "vec3.h"
+#include "row_geometry.h"
 
 namespace {
-
-using zmat::cross;
-using zmat::dot;
-
-template <typename T>
-inline T angle(T y, T x, T tiny) {  // atan2, 0 where x^2 + y^2 <= tiny
-  return x * x + y * y <= tiny ? T(0) : zmat::fast_atan2(y, x);
-}
-
-// One row (d, a, b, i) of structure p (strides s1 atoms, s2 components) into o[3], and sin theta,
-// cos theta (|n2|, -b2 . b3 over their norm, in double; 0 where theta is) into sin_t, cos_t where
-// the row has theta.
-template <typename T>
-inline void row(const T* p, int64_t s1, int64_t s2, int64_t d, int64_t a, int64_t b, int64_t i, uint8_t f,
-                T tiny, T* o, double& sin_t, double& cos_t) {
-  if (f & 8) {
-    for (int c = 0; c < 3; ++c) o[c] = p[i * s1 + c * s2];
-    return;
-  }
-  o[0] = o[1] = o[2] = T(0);
-  if (!(f & 7)) return;
-  T b1[3], b2[3], b3[3], n1[3], n2[3];
-  for (int c = 0; c < 3; ++c) {
-    const T xd = p[d * s1 + c * s2], xa = p[a * s1 + c * s2], xb = p[b * s1 + c * s2], xi = p[i * s1 + c * s2];
-    b1[c] = xa - xd, b2[c] = xb - xa, b3[c] = xi - xb;
-  }
-  cross(b1, b2, n1);
-  cross(b2, b3, n2);
-  const auto norm = [tiny](T sq) { return sq <= tiny ? T(0) : std::sqrt(sq); };
-  if (f & 1) o[0] = norm(dot(b3, b3));
-  if (f & 4) o[2] = angle(norm(dot(b2, b2)) * dot(b1, n2), dot(n1, n2), tiny);
-  if (f & 2) {
-    const T y = norm(dot(n2, n2)), x = -dot(b2, b3), h = x * x + y * y;
-    o[1] = h <= tiny ? T(0) : zmat::fast_atan2(y, x);
-    if (h <= tiny) return;
-    const double norm_h = std::sqrt(static_cast<double>(x) * x + static_cast<double>(y) * y);
-    sin_t = y / norm_h, cos_t = x / norm_h;
-  }
-}
 
 // path (4, M) the atoms d, a, b, i of every row; w (M, 2) the log-det's weights; out (B, M, 3),
 // ld (B,) contiguous; gl (B, M, 3) contiguous or null: the gradient of ld in the rows,
@@ -67,9 +28,13 @@ void inverse(const T* p, int64_t bn, const int64_t* ps, int64_t m, const int64_t
     T* o = out + s * 3 * m;
     T* g = gl ? gl + s * 3 * m : nullptr;
     zmat::LogSum sum;
+    const auto atan2 = [](T y, T x) { return zmat::fast_atan2(y, x); };
     for (int64_t j = 0; j < m; ++j, o += 3) {
-      double sin_t = 0, cos_t = 0;
-      row(x, ps[1], ps[2], d[j], a[j], b[j], i[j], flags[j], tiny, o, sin_t, cos_t);
+      double sin_t = 0, cos_t = 0;  // |n2|, -b2 . b3 over their norm, in double, where theta is defined
+      zmat::row_entries(x, ps[1], ps[2], d[j], a[j], b[j], i[j], flags[j], tiny, o, atan2, [&](T ty, T tx) {
+        const double h = std::sqrt(static_cast<double>(tx) * tx + static_cast<double>(ty) * ty);
+        sin_t = ty / h, cos_t = tx / h;
+      });
       const T w0 = w[2 * j], w1 = w[2 * j + 1];
       if (g) {
         g[0] = w0 != T(0) && o[0] >= clamp ? -w0 / o[0] : T(0);

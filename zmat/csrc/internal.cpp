@@ -19,40 +19,21 @@
 #include "atan.h"
 #include "log_sum.h"
 #include "parallel.h"
+#include "row_geometry.h"
 #include "vec3.h"
 
 namespace {
 
 using zmat::cross;
 using zmat::dot;
+using zmat::Row;
+using zmat::safe_sqrt;
 
 struct Rows {
   int64_t m;
   const int64_t *d, *a, *b, *i;  // (M,) each, atoms of P
   const uint8_t* flags;          // (M,)
 };
-
-// One row's geometry from positions p (strides s1 atoms, s2 components).
-template <typename T, typename A = T>
-struct Row {
-  A b1[3], b2[3], b3[3], n1[3], n2[3];
-  Row(const T* p, int64_t s1, int64_t s2, int64_t d, int64_t a, int64_t b, int64_t i) {
-    for (int c = 0; c < 3; ++c) {
-      const A xd = p[d * s1 + c * s2], xa = p[a * s1 + c * s2], xb = p[b * s1 + c * s2],
-              xi = p[i * s1 + c * s2];
-      b1[c] = xa - xd;
-      b2[c] = xb - xa;
-      b3[c] = xi - xb;
-    }
-    cross(b1, b2, n1);
-    cross(b2, b3, n2);
-  }
-};
-
-template <typename A>
-inline A safe_sqrt(A sq, A tiny) {
-  return sq <= tiny ? A(0) : std::sqrt(sq);
-}
 
 // theta = atan2(y = |n|, x = -b2 . b3), n = b2 x b3: g times its gradient, into g2 (b2), g3 (b3).
 template <typename A>
@@ -76,25 +57,9 @@ void forward(const T* p, int64_t bn, const int64_t* ps, const Rows& q, T* out, A
   zmat::parallel_for(bn, threads, [&](int64_t s) {
     const T* ps_ = p + s * ps[0];
     T* o = out + s * 3 * m;
-    for (int64_t j = 0; j < m; ++j, o += 3) {
-      const uint8_t f = q.flags[j];
-      if (f & 8) {
-        for (int c = 0; c < 3; ++c) o[c] = ps_[q.i[j] * ps[1] + c * ps[2]];
-        continue;
-      }
-      o[0] = o[1] = o[2] = T(0);
-      if (!(f & 7)) continue;
-      const Row<T> r(ps_, ps[1], ps[2], q.d[j], q.a[j], q.b[j], q.i[j]);
-      if (f & 1) o[0] = static_cast<T>(safe_sqrt(dot(r.b3, r.b3), tiny));
-      if (f & 2) {
-        const A y = safe_sqrt(dot(r.n2, r.n2), tiny), x = -dot(r.b2, r.b3);
-        o[1] = static_cast<T>(x * x + y * y <= tiny ? A(0) : std::atan2(y, x));
-      }
-      if (f & 4) {
-        const A y = safe_sqrt(dot(r.b2, r.b2), tiny) * dot(r.b1, r.n2), x = dot(r.n1, r.n2);
-        o[2] = static_cast<T>(x * x + y * y <= tiny ? A(0) : std::atan2(y, x));
-      }
-    }
+    for (int64_t j = 0; j < m; ++j, o += 3)
+      zmat::row_entries(ps_, ps[1], ps[2], q.d[j], q.a[j], q.b[j], q.i[j], q.flags[j], tiny, o,
+                        [](A y, A x) { return std::atan2(y, x); }, [](A, A) {});
   });
 }
 
