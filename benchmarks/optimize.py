@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import time
 import warnings
 from contextlib import redirect_stdout
@@ -371,10 +372,13 @@ def throughput(batches, max_steps: int = 60) -> list[dict]:
     for bsz in batches:
         x0 = torch.tensor(atoms.positions)[None] + 0.05 * torch.randn(bsz, len(atoms), 3, generator=gen)
         zo.minimize(ff, x0[:1], fmax=FTOL, max_steps=3, numbers=atoms.numbers)  # warm up
-        calls[0] = 0
-        t, c = time.perf_counter(), time.process_time()
-        res = zo.minimize(energy, x0, fmax=FTOL, max_steps=max_steps, numbers=atoms.numbers)
-        wall, cpu = time.perf_counter() - t, time.process_time() - c
+        runs = []  # a small batch is one short run: repeat it (>= 1 s in all, at most 30), take medians
+        while not runs or (sum(w for w, _ in runs) < 1.0 and len(runs) < 30):
+            calls[0] = 0
+            t, c = time.perf_counter(), time.process_time()
+            res = zo.minimize(energy, x0, fmax=FTOL, max_steps=max_steps, numbers=atoms.numbers)
+            runs.append((time.perf_counter() - t, time.process_time() - c))
+        wall, cpu = statistics.median(w for w, _ in runs), statistics.median(c for _, c in runs)
         # the potential's own cost (forward and backward at this batch), timed apart
         xg = x0.clone().requires_grad_(True)
         t, c = time.perf_counter(), time.process_time()
@@ -387,6 +391,7 @@ def throughput(batches, max_steps: int = 60) -> list[dict]:
         out.append(
             {
                 "B": bsz,
+                "runs": len(runs),
                 "iterations": calls[0],
                 "converged": int(res.converged.sum()),
                 "mean_steps": float(res.steps.double().mean()),
