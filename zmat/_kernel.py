@@ -1137,28 +1137,38 @@ def global_inverse(x: torch.Tensor, plan: GlobalPlan, reference):
         reference: ``x -> (B, N, 3)`` differentiable, for double backward.
     """
     if torch.is_grad_enabled() and x.requires_grad:
-        return _GlobalInverse.apply(x, plan, reference)
+        module = _state["module"]
+        return _InverseWithLogDet.apply(
+            x,
+            lambda x: module.global_forward(x, plan, True),
+            lambda x, g: module.global_backward(x, plan, g),
+            reference,
+        )
     return _state["module"].global_forward(x, plan)
 
 
-class _GlobalInverse(torch.autograd.Function):
+class _InverseWithLogDet(torch.autograd.Function):
+    """``(q, ld, gl) = run(x)``, the flows' compiled inverses (:func:`global_inverse`,
+    :func:`fixed_inverse`): ``q`` differentiable through ``grad_of(x, g)``, or through
+    ``reference`` where the backward itself must be differentiable; ``ld``, ``gl`` not."""
+
     @staticmethod
-    def forward(ctx, x, plan, reference):
-        ctx.plan, ctx.reference = plan, reference
+    def forward(ctx, x, run, grad_of, reference):
+        ctx.grad_of, ctx.reference = grad_of, reference
         ctx.save_for_backward(x)
         ctx.set_materialize_grads(False)
-        q, ld, gl = _state["module"].global_forward(x, plan, True)
+        q, ld, gl = run(x)
         ctx.mark_non_differentiable(ld, gl)
         return q, ld, gl
 
     @staticmethod
     def backward(ctx, g, _, __):
         if g is None:
-            return None, None, None
+            return None, None, None, None
         (x,) = ctx.saved_tensors
         if _differentiable_backward(g):  # the reference's gradient, itself differentiable
-            return torch.autograd.grad(ctx.reference(x), x, g, create_graph=True)[0], None, None
-        return _state["module"].global_backward(x, ctx.plan, g), None, None
+            return torch.autograd.grad(ctx.reference(x), x, g, create_graph=True)[0], None, None, None
+        return ctx.grad_of(x, g), None, None, None
 
 
 def move(R, o, y, c, frame_of: torch.Tensor, cartesian: torch.Tensor, reference) -> torch.Tensor:
@@ -1289,7 +1299,12 @@ def fixed_inverse(x: torch.Tensor, arrays: tuple, reference):
         reference: ``x -> (..., 3 M)`` in differentiable torch ops, for double backward.
     """
     if torch.is_grad_enabled() and x.requires_grad:
-        return _FixedInverse.apply(x, arrays, reference)
+        return _InverseWithLogDet.apply(
+            x,
+            lambda x: _fixed_inverse(x, arrays, True),
+            lambda x, g: _fixed_inverse_backward(x, arrays[:2], g),
+            reference,
+        )
     return _fixed_inverse(x, arrays, False)
 
 
@@ -1301,28 +1316,12 @@ def _fixed_inverse(x, arrays, grad):
     return q.view(*batch, -1), ld.view(batch), None if gl is None else gl.view(*batch, -1)
 
 
-class _FixedInverse(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, arrays, reference):
-        ctx.arrays, ctx.reference = arrays[:2], reference
-        ctx.save_for_backward(x)
-        ctx.set_materialize_grads(False)
-        q, ld, gl = _fixed_inverse(x, arrays, True)
-        ctx.mark_non_differentiable(ld, gl)
-        return q, ld, gl
-
-    @staticmethod
-    def backward(ctx, g, _, __):
-        if g is None:
-            return None, None, None
-        (x,) = ctx.saved_tensors
-        if _differentiable_backward(g):  # the reference's gradient, itself differentiable
-            return torch.autograd.grad(ctx.reference(x), x, g, create_graph=True)[0], None, None
-        if x.dim() == 3:
-            return _state["module"].fixed_inverse_backward(x, *ctx.arrays, g), None, None
-        x3 = x.reshape(-1, *x.shape[-2:])
-        grad = _state["module"].fixed_inverse_backward(x3, *ctx.arrays, g.reshape(x3.shape[0], -1))
-        return grad.view(x.shape), None, None
+def _fixed_inverse_backward(x, arrays, g):
+    if x.dim() == 3:
+        return _state["module"].fixed_inverse_backward(x, *arrays, g)
+    x3 = x.reshape(-1, *x.shape[-2:])
+    grad = _state["module"].fixed_inverse_backward(x3, *arrays, g.reshape(x3.shape[0], -1))
+    return grad.view(x.shape)
 
 
 def inverse_log_det(q: torch.Tensor, value: torch.Tensor, grad, reference):

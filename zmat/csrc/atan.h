@@ -12,21 +12,29 @@
 
 namespace zmat {
 
-inline double atan_poly(double x) {  // atan(x) - x for |x| <= 0.66 (x = tan(3 pi / 8) reduced)
-  const double z = x * x;
-  const double p = (((-8.750608600031904122785e-1 * z - 1.615753718733365076637e1) * z -
-                     7.500855792314704667340e1) * z - 1.228866684490136173410e2) * z -
-                   6.485021904942025371773e1;
-  const double q = ((((z + 2.485846490142306297962e1) * z + 1.650270098316988542046e2) * z +
-                     4.328810604912902668951e2) * z + 4.853903996359136964868e2) * z +
-                   1.945506571482613964425e2;
+// atan(x) - x: for |x| <= 0.66 (double; x = tan(3 pi / 8) reduced) and |x| <= tan(pi / 8) (float),
+// written once for a scalar or a vector of lanes V (atan2_all), the tag naming the precision.
+template <typename V>
+inline V atan_poly_lanes(V x, double) {
+  const V z = x * x;
+  const V p = (((-8.750608600031904122785e-1 * z - 1.615753718733365076637e1) * z -
+                7.500855792314704667340e1) * z - 1.228866684490136173410e2) * z -
+              6.485021904942025371773e1;
+  const V q = ((((z + 2.485846490142306297962e1) * z + 1.650270098316988542046e2) * z +
+                4.328810604912902668951e2) * z + 4.853903996359136964868e2) * z +
+              1.945506571482613964425e2;
   return x * (z * p / q);
 }
 
-inline float atan_poly(float x) {  // atan(x) - x for |x| <= tan(pi / 8)
-  const float z = x * x;
+template <typename V>
+inline V atan_poly_lanes(V x, float) {
+  const V z = x * x;
   return (((8.05374449538e-2f * z - 1.38776856032e-1f) * z + 1.99777106478e-1f) * z - 3.33329491539e-1f) * z * x;
 }
+
+inline double atan_poly(double x) { return atan_poly_lanes(x, 0.0); }
+
+inline float atan_poly(float x) { return atan_poly_lanes(x, 0.0f); }
 
 template <typename T>
 struct AtanSplit;  // the thresholds on ay / ax, and pi/2, pi/4 in two parts (double: Cephes' m)
@@ -57,24 +65,6 @@ inline T fast_atan2(T y, T x) {
 // bytes of T (the caller pads): the same operations in the same order on 16-byte vectors
 // (the compiler keeps the scalar form's branches, so it would not vectorise that).
 #if defined(__GNUC__)
-template <typename V>
-inline V atan_poly_lanes(V x, double) {  // atan_poly(double), lane by lane
-  const V z = x * x;
-  const V p = (((-8.750608600031904122785e-1 * z - 1.615753718733365076637e1) * z -
-                7.500855792314704667340e1) * z - 1.228866684490136173410e2) * z -
-              6.485021904942025371773e1;
-  const V q = ((((z + 2.485846490142306297962e1) * z + 1.650270098316988542046e2) * z +
-                4.328810604912902668951e2) * z + 4.853903996359136964868e2) * z +
-              1.945506571482613964425e2;
-  return x * (z * p / q);
-}
-
-template <typename V>
-inline V atan_poly_lanes(V x, float) {  // atan_poly(float), lane by lane
-  const V z = x * x;
-  return (((8.05374449538e-2f * z - 1.38776856032e-1f) * z + 1.99777106478e-1f) * z - 3.33329491539e-1f) * z * x;
-}
-
 template <typename T>
 inline void atan2_all(const T* y, const T* x, T* out, int64_t n, T tiny) {
   using I = std::conditional_t<sizeof(T) == 4, int32_t, int64_t>;
