@@ -439,11 +439,7 @@ class InternalCoordinateTransform(Transform):
         if self._plan.n_trees or self.normalize_angles:
             euler = _tree_pose(xyz.reshape(-1, n, 3), t)[1] if self._plan.n_trees else None
             q = self._oriented(q.view(-1, n, 3), euler, t).view_as(q)
-        if self.normalize_angles:  # radians -> q
-            ld, grad = ld - self._constant, None if grad is None else grad * t["scale"].view(-1)
-        kept = [ld, grad]  # freed with q (the callback holds no reference to self)
-        self._last = weakref.ref(q, lambda _, kept=kept: kept.clear()), q._version, kept
-        return q
+        return self._keep(q, ld, grad, t)
 
     def _inverse_log_det(self, q: torch.Tensor) -> torch.Tensor:
         """``T.inv.log_abs_det_jacobian(xyz, q)``, minus :meth:`log_abs_det_jacobian`: where ``q`` is
@@ -480,6 +476,11 @@ class InternalCoordinateTransform(Transform):
         ``ld`` and gradient ``grad`` (radians) kept for :meth:`_inverse_log_det` of that ``q``."""
         q, ld = q.view(*batch, 3 * self.n_atoms), ld.view(batch)
         grad = None if grad is None else grad.view_as(q)
+        return self._keep(q, ld, grad, t)
+
+    def _keep(self, q: torch.Tensor, ld: torch.Tensor, grad, t: dict) -> torch.Tensor:
+        """``q``, its log-determinant ``ld`` and gradient ``grad`` (radians, normalised here) kept
+        for :meth:`_inverse_log_det` of that ``q``, until it is changed or freed."""
         if self.normalize_angles:  # radians -> q
             ld, grad = ld - self._constant, None if grad is None else grad * t["scale"].view(-1)
         kept = [ld, grad]  # freed with q (the callback holds no reference to self)
